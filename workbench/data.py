@@ -1,0 +1,115 @@
+"""Datasets made locally from the seed, with a learnable signal, and sharding across ranks.
+
+Labels come from a fixed random "teacher" (or, for the language model, a fixed random Markov
+chain), so loss and accuracy mean something: a model that learns beats chance.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import Dataset, DistributedSampler, default_collate
+
+from .config import RunConfig
+from .models import load_plugin
+
+
+class TensorPairDataset(Dataset):
+    """Inputs and targets held as two tensors; batches are fetched by tensor indexing."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        assert len(inputs) == len(targets)
+        self.tensors = (inputs, targets)
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tensors[0][i], self.tensors[1][i]
+
+
+def _teacher_labels(features: torch.Tensor, num_classes: int, gen: torch.Generator) -> torch.Tensor:
+    """Labels from a fixed random two-layer teacher, balanced enough to be learnable."""
+    hidden = torch.randn(features.shape[1], 4 * num_classes, generator=gen)
+    out = torch.randn(4 * num_classes, num_classes, generator=gen)
+    return (torch.tanh(features @ hidden) @ out).argmax(dim=1)
+
+
+def _synthetic(model: str, opts: dict[str, Any], n: int, seed: int, split: int) -> TensorPairDataset:
+    teacher = torch.Generator().manual_seed(seed * 7919 + 17)  # same teacher for both splits
+    gen = torch.Generator().manual_seed(seed * 7919 + 1000 + split)
+    if model == "mlp":
+        x = torch.randn(n, opts["input_dim"], generator=gen)
+        return TensorPairDataset(x, _teacher_labels(x, opts["num_classes"], teacher))
+    if model == "cnn":
+        s, c = opts["image_size"], opts["channels"]
+        x = torch.randn(n, c, s, s, generator=gen)
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x, 2).flatten(1)
+        return TensorPairDataset(x, _teacher_labels(pooled * 2.0, opts["num_classes"], teacher))
+    if model == "transformer":
+        ids = torch.randint(opts["vocab_size"], (n, opts["seq_len"]), generator=gen)
+        token_scores = torch.randn(opts["vocab_size"], opts["num_classes"], generator=teacher)
+        return TensorPairDataset(ids, token_scores[ids].sum(dim=1).argmax(dim=1))
+    if model == "gpt":
+        v, t = opts["vocab_size"], opts["seq_len"]
+        # Each token is followed by one of 4 likely successors: a learnable next-token signal.
+        successors = torch.randint(v, (v, 4), generator=teacher)
+        seq = torch.empty(n, t + 1, dtype=torch.long)
+        seq[:, 0] = torch.randint(v, (n,), generator=gen)
+        for i in range(t):
+            pick = torch.randint(4, (n,), generator=gen)
+            seq[:, i + 1] = successors[seq[:, i], pick]
+        return TensorPairDataset(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
+    raise ValueError(f"dataset='synthetic' has no generator for model={model!r}; give a dataset plug-in")
+
+
+def build_datasets(config: RunConfig) -> tuple[Dataset, Dataset]:
+    """(train, eval) datasets for a config: synthetic for built-in models, or the plug-in's."""
+    if config.dataset == "synthetic":
+        opts = config.model_kwargs
+        return (
+            _synthetic(config.model, opts, config.train_samples, config.seed, split=0),
+            _synthetic(config.model, opts, config.eval_samples, config.seed, split=1),
+        )
+    factory = load_plugin(config.dataset, "dataset")
+    result = factory(train_samples=config.train_samples, eval_samples=config.eval_samples,
+                     seed=config.seed, **config.dataset_options)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise ValueError(f"dataset={config.dataset!r}: the factory must return (train_dataset, eval_dataset)")
+    return result
+
+
+def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> Any:
+    """One batch by index: tensor indexing when the dataset holds tensors, else collate items."""
+    tensors = getattr(dataset, "tensors", None)
+    if tensors is not None:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return tuple(t[idx] for t in tensors)
+    return default_collate([dataset[i] for i in indices])
+
+
+def train_batches(
+    dataset: Dataset, rank: int, world_size: int, batch_size: int, seed: int, epoch: int
+) -> list[list[int]]:
+    """This rank's batches of dataset indices for one epoch.
+
+    A DistributedSampler reshuffled per epoch gives each rank a disjoint shard (``drop_last`` keeps
+    shards equal without repeating samples); incomplete batches are dropped so every step of every
+    rank sees a full per-device batch.
+    """
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
+                                 drop_last=True)
+    sampler.set_epoch(epoch)
+    indices = list(sampler)
+    usable = len(indices) - len(indices) % batch_size
+    return [indices[i : i + batch_size] for i in range(0, usable, batch_size)]
+
+
+def eval_shard(dataset: Dataset, rank: int, world_size: int, batch_size: int) -> Iterator[list[int]]:
+    """This rank's evaluation batches. The sampler pads by repeating samples so every rank runs
+    the same number of collectives; the gather on rank 0 removes the repeats by index."""
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    indices = list(sampler)
+    for i in range(0, len(indices), batch_size):
+        yield indices[i : i + batch_size]

@@ -1,0 +1,156 @@
+"""The one module that touches torch.distributed: rank facts, process group, comm hook, teardown."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """Who this process is in the job, built once from the scheduler's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    host: str
+    master_addr: str
+    master_port: int
+    job_id: str
+
+    @classmethod
+    def from_submitit(cls, master_port: int | None) -> "RankEnv":
+        """From submitit's environment (local, debug or Slurm). ``master_port`` overrides the
+        port submitit derives from the job id (the launcher picks a free one locally)."""
+        import submitit
+        from submitit.helpers import TorchDistributedEnvironment
+
+        if master_port is not None:
+            os.environ["MASTER_PORT"] = str(master_port)
+        job = submitit.JobEnvironment()
+        tde = TorchDistributedEnvironment()
+        master = tde.master_addr
+        # Local and debug jobs run on this host; resolve by loopback so no DNS is needed.
+        if job.num_nodes == 1:
+            master = "127.0.0.1"
+        return cls(
+            rank=tde.rank,
+            local_rank=tde.local_rank,
+            world_size=tde.world_size,
+            local_world_size=tde.local_world_size,
+            node_rank=job.node,
+            host=socket.gethostname(),
+            master_addr=master,
+            master_port=tde.master_port,
+            job_id=str(job.job_id),
+        )
+
+    def export(self) -> None:
+        """Environment variables for ``init_method='env://'`` (and for user code that reads them)."""
+        os.environ.update(
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(self.local_rank),
+            LOCAL_WORLD_SIZE=str(self.local_world_size),
+        )
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    """The device for this rank. Every local task sees the same CUDA_VISIBLE_DEVICES, so the
+    GPU is chosen by local rank."""
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but this rank sees no CUDA device")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout_s: float) -> str:
+    """Join the job's process group; returns the backend used."""
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    env.export()
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return backend
+
+
+def barrier() -> None:
+    dist.barrier()
+
+
+def broadcast_float(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.broadcast(t, src=0)
+    return float(t.item())
+
+
+def gather_rows(rows: torch.Tensor, rank: int, world_size: int) -> torch.Tensor | None:
+    """Gather equally shaped tensors on rank 0 (None elsewhere)."""
+    bucket = [torch.empty_like(rows) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(rows, gather_list=bucket, dst=0)
+    return torch.cat(bucket) if bucket is not None else None
+
+
+class CommMeter:
+    """A DDP communication hook that does the default averaging allreduce and records, per bucket,
+    the time from launch to completion and the bytes sent. ``take()`` returns and resets the
+    step's totals."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._bytes = 0
+        self._buckets = 0
+
+    # No annotations: DDP compares them to the real classes and this module's are strings.
+    def hook(self, process_group, bucket):  # type: ignore[no-untyped-def]
+        group = process_group if process_group is not None else dist.group.WORLD
+        tensor = bucket.buffer()
+        tensor.div_(dist.get_world_size(group))
+        start = time.perf_counter()
+        nbytes = tensor.numel() * tensor.element_size()
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def done(f: torch.futures.Future[Any]) -> torch.Tensor:
+            self._seconds += time.perf_counter() - start
+            self._bytes += nbytes
+            self._buckets += 1
+            return f.value()[0]
+
+        return fut.then(done)
+
+    def take(self) -> tuple[float, int, int]:
+        out = (self._seconds, self._bytes, self._buckets)
+        self._seconds, self._bytes, self._buckets = 0.0, 0, 0
+        return out
+
+
+def teardown() -> None:
+    """Leave the process group. Callers free their DDP model first: freeing it after the group
+    is destroyed deadlocks gloo in about half of runs; a barrier before destroying keeps
+    every rank's last collective complete."""
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

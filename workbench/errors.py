@@ -1,0 +1,77 @@
+"""Every exception the workbench raises, each carrying its evidence.
+
+User mistakes are ``ValueError`` subclasses so that ``except ValueError`` keeps working for callers
+that do not know this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a configuration: the field, the value given, and what is allowed."""
+
+    field: str
+    value: Any
+    allowed: str
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value!r}: {self.allowed}"
+
+
+class ConfigError(ValueError):
+    """A configuration with one or more problems, all reported at once."""
+
+    def __init__(self, problems: list[Problem], what: str = "RunConfig") -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{what} has {len(self.problems)} problem(s):\n{lines}")
+
+    @property
+    def fields(self) -> list[str]:
+        return [p.field for p in self.problems]
+
+
+class PreflightError(ValueError):
+    """The machine cannot run this configuration (checked before any process starts)."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"cannot launch:\n{lines}")
+
+
+class RunFailedError(RuntimeError):
+    """A run ended in failure. ``rank`` is the root-cause rank where it is known."""
+
+    def __init__(
+        self,
+        run_id: str,
+        status: str,
+        rank: int | None = None,
+        exception: str | None = None,
+        traceback: str | None = None,
+        log_tail: str | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.rank = rank
+        self.exception = exception
+        self.traceback = traceback
+        self.log_tail = log_tail
+        self.log_path = log_path
+        where = f"rank {rank}" if rank is not None else "an unknown rank"
+        msg = f"run {run_id} {status}: {where}: {exception or 'no exception recorded'}"
+        if log_path:
+            msg += f"\n  log: {log_path}"
+        if log_tail:
+            msg += "\n  last lines:\n    " + "\n    ".join(log_tail.rstrip().splitlines()[-10:])
+        super().__init__(msg)
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by ``RunConfig.fault`` (fault-injection tests)."""

@@ -1,0 +1,370 @@
+"""Submitting a run through submitit and watching it: preflight checks, ``launch()``, ``RunHandle``.
+
+Ranks are always fresh subprocesses (submitit's LocalExecutor locally), never forks of the calling
+notebook kernel. The only module that imports submitit besides the rank's own environment lookup.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import secrets
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from . import environment, schema
+from .config import RunConfig
+from .errors import PreflightError, Problem, RunFailedError
+from .store import read_json, read_rank_states, run_dir as _run_dir, update_run, write_json
+
+EXECUTORS = ("local", "debug")
+EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
+    "local": ("signal_delay_s", "setup"),
+    "debug": (),
+}
+#: After the first rank fails, how long its peers get to fail on their own before the job is killed.
+FAILURE_GRACE_S = 10.0
+#: Free disk space below which a launch is refused (traces and checkpoints need room).
+MIN_FREE_BYTES = 50 * 2**20
+_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                "NCCL communicator was aborted", "DistBackendError")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _writable_dir(path: Path) -> str | None:
+    """None when ``path`` (or its nearest existing parent) is a writable folder; else why not."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        return f"only {free // 2**20} MiB free on the disk holding {probe}"
+    return None
+
+
+def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume: bool = False) -> Path:
+    """Everything that can be checked on this machine before a process starts; raises one
+    PreflightError listing every problem. Returns the run folder."""
+    problems: list[Problem] = []
+    if executor not in EXECUTORS:
+        raise PreflightError([Problem("executor", executor, f"must be one of {', '.join(EXECUTORS)}")])
+    valid = EXECUTOR_OPTIONS[executor]
+    for name in sorted(set(options) - set(valid)):
+        problems.append(Problem(name, options[name], f"not an option of the {executor} executor; "
+                                f"valid: {', '.join(valid) or '(none)'}"))
+    if executor == "debug" and config.world_size != 1:
+        problems.append(Problem("world_size", config.world_size,
+                                "the debug executor runs one task in this process: use world_size=1, "
+                                "or executor='local' for more ranks"))
+    if executor == "local" and config.nodes != 1:
+        problems.append(Problem("nodes", config.nodes, "the local executor runs on one node; use nodes=1 "
+                                "(or a Slurm executor for several nodes)"))
+    if config.device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        wants_cuda = config.device == "cuda" or gpus > 0
+        if config.device == "cuda" and gpus == 0:
+            problems.append(Problem("device", config.device, "no CUDA device is visible here; use 'cpu' or 'auto'"))
+        elif wants_cuda and config.tasks_per_node > gpus:  # type: ignore[operator]
+            problems.append(Problem("tasks_per_node", config.tasks_per_node,
+                                    f"more devices per node than present: this node has {gpus} GPU(s)"))
+        if wants_cuda and torch.cuda.is_initialized():
+            problems.append(Problem("device", config.device,
+                                    "this kernel already created a CUDA context (it holds GPU memory and "
+                                    "skews the measurements); restart the kernel and launch before using CUDA"))
+        if not wants_cuda and config.precision == "fp16":
+            problems.append(Problem("precision", config.precision,
+                                    "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU"))
+        if not wants_cuda and config.backend == "nccl":
+            problems.append(Problem("backend", config.backend, "nccl needs CUDA; use gloo or auto"))
+    if config.master_port is not None and executor == "local" and not _port_free(config.master_port):
+        problems.append(Problem("master_port", config.master_port, "already in use on this machine; "
+                                "pick another or omit it to get a free one"))
+    run_path = _run_dir(config.output_dir, config.sweep, config.run_name or "x")
+    why = _writable_dir(Path(config.output_dir))
+    if why:
+        problems.append(Problem("output_dir", config.output_dir, why))
+    elif config.run_name is not None:
+        exists = (run_path / schema.RUN_FILE).exists()
+        if resume and not exists:
+            problems.append(Problem("run_name", config.run_name, f"resume=True but no run at {run_path}"))
+        if not resume and exists:
+            problems.append(Problem("run_name", config.run_name,
+                                    f"a run already exists at {run_path}; pick another name or resume=True"))
+    if problems:
+        raise PreflightError(problems)
+    return run_path
+
+
+def _new_run_id(config: RunConfig) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{config.model.split(':')[-1]}-w{config.world_size}-{stamp}-{secrets.token_hex(2)}"
+
+
+def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
+           **executor_options: Any) -> "RunHandle":
+    """Start a run and return its handle. ``executor`` is ``"local"`` (one subprocess per rank on
+    this machine) or ``"debug"`` (world size 1, in this process, for stepping through code).
+    ``resume=True`` continues the run named ``config.run_name`` from its latest checkpoint,
+    appending to its traces."""
+    import submitit
+
+    if config.run_name is None:
+        config = config.replace(run_name=_new_run_id(config))
+    run_path = preflight(config, executor, executor_options, resume)
+    run_id = config.run_name
+    assert run_id is not None
+    attempt = 0
+    if resume:
+        previous = read_json(run_path / schema.RUN_FILE)
+        attempt = int(previous.get("attempt", 0)) + 1
+        for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
+            path.unlink()  # the new attempt's ranks report afresh
+    port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
+    write_json(run_path / schema.CONFIG_FILE, config.to_dict())
+    update_run(run_path, run_id=run_id, sweep=config.sweep, status="pending", attempt=attempt,
+               config=config.to_dict(), executor=executor, submitted_at=time.time(),
+               environment=environment.collect(), trace_schema=schema.TRACE_SCHEMA_VERSION,
+               failure=None, ended_at=None)
+
+    from .train import RankTask
+
+    logs = run_path / schema.LOGS_DIR
+    if executor == "debug":
+        ex: Any = submitit.DebugExecutor(folder=logs)
+    else:
+        ex = submitit.LocalExecutor(folder=logs)
+        ex.update_parameters(
+            tasks_per_node=config.world_size, nodes=1, timeout_min=config.timeout_min,
+            gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
+            signal_delay_s=executor_options.get("signal_delay_s", 30),
+            **({"setup": executor_options["setup"]} if "setup" in executor_options else {}))
+    job = ex.submit(RankTask(config=config, run_dir=str(run_path), run_id=run_id, master_port=port,
+                             attempt=attempt))
+    update_run(run_path, job_id=str(job.job_id))
+    return RunHandle(run_path, config, job)
+
+
+def _uses_cuda(config: RunConfig) -> bool:
+    if config.device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.device_count() > 0
+
+
+def _alive(pid: int) -> bool:
+    """True while a rank process with this pid exists (and is not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class RunHandle:
+    """A launched run: status, wait, cancel, per-rank results and logs, traces."""
+
+    def __init__(self, run_path: Path, config: RunConfig, job: Any) -> None:
+        self.path = run_path
+        self.config = config
+        self.job = job
+        self.run_id = run_path.name
+        self._first_failure_seen: float | None = None
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r}, status={self.status()!r}, path={str(self.path)!r})"
+
+    # -- observation
+    def _job_running(self) -> bool:
+        if self.job is None or self.config.world_size == 1 and type(self.job).__name__ == "DebugJob":
+            return False
+        return not self.job.done()
+
+    def rank_states(self) -> dict[int, dict[str, Any]]:
+        """Each rank's own record; a rank whose process died without reporting is marked
+        ``died`` (killed by a signal or ``os._exit``)."""
+        states = read_rank_states(self.path)
+        for state in states.values():
+            if state["status"] == "running" and state.get("host") == socket.gethostname() \
+                    and not _alive(int(state["pid"])):
+                state["status"] = "died"
+        return states
+
+    def status(self) -> str:
+        """pending, running, completed, failed or cancelled (final once ``wait`` returned)."""
+        run = read_json(self.path / schema.RUN_FILE)
+        if run.get("ended_at") is not None:
+            return str(run["status"])
+        states = self.rank_states()
+        if any(s["status"] in ("failed", "died") for s in states.values()):
+            return "failed"
+        if len(states) == self.config.world_size and all(s["status"] == "completed" for s in states.values()):
+            return "completed"
+        if states:
+            return "running"
+        return "pending"
+
+    # -- control
+    def wait(self, timeout_s: float | None = None, poll_s: float = 0.5, raise_on_failure: bool = True) -> str:
+        """Block until the run ends (or ``timeout_s`` passes: TimeoutError, the run goes on).
+        When one rank fails, its peers get ``FAILURE_GRACE_S`` to end on their own, then the job
+        is killed, so a hung peer never holds the caller. Returns the final status; raises
+        RunFailedError naming the root-cause rank when it failed (unless told not to)."""
+        if type(self.job).__name__ == "DebugJob":
+            try:
+                self.job.result()
+            except Exception:  # recorded by the rank itself; reported below
+                pass
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = read_json(self.path / schema.RUN_FILE)
+            if run.get("ended_at") is not None:
+                break
+            status = self.status()
+            running = self._job_running()
+            if not running:
+                self._finalize()
+                break
+            if status == "failed":
+                now = time.monotonic()
+                self._first_failure_seen = self._first_failure_seen or now
+                if now - self._first_failure_seen > FAILURE_GRACE_S:
+                    self._kill()
+                    self._finalize()
+                    break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.run_id} still {status} after {timeout_s} s")
+            time.sleep(poll_s)
+        final = self.status()
+        if final == "failed" and raise_on_failure:
+            raise self.failure_error()
+        return final
+
+    def cancel(self) -> None:
+        """Stop the run now; the store records it as cancelled. Traces written so far stay."""
+        self._kill()
+        self._finalize(status="cancelled")
+
+    def _kill(self) -> None:
+        if self.job is not None and hasattr(self.job, "cancel"):
+            try:
+                self.job.cancel()
+            except Exception:
+                pass
+        deadline = time.monotonic() + 5
+        process = getattr(self.job, "_process", None)
+        while process is not None and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if process is not None and process.poll() is None:
+            process.kill()
+        # The controller kills its tasks on the way out; make sure, by pid, that none survives.
+        for state in read_rank_states(self.path).values():
+            pid = int(state.get("pid", 0))
+            if pid and state.get("host") == socket.gethostname() and _alive(pid):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"submitit" in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+
+    # -- results
+    def _failure(self) -> dict[str, Any] | None:
+        """The root cause: a rank's own exception beats a silent death, which beats the
+        'connection closed' errors its peers see next; ties go to the earliest."""
+        candidates = []
+        for rank, s in self.rank_states().items():
+            if s["status"] == "failed":
+                peer = any(marker in s.get("exception", "") for marker in _PEER_ERRORS)
+                candidates.append((2 if peer else 0, s.get("ended_at", 0), rank, s))
+            elif s["status"] in ("died", "running"):
+                candidates.append((1, 0, rank, {**s, "exception": "the rank's process ended without "
+                                                "reporting (killed by a signal or exited)"}))
+        missing = set(range(self.config.world_size)) - set(self.rank_states())
+        for rank in missing:
+            candidates.append((1, 0, rank, {"rank": rank, "exception": "the rank never started"}))
+        if not candidates:
+            return None
+        _, _, rank, s = min(candidates, key=lambda c: (c[0], c[1], c[2]))
+        log_path = self._log_path(rank)
+        return {"rank": rank, "exception": s.get("exception"), "traceback": s.get("traceback"),
+                "log_path": str(log_path) if log_path else None, "log_tail": self._tail(log_path)}
+
+    def failure_error(self) -> RunFailedError:
+        f = read_json(self.path / schema.RUN_FILE).get("failure") or self._failure() or {}
+        return RunFailedError(self.run_id, self.status(), rank=f.get("rank"), exception=f.get("exception"),
+                              traceback=f.get("traceback"), log_tail=f.get("log_tail"),
+                              log_path=f.get("log_path"))
+
+    def _finalize(self, status: str | None = None) -> None:
+        states = self.rank_states()
+        completed = len(states) == self.config.world_size and all(
+            s["status"] == "completed" for s in states.values())
+        if status is None:
+            status = "completed" if completed else "failed"
+        fields: dict[str, Any] = {"status": status, "ended_at": time.time(),
+                                  "hosts": sorted({s.get("host", "") for s in states.values()})}
+        if status == "failed":
+            fields["failure"] = self._failure()
+        from .summary import run_summary
+
+        try:
+            fields["summary"] = run_summary(self.path)
+        except Exception as exc:  # a summary must never hide the run's own outcome
+            fields["summary_error"] = f"{type(exc).__name__}: {exc}"
+        update_run(self.path, **fields)
+
+    def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Wait, then return each rank's summary (index = rank); raises RunFailedError on failure."""
+        self.wait(timeout_s)
+        states = self.rank_states()
+        return [states[r].get("summary", {}) for r in range(self.config.world_size)]
+
+    def _log_path(self, rank: int) -> Path | None:
+        logs = sorted((self.path / schema.LOGS_DIR).glob(f"*_{rank}_log.err"), key=os.path.getmtime)
+        return logs[-1] if logs else None
+
+    @staticmethod
+    def _tail(path: Path | None, lines: int = 20) -> str | None:
+        if path is None or not path.exists():
+            return None
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def logs(self, rank: int = 0) -> str:
+        """The rank's stdout and stderr (latest attempt)."""
+        err = self._log_path(rank)
+        if err is None:
+            return ""
+        out = err.with_name(err.name.replace("_log.err", "_log.out"))
+        parts = [p.read_text(errors="replace") for p in (out, err) if p.exists()]
+        return "\n".join(parts)
+
+    def traces(self, kind: str = "steps") -> Any:
+        """This run's trace rows as a DataFrame (``kind``: steps or eval)."""
+        from .store import load_traces
+
+        return load_traces(self.path, kind)

@@ -1,0 +1,153 @@
+"""Built-in models (tiny by default, sizes configurable) and ``package.module:factory`` plug-ins.
+
+Every model maps a batch of inputs to logits. ``task`` tells the trainer how to score them:
+``"classification"`` (logits ``[B, C]`` against labels ``[B]``) or ``"lm"`` (logits ``[B, T, V]``
+against next tokens ``[B, T]``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .config import MODEL_OPTIONS
+
+
+def load_plugin(spec: str, field_name: str) -> Callable[..., Any]:
+    """Import ``package.module:factory``; errors name the config field and what failed."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{field_name}={spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ValueError(f"{field_name}={spec!r}: module {module_name!r} has no callable {attr!r}")
+    return factory
+
+
+class MLP(nn.Module):
+    task = "classification"
+
+    def __init__(self, input_dim: int, hidden_dim: int, num_layers: int, num_classes: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = input_dim
+        for _ in range(num_layers):
+            layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
+            width = hidden_dim
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+class SmallResNet(nn.Module):
+    """A ResNet-style CNN with BatchNorm (so SyncBatchNorm and buffers matter)."""
+
+    task = "classification"
+
+    def __init__(self, image_size: int, channels: int, width: int, blocks: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
+        self.blocks = nn.Sequential(*[ResidualBlock(width) for _ in range(blocks)])
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.blocks(self.stem(x))
+        return self.head(y.mean(dim=(2, 3)))
+
+
+class _Encoder(nn.Module):
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int,
+                 num_layers: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, d_model)
+        self.positions = nn.Embedding(seq_len, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, num_heads, ffn_dim, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        h = self.tokens(ids) + self.positions(pos)
+        return self.norm(self.layers(h, mask=mask, is_causal=mask is not None))
+
+
+class TransformerClassifier(nn.Module):
+    """An encoder classifier shaped like DistilBERT (pre-norm layers, first-token pooling)."""
+
+    task = "classification"
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int,
+                 num_layers: int, ffn_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.encoder = _Encoder(vocab_size, seq_len, d_model, num_heads, num_layers, ffn_dim)
+        self.head = nn.Linear(d_model, num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(ids)[:, 0])
+
+
+class GPT(nn.Module):
+    """A small causal language model: next-token logits for every position."""
+
+    task = "lm"
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int, num_layers: int) -> None:
+        super().__init__()
+        self.encoder = _Encoder(vocab_size, seq_len, d_model, num_heads, num_layers, 4 * d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
+        return self.head(self.encoder(ids, mask))
+
+
+BUILTIN: dict[str, type[nn.Module]] = {
+    "mlp": MLP,
+    "cnn": SmallResNet,
+    "transformer": TransformerClassifier,
+    "gpt": GPT,
+}
+assert set(BUILTIN) == set(MODEL_OPTIONS)
+
+
+def build_model(name: str, options: dict[str, Any]) -> nn.Module:
+    """A built-in model by name (``options`` merged over its defaults) or a plug-in factory's."""
+    if name in BUILTIN:
+        return BUILTIN[name](**{**MODEL_OPTIONS[name], **options})
+    model = load_plugin(name, "model")(**options)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def model_task(model: nn.Module) -> str:
+    return getattr(model, "task", "classification")
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of all gradients: what DDP's allreduce moves per step (fp32 buckets)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

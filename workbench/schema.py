@@ -1,0 +1,78 @@
+"""Trace schema (version 1): the columns every trace file carries, and the store's file names.
+
+Kept free of torch and pandas so that the tracer (in each rank) and the analysis (on a laptop)
+can both import it cheaply.
+"""
+
+from __future__ import annotations
+
+TRACE_SCHEMA_VERSION = 1
+
+#: One row per rank per step. Times are seconds; ``t_start_s`` is measured from a t0 that all
+#: ranks agree on (taken right after a barrier). Memory columns are bytes; CUDA ones are null on CPU.
+STEP_COLUMNS: dict[str, str] = {
+    "run_id": "string",
+    "rank": "int64",
+    "local_rank": "int64",
+    "host": "string",
+    "world_size": "int64",
+    "attempt": "int64",  # 0 for the first launch, +1 for each resume/requeue
+    "epoch": "int64",
+    "step": "int64",  # global optimizer step, counted from 1
+    "warmup": "bool",  # warm-up steps are traced but left out of throughput
+    "t_start_s": "float64",
+    "data_s": "float64",
+    "forward_s": "float64",
+    "backward_s": "float64",
+    "optimizer_s": "float64",
+    "step_s": "float64",
+    "comm_s": "float64",  # summed launch-to-completion time of the gradient allreduce buckets
+    "comm_bytes": "int64",  # bytes handed to allreduce this step (all buckets)
+    "comm_buckets": "int64",
+    "samples": "int64",  # samples this rank consumed this step
+    "loss": "float64",
+    "lr": "float64",
+    "mem_alloc_bytes": "float64",  # CUDA allocator, null on CPU
+    "mem_reserved_bytes": "float64",
+    "mem_peak_bytes": "float64",
+    "rss_bytes": "int64",  # process resident set size, always
+}
+
+#: One row per rank per evaluation. ``gather_s`` and ``metric_s`` are rank 0's work; other ranks
+#: record the time they spent in the gather call and 0 for the metric.
+EVAL_COLUMNS: dict[str, str] = {
+    "run_id": "string",
+    "rank": "int64",
+    "world_size": "int64",
+    "attempt": "int64",
+    "epoch": "int64",
+    "step": "int64",
+    "t_start_s": "float64",
+    "predict_s": "float64",
+    "gather_s": "float64",
+    "metric_s": "float64",
+    "broadcast_s": "float64",
+    "eval_s": "float64",  # the whole evaluation on this rank
+    "samples": "int64",  # evaluation samples this rank predicted
+    "metric_name": "string",
+    "metric_value": "float64",
+    "loss": "float64",  # mean evaluation loss over the whole evaluation set
+}
+
+RUN_STATUSES = ("pending", "running", "completed", "failed", "cancelled", "preempted")
+
+# Store layout: <output_dir>/<sweep>/<run_id>/...
+CONFIG_FILE = "config.json"
+RUN_FILE = "run.json"
+TRACES_DIR = "traces"
+RANKS_DIR = "ranks"  # per-rank status files, each owned by its rank
+CHECKPOINTS_DIR = "checkpoints"
+LOGS_DIR = "logs"
+
+
+def steps_file(rank: int, suffix: str = "parquet") -> str:
+    return f"steps-rank{rank:05d}.{suffix}"
+
+
+def eval_file(rank: int, suffix: str = "parquet") -> str:
+    return f"eval-rank{rank:05d}.{suffix}"

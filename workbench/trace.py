@@ -1,0 +1,214 @@
+"""The Tracer: per-rank, per-step timings and memory, streamed to JSONL, consolidated to Parquet.
+
+Hot path rules: a step costs a few ``perf_counter`` stamps (or CUDA events, resolved with the one
+synchronisation per step the loop already pays), one RSS read and a list append. Rows leave memory
+at every flush, so a 100,000-step run holds at most a few seconds of rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from . import schema
+from .store import atomic_write_bytes
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (bytes), from /proc where it exists."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class PhaseClock:
+    """Stamps the phases of one step: perf_counter on CPU, CUDA events on GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._marks: list[Any] = []
+
+    def start(self) -> None:
+        self._marks = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append((time.perf_counter(), ev))
+        else:
+            self._marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        """Seconds between consecutive marks; on CUDA this waits for the last event (the step's
+        single synchronisation)."""
+        m = self._marks
+        if not self.cuda:
+            return [m[i + 1] - m[i] for i in range(len(m) - 1)]
+        m[-1][1].synchronize()
+        return [m[i][1].elapsed_time(m[i + 1][1]) / 1000.0 for i in range(len(m) - 1)]
+
+    @property
+    def started_at(self) -> float:
+        first = self._marks[0]
+        return first[0] if self.cuda else first
+
+
+class TraceWriter:
+    """Appends rows to one JSONL file and flushes at least every ``flush_s`` seconds."""
+
+    def __init__(self, path: Path, flush_s: float, max_rows: int = 2000) -> None:
+        self.path = path
+        self.flush_s = flush_s
+        self.max_rows = max_rows
+        self._rows: list[dict[str, Any]] = []
+        self._last_flush = time.monotonic()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self.max_rows or time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            self._file.write("".join(json.dumps(r) + "\n" for r in self._rows))
+            self._rows.clear()
+        self._file.flush()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.flush()
+            self._file.close()
+
+
+class Tracer:
+    """Step and evaluation rows of one rank. Use as a context manager: rows written before an
+    exception are flushed on the way out."""
+
+    def __init__(self, traces_dir: Path, *, run_id: str, rank: int, local_rank: int, host: str,
+                 world_size: int, attempt: int, flush_s: float, device: torch.device) -> None:
+        self.dir = traces_dir
+        self.rank = rank
+        self.device = device
+        self._common = {"run_id": run_id, "rank": rank, "world_size": world_size, "attempt": attempt}
+        self._step_extra = {"local_rank": local_rank, "host": host}
+        self.steps = TraceWriter(traces_dir / schema.steps_file(rank, "jsonl"), flush_s)
+        self.evals = TraceWriter(traces_dir / schema.eval_file(rank, "jsonl"), flush_s)
+        self.t0 = time.perf_counter()
+
+    def set_t0(self) -> None:
+        """Call right after a barrier: every rank leaves it together, so their clocks agree."""
+        self.t0 = time.perf_counter()
+
+    def since_t0(self, t: float) -> float:
+        return t - self.t0
+
+    def memory(self) -> dict[str, Any]:
+        mem: dict[str, Any] = {"rss_bytes": rss_bytes()}
+        if self.device.type == "cuda":
+            mem.update(
+                mem_alloc_bytes=torch.cuda.memory_allocated(self.device),
+                mem_reserved_bytes=torch.cuda.memory_reserved(self.device),
+                mem_peak_bytes=torch.cuda.max_memory_allocated(self.device),
+            )
+        else:
+            mem.update(mem_alloc_bytes=None, mem_reserved_bytes=None, mem_peak_bytes=None)
+        return mem
+
+    def step(self, **fields: Any) -> None:
+        self.steps.add({**self._common, **self._step_extra, **fields, **self.memory()})
+
+    def evaluation(self, **fields: Any) -> None:
+        self.evals.add({**self._common, **fields})
+
+    def close(self) -> None:
+        self.steps.close()
+        self.evals.close()
+
+    def __enter__(self) -> "Tracer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# -- files: reading, consolidating, trimming on resume
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL trace; a torn last line (a crash mid-write) is skipped."""
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def _arrow_schema(columns: dict[str, str]) -> Any:
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in columns.items()],
+                     metadata={"workbench_trace_schema": str(schema.TRACE_SCHEMA_VERSION)})
+
+
+def _read_rows(traces_dir: Path, stem: str) -> list[dict[str, Any]]:
+    """Rows of one rank's trace: the Parquet file if consolidated, plus any JSONL beside it."""
+    rows: list[dict[str, Any]] = []
+    parquet = traces_dir / f"{stem}.parquet"
+    if parquet.exists():
+        import pyarrow.parquet as pq
+
+        rows.extend(pq.read_table(parquet).to_pylist())
+    rows.extend(read_jsonl(traces_dir / f"{stem}.jsonl"))
+    return rows
+
+
+def _write_parquet(rows: list[dict[str, Any]], columns: dict[str, str], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows],
+                                 schema=_arrow_schema(columns))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def consolidate(traces_dir: Path, rank: int) -> None:
+    """Turn this rank's JSONL rows (and any earlier Parquet) into one Parquet file per kind."""
+    for stem_of, columns in ((schema.steps_file, schema.STEP_COLUMNS), (schema.eval_file, schema.EVAL_COLUMNS)):
+        stem = stem_of(rank, "x")[:-2]
+        rows = _read_rows(traces_dir, stem)
+        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
+        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)
+
+
+def trim_for_resume(traces_dir: Path, rank: int, last_step: int) -> None:
+    """Before a resumed attempt appends: keep only rows up to the checkpoint's step, so the steps
+    it repeats are traced once, by the attempt that completes them."""
+    for stem_of, columns in ((schema.steps_file, schema.STEP_COLUMNS), (schema.eval_file, schema.EVAL_COLUMNS)):
+        stem = stem_of(rank, "x")[:-2]
+        rows = [r for r in _read_rows(traces_dir, stem) if r["step"] <= last_step]
+        if not rows and not (traces_dir / f"{stem}.parquet").exists():
+            continue
+        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
+        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)

@@ -1,0 +1,273 @@
+"""What one rank runs: process group, DDP model, precision, the traced loop, evaluation, checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import checkpoint, distributed, schema
+from .config import RunConfig
+from .data import build_datasets, eval_shard, fetch_batch, train_batches
+from .errors import InjectedFault
+from .models import build_model, model_task
+from .store import rank_file, write_json
+from .trace import PhaseClock, Tracer, consolidate, trim_for_resume
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """The callable submitit runs once per rank (pickled with its config)."""
+
+    config: RunConfig
+    run_dir: str
+    run_id: str
+    master_port: int | None
+    attempt: int = 0
+
+    def __call__(self) -> dict[str, Any]:
+        env = distributed.RankEnv.from_submitit(self.master_port)
+        state_path = rank_file(Path(self.run_dir), env.rank)
+        base = {"rank": env.rank, "local_rank": env.local_rank, "host": env.host, "pid": os.getpid(),
+                "attempt": self.attempt, "job_id": env.job_id}
+        write_json(state_path, {**base, "status": "running", "started_at": time.time()})
+        try:
+            summary = run_rank(self.config, env, Path(self.run_dir), self.run_id, self.attempt)
+        except BaseException as exc:
+            write_json(state_path, {**base, "status": "failed", "ended_at": time.time(),
+                                    "exception": f"{type(exc).__name__}: {exc}",
+                                    "traceback": traceback.format_exc()})
+            raise
+        write_json(state_path, {**base, "status": "completed", "ended_at": time.time(), "summary": summary})
+        return summary
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if model_task(model) == "lm":
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return nn.functional.cross_entropy(logits.float(), targets)
+
+
+def _inject_fault(config: RunConfig, rank: int, step: int, attempt: int) -> None:
+    f = config.fault
+    if f is None or f.rank != rank or f.step != step or f.attempt != attempt:
+        return
+    if f.kind == "raise":
+        raise InjectedFault(f"injected fault on rank {rank} at step {step}")
+    if f.kind == "exit":
+        os._exit(3)
+    if f.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if f.kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id: str, attempt: int) -> dict[str, Any]:
+    """Train on this rank and return its summary. Runs in a fresh process per rank."""
+    torch.set_num_threads(config.threads_per_rank)
+    device = distributed.pick_device(config.device, env.local_rank)
+    distributed.init_process_group(env, config.backend, device, config.collective_timeout_s)
+    try:
+        return _train(config, env, device, run_dir, run_id, attempt)
+    finally:
+        distributed.teardown()
+
+
+def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
+           run_id: str, attempt: int) -> dict[str, Any]:
+    _seed_everything(config.seed)
+    module = build_model(config.model, dict(config.model_options)).to(device)
+    train_set, eval_set = build_datasets(config)
+    start = checkpoint.load_latest(run_dir, module, env.rank) if attempt > 0 else None
+
+    ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    comm = distributed.CommMeter()
+    ddp.register_comm_hook(None, comm.hook)
+    if config.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            ddp.parameters(), lr=config.learning_rate, momentum=config.momentum,
+            weight_decay=config.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.learning_rate,
+                                      weight_decay=config.weight_decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=amp_dtype)
+
+    done_steps = 0
+    if start is not None:
+        done_steps = checkpoint.restore_training(start, optimizer, scaler, env.rank)
+        trim_for_resume(run_dir / schema.TRACES_DIR, env.rank, done_steps)
+
+    traces = run_dir / schema.TRACES_DIR
+    spe, total = config.steps_per_epoch, config.total_steps
+    accum = config.gradient_accumulation_steps
+    last_eval_step = -1
+    ckpt_every = config.checkpoint_every_steps
+
+    def save(at_step: int) -> None:
+        tracer.steps.flush()
+        tracer.evals.flush()
+        checkpoint.save(run_dir, at_step, module, optimizer, scaler, env.rank)
+    sample_log = open(traces / f"samples-rank{env.rank:05d}.jsonl", "a") if config.trace_sample_ids else None
+    with Tracer(traces, run_id=run_id, rank=env.rank, local_rank=env.local_rank, host=env.host,
+                world_size=env.world_size, attempt=attempt, flush_s=config.trace_flush_s,
+                device=device) as tracer:
+        clock = PhaseClock(device)
+        distributed.barrier()
+        tracer.set_t0()
+        step = done_steps
+        epoch = step // spe
+        while step < total:
+            batches = train_batches(train_set, env.rank, env.world_size, config.per_device_batch_size,
+                                    config.seed, epoch)
+            ddp.train()
+            for s in range(step % spe, spe):
+                step += 1
+                _inject_fault(config, env.rank, step, attempt)
+                clock.start()
+                loss_sum = torch.zeros((), device=device)
+                data_s = forward_s = backward_s = 0.0
+                for m in range(accum):
+                    indices = batches[s * accum + m]
+                    if sample_log is not None:
+                        sample_log.write(f'{{"epoch": {epoch}, "step": {step}, "indices": {list(indices)}}}\n')
+                    inputs, targets = fetch_batch(train_set, indices)
+                    inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                    clock.mark()
+                    sync = ddp.no_sync() if m < accum - 1 else contextlib.nullcontext()
+                    with sync:
+                        with autocast():
+                            loss = _loss(module, ddp(inputs), targets) / accum
+                        clock.mark()
+                        scaler.scale(loss).backward()
+                        clock.mark()
+                    loss_sum += loss.detach()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                clock.mark()
+                d = clock.durations()
+                for m in range(accum):
+                    data_s += d[3 * m]
+                    forward_s += d[3 * m + 1]
+                    backward_s += d[3 * m + 2]
+                comm_s, comm_bytes, comm_buckets = comm.take()
+                tracer.step(
+                    epoch=epoch, step=step, warmup=step <= config.warmup_steps,
+                    t_start_s=tracer.since_t0(clock.started_at),
+                    data_s=data_s, forward_s=forward_s, backward_s=backward_s,
+                    optimizer_s=d[-1], step_s=sum(d),
+                    comm_s=comm_s, comm_bytes=comm_bytes, comm_buckets=comm_buckets,
+                    samples=config.per_device_batch_size * accum, loss=float(loss_sum),
+                    lr=optimizer.param_groups[0]["lr"])
+                if step >= total:
+                    break
+                if s + 1 < spe and ckpt_every and step % ckpt_every == 0:
+                    save(step)
+            # Epoch end: evaluate first, then checkpoint, so a checkpoint implies its evaluation.
+            if step % spe == 0:
+                if config.eval_every_epochs and (epoch + 1) % config.eval_every_epochs == 0:
+                    evaluate(ddp, module, eval_set, config, env, device, tracer, epoch, step, autocast)
+                    last_eval_step = step
+                if ckpt_every and step % ckpt_every == 0 and step < total:
+                    save(step)
+            epoch += 1
+        if config.eval_at_end and last_eval_step != step:
+            evaluate(ddp, module, eval_set, config, env, device, tracer, epoch - 1, step, autocast)
+        if ckpt_every:  # the final state too, so a longer run can continue from here
+            save(step)
+    if sample_log is not None:
+        sample_log.close()
+    summary = _summary(module, env, step, tracer)
+    consolidate(traces, env.rank)
+    del ddp  # free the DDP model before the process group goes (see distributed.teardown)
+    return summary
+
+
+@torch.no_grad()
+def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: distributed.RankEnv,
+             device: torch.device, tracer: Tracer, epoch: int, step: int, autocast: Any) -> float:
+    """Predict on this rank's shard, gather on rank 0, metric on rank 0, broadcast it; each timed.
+
+    Rows gathered per sample: (index, correct, count, loss sum); ``count`` is 1 for a classifier
+    and the number of tokens for a language model, so the metric is accuracy over samples or
+    tokens. Returns the metric every rank received."""
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    ddp.eval()
+    t0 = now()
+    rows = []
+    for indices in eval_shard(dataset, env.rank, env.world_size, config.eval_batch_size):
+        inputs, targets = fetch_batch(dataset, indices)
+        inputs, targets = inputs.to(device), targets.to(device)
+        with autocast():
+            logits = module(inputs)
+        logits = logits.float()
+        if model_task(module) == "lm":
+            loss = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1)
+            correct = (logits.argmax(-1) == targets).sum(1).double()
+            count = torch.full_like(correct, targets.shape[1])
+        else:
+            loss = nn.functional.cross_entropy(logits, targets, reduction="none")
+            correct = (logits.argmax(-1) == targets).double()
+            count = torch.ones_like(correct)
+        idx = torch.as_tensor(indices, device=device, dtype=torch.float64)
+        rows.append(torch.stack([idx, correct, count, loss.double()], dim=1))
+    local = torch.cat(rows)
+    t1 = now()
+    gathered = distributed.gather_rows(local, env.rank, env.world_size)
+    t2 = now()
+    metric = loss_mean = 0.0
+    if gathered is not None:
+        order = torch.argsort(gathered[:, 0], stable=True)
+        ids = gathered[order, 0]
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        keep[1:] = ids[1:] != ids[:-1]  # the sampler's padding repeats samples; count each once
+        unique = gathered[order][keep]
+        metric = float(unique[:, 1].sum() / unique[:, 2].sum())
+        loss_mean = float(unique[:, 3].sum() / unique[:, 2].sum())
+    t3 = now()
+    metric = distributed.broadcast_float(metric, device)
+    loss_mean = distributed.broadcast_float(loss_mean, device)
+    t4 = now()
+    tracer.evaluation(epoch=epoch, step=step, t_start_s=tracer.since_t0(t0), predict_s=t1 - t0,
+                      gather_s=t2 - t1, metric_s=t3 - t2, broadcast_s=t4 - t3, eval_s=t4 - t0,
+                      samples=len(local), metric_name="accuracy", metric_value=metric, loss=loss_mean)
+    ddp.train()
+    return metric
+
+
+def _summary(module: nn.Module, env: distributed.RankEnv, step: int, tracer: Tracer) -> dict[str, Any]:
+    """What this rank returns to the caller: where it ended and a fingerprint of its parameters."""
+    digest = hashlib.sha256()
+    for p in module.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return {"rank": env.rank, "host": env.host, "steps": step, "param_sha256": digest.hexdigest(),
+            "rss_bytes": tracer.memory()["rss_bytes"]}
