@@ -31,7 +31,7 @@ FAILURE_GRACE_S = 10.0
 #: Free disk space below which a launch is refused (traces and checkpoints need room).
 MIN_FREE_BYTES = 50 * 2**20
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "NCCL communicator was aborted", "DistBackendError")
+                "NCCL communicator was aborted", "DistBackendError", "pair closure")
 
 
 def _port_free(port: int) -> bool:

@@ -86,10 +86,12 @@ def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id:
     torch.set_num_threads(config.threads_per_rank)
     device = distributed.pick_device(config.device, env.local_rank)
     distributed.init_process_group(env, config.backend, device, config.collective_timeout_s)
-    try:
-        return _train(config, env, device, run_dir, run_id, attempt)
-    finally:
-        distributed.teardown()
+    summary = _train(config, env, device, run_dir, run_id, attempt)
+    # Only a rank that finished tears down with a barrier. A failing rank leaves without one: its
+    # peers may be inside another collective, and its exit closes the sockets, which fails them
+    # at once instead of after the collective timeout.
+    distributed.teardown()
+    return summary
 
 
 def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
@@ -123,6 +125,7 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
         trim_for_resume(run_dir / schema.TRACES_DIR, env.rank, done_steps)
 
     traces = run_dir / schema.TRACES_DIR
+    traces.mkdir(parents=True, exist_ok=True)
     spe, total = config.steps_per_epoch, config.total_steps
     accum = config.gradient_accumulation_steps
     last_eval_step = -1

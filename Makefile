@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   a small real scaling study on local CPU processes, ending in an HTML dashboard
+#   make test   the test suite
+# TORCH can be overridden by users who bring their own CUDA build, e.g. TORCH='torch==2.13.0'.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+TORCH   ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps demo test test-fast lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Debian packages the slow tests use (headless Chromium, Slurm); skipped with a note when not root.
+system-deps:
+	bash scripts/install-system-deps.sh
+
+demo: setup
+	$(VENV)/bin/workbench scale --model mlp --world-sizes 1,2 --steps 60 --per-device-batch-size 64 \
+		--train-samples 8192 --sweep quickstart --report experiments/results/quickstart/report.html
+
+test: setup system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check workbench tests
+	$(VENV)/bin/mypy workbench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

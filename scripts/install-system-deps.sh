@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Debian packages the slow tests need: Chromium (browser checks), Slurm and munge (local cluster).
+# Idempotent; installs only what is missing. Without root it only says what is missing.
+set -euo pipefail
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need+=(munge)
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "note: missing ${need[*]} (needs root and apt-get); the tests that need them will be skipped" >&2
+    exit 0
+fi
+echo "installing ${need[*]} ..."
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

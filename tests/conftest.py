@@ -1,0 +1,46 @@
+"""Shared fixtures: real multi-process runs are launched once per session and shared by many tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.launch import launch
+
+# Keep each rank to one thread: two ranks share this machine's two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A result store shared by the session's real runs."""
+    return tmp_path_factory.mktemp("store")
+
+
+def base_config(store: Path, **changes) -> RunConfig:
+    """The small config the integration tests share: 512 samples, global batch 64 (8 steps per
+    epoch), 2 epochs, a checkpoint every 4 steps, eval after each epoch."""
+    fields = dict(model="mlp", train_samples=512, eval_samples=200, global_batch_size=64, epochs=2,
+                  warmup_steps=2, checkpoint_every_steps=4, output_dir=str(store), sweep="it",
+                  trace_flush_s=0.2, collective_timeout_s=60, eval_batch_size=64)
+    fields.update(changes)
+    return RunConfig(**fields)
+
+
+@pytest.fixture(scope="session")
+def ddp2(store: Path):
+    """A completed 2-rank run that also records which samples each rank consumed."""
+    handle = launch(base_config(store, world_size=2, run_name="ddp2", trace_sample_ids=True))
+    assert handle.wait(timeout_s=180) == "completed"
+    return handle
+
+
+@pytest.fixture(scope="session")
+def ddp1(store: Path):
+    """The same run on 1 rank (same global batch)."""
+    handle = launch(base_config(store, world_size=1, run_name="ddp1"))
+    assert handle.wait(timeout_s=180) == "completed"
+    return handle

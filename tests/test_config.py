@@ -1,0 +1,96 @@
+"""RunConfig: defaults derived, JSON round trip, and one clear error per bad field."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.config import FaultInjection, RunConfig
+from workbench.errors import ConfigError
+
+GOOD = dict(model="mlp", world_size=2, per_device_batch_size=8)
+
+
+def test_derived_fields_are_filled_and_recorded() -> None:
+    c = RunConfig(**GOOD, gradient_accumulation_steps=2)
+    assert (c.world_size, c.tasks_per_node, c.global_batch_size, c.epochs) == (2, 2, 32, 1)
+    assert set(c.derived) == {"tasks_per_node", "global_batch_size", "epochs"}
+    g = RunConfig(model="mlp", nodes=2, tasks_per_node=3, global_batch_size=60)
+    assert (g.world_size, g.per_device_batch_size) == (6, 10)
+
+
+def test_steps_follow_epochs_and_max_steps() -> None:
+    c = RunConfig(**GOOD, train_samples=1000, epochs=3)
+    assert c.steps_per_epoch == 1000 // 16 and c.total_steps == 3 * 62
+    assert RunConfig(**GOOD, train_samples=1000, epochs=3, max_steps=10).total_steps == 10
+
+
+def test_json_round_trip_is_exact() -> None:
+    c = RunConfig(**GOOD, model_options={"hidden_dim": 16}, precision="bf16",
+                  fault=FaultInjection(rank=1, step=3, kind="raise"))
+    again = RunConfig.from_json(c.to_json())
+    assert again == c
+    assert again.to_dict() == c.to_dict()
+
+
+def test_from_dict_rejects_unknown_fields_listing_valid_names() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({**GOOD, "wrold_size": 2})
+    assert err.value.fields == ["wrold_size"]
+    assert "world_size" in str(err.value)
+
+
+def test_replace_derives_again() -> None:
+    c = RunConfig(**GOOD)
+    assert c.replace(world_size=4).global_batch_size == 32
+
+
+BAD = [
+    # (changes, field named in the error, words in the message)
+    ({"model": "resnet9000"}, "model", "built-in model"),
+    ({"model_options": {"hiden_dim": 3}}, "model_options.hiden_dim", "valid: input_dim"),
+    ({"model_options": {"hidden_dim": 0}}, "model_options.hidden_dim", ">= 1"),
+    ({"model": "transformer", "model_options": {"d_model": 30, "num_heads": 4}}, "model_options.d_model",
+     "divisible by num_heads"),
+    ({"dataset": "imagenet"}, "dataset", "synthetic"),
+    ({"train_samples": 0}, "train_samples", ">= 1"),
+    ({"eval_samples": -5}, "eval_samples", ">= 1"),
+    ({"world_size": 0}, "world_size", ">= 1"),
+    ({"world_size": 3, "nodes": 2}, "world_size", "multiple of nodes"),
+    ({"world_size": 4, "nodes": 2, "tasks_per_node": 3}, "world_size", "nodes x tasks_per_node"),
+    ({"per_device_batch_size": None}, "per_device_batch_size", "exactly one"),
+    ({"global_batch_size": 16}, "global_batch_size", "exactly one"),
+    ({"per_device_batch_size": None, "global_batch_size": 15}, "global_batch_size", "divisible by"),
+    ({"per_device_batch_size": 0}, "per_device_batch_size", ">= 1"),
+    ({"train_samples": 10}, "train_samples", "smaller than one global batch"),
+    ({"precision": "fp8"}, "precision", "fp32, fp16, bf16"),
+    ({"precision": "fp16", "device": "cpu"}, "precision", "needs CUDA"),
+    ({"device": "tpu"}, "device", "auto, cpu, cuda"),
+    ({"backend": "nccl", "device": "cpu"}, "backend", "gloo"),
+    ({"optimizer": "lamb"}, "optimizer", "sgd, adamw"),
+    ({"learning_rate": 0}, "learning_rate", "> 0"),
+    ({"epochs": 0}, "epochs", ">= 1"),
+    ({"max_steps": -1}, "max_steps", ">= 1"),
+    ({"warmup_steps": -1}, "warmup_steps", ">= 0"),
+    ({"threads_per_rank": 0}, "threads_per_rank", ">= 1"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps", ">= 1"),
+    ({"eval_batch_size": 0}, "eval_batch_size", ">= 1"),
+    ({"master_port": 80}, "master_port", "1024..65535"),
+    ({"sweep": "a/b"}, "sweep", "folder name"),
+    ({"fault": {"rank": 5, "step": 1, "kind": "raise"}}, "fault.rank", "0..1"),
+    ({"fault": {"rank": 0, "step": 1, "kind": "explode"}}, "fault.kind", "raise, exit, hang, kill"),
+]
+
+
+@pytest.mark.parametrize("changes, field, words", BAD, ids=[b[1] + ":" + str(i) for i, b in enumerate(BAD)])
+def test_bad_config_names_the_field(changes: dict, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**{**GOOD, **changes})
+    assert field in err.value.fields, str(err.value)
+    assert words in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig(model="nope", world_size=0, per_device_batch_size=8, precision="fp8", learning_rate=-1)
+    assert set(err.value.fields) >= {"model", "world_size", "precision", "learning_rate"}

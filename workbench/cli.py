@@ -1,0 +1,206 @@
+"""``workbench run / ls / report``: the terminal and batch-job front end."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import RunConfig, field_help
+
+_ALIASES = {"max_steps": ["--steps"]}
+
+
+def _field_type(f: dataclasses.Field[Any]) -> Any:
+    hint = typing.get_type_hints(RunConfig)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    return hint
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected JSON, got {text!r}: {exc}") from exc
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """One option per RunConfig field, with the field's own help, so the CLI never lags the config."""
+    helps = field_help()
+    group = parser.add_argument_group("run configuration (RunConfig fields)")
+    for f in dataclasses.fields(RunConfig):
+        if not f.init:
+            continue
+        kind = _field_type(f)
+        convert: Any = {int: int, float: float, bool: _bool, str: str}.get(kind, _json)
+        flags = [f"--{f.name.replace('_', '-')}"] + _ALIASES.get(f.name, [])
+        default = f.default if f.default is not dataclasses.MISSING else "{}"
+        group.add_argument(
+            *flags,
+            dest=f.name,
+            type=convert,
+            default=argparse.SUPPRESS,
+            help=f"{helps[f.name]} (default: {default})",
+        )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .errors import ConfigError, PreflightError, RunFailedError
+    from .launch import launch
+    from .summary import per_rank_table
+
+    fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    if "per_device_batch_size" not in values and "global_batch_size" not in values:
+        values["per_device_batch_size"] = 32
+    try:
+        config = RunConfig(**values)
+        handle = launch(config, executor=args.executor, resume=args.resume)
+    except (ConfigError, PreflightError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {handle.run_id}: {config.world_size} rank(s), {config.total_steps} steps, "
+        f"executor={args.executor}; results in {handle.path}"
+    )
+    try:
+        handle.wait()
+    except RunFailedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _print_summary(handle.path)
+    print(f"per rank:\n{per_rank_table(handle.path).to_string(float_format=lambda x: f'{x:.4g}')}")
+    print(f"results: {handle.path}")
+    return 0
+
+
+def _print_summary(run_path: Path) -> None:
+    from .store import read_json
+
+    s = read_json(run_path / "run.json").get("summary") or {}
+
+    def fmt(key: str, unit: str = "", scale: float = 1.0) -> str:
+        v = s.get(key)
+        return "n/a" if v is None else f"{v * scale:.4g}{unit}"
+
+    print(
+        f"throughput: {fmt('samples_per_s', ' samples/s')} total, "
+        f"{fmt('samples_per_s_per_device', ' samples/s')} per device "
+        f"({s.get('measured_steps', 0)} measured steps, warm-up excluded)"
+    )
+    print(
+        "step time (ms): "
+        + ", ".join(
+            f"{p.replace('_s', '')} {fmt('mean_' + p, '', 1000)}"
+            for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
+        )
+    )
+    print(
+        f"peak memory: RSS {fmt('peak_rss_bytes', ' MiB', 2**-20)}, CUDA {fmt('peak_cuda_bytes', ' MiB', 2**-20)}"
+    )
+    print(
+        f"final loss {fmt('final_loss')}; {s.get('final_metric_name', 'metric')} {fmt('final_metric')}"
+    )
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from .store import load_runs
+
+    runs = load_runs(args.output_dir, args.sweep or None)
+    if runs.empty:
+        print(f"no runs in {args.output_dir}")
+        return 0
+    cols = [
+        c
+        for c in (
+            "sweep",
+            "run_id",
+            "status",
+            "model",
+            "world_size",
+            "per_device_batch_size",
+            "precision",
+            "samples_per_s",
+            "final_loss",
+            "final_metric",
+        )
+        if c in runs.columns
+    ]
+    print(runs[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import report_from_store
+
+    path = report_from_store(args.target, args.output, output_dir=args.output_dir)
+    print(f"report: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench", description=__doc__.splitlines()[0].strip("`")
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="launch one training run and print its summary",
+        description="Launch one DDP training run, wait for it, print a summary table.",
+    )
+    run.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "debug"],
+        help="local: one subprocess per rank; debug: world size 1 in this process",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run named by --run-name from its latest checkpoint",
+    )
+    _add_config_options(run)
+    run.set_defaults(func=_cmd_run)
+
+    ls = sub.add_parser("ls", help="list runs in the store", description="List runs in the store.")
+    ls.add_argument("--output-dir", default="experiments/results", help="root of the result store")
+    ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
+    ls.set_defaults(func=_cmd_ls)
+
+    report = sub.add_parser(
+        "report",
+        help="write one offline HTML report of a sweep or run",
+        description="Write a self-contained HTML report (works with no network).",
+    )
+    report.add_argument("target", help="a sweep name, a sweep folder or a run folder")
+    report.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    report.add_argument(
+        "--output-dir", default="experiments/results", help="root of the result store"
+    )
+    report.set_defaults(func=_cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
