@@ -39,12 +39,12 @@ def _json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected JSON, got {text!r}: {exc}") from exc
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
     """One option per RunConfig field, with the field's own help, so the CLI never lags the config."""
     helps = field_help()
     group = parser.add_argument_group("run configuration (RunConfig fields)")
     for f in dataclasses.fields(RunConfig):
-        if not f.init:
+        if not f.init or f.name in skip:
             continue
         kind = _field_type(f)
         convert: Any = {int: int, float: float, bool: _bool, str: str}.get(kind, _json)
@@ -64,12 +64,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .launch import launch
     from .summary import per_rank_table
 
-    fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
-    values = {k: v for k, v in vars(args).items() if k in fields}
-    if "per_device_batch_size" not in values and "global_batch_size" not in values:
-        values["per_device_batch_size"] = 32
     try:
-        config = RunConfig(**values)
+        config = _config_from_args(args)
         handle = launch(config, executor=args.executor, resume=args.resume)
     except (ConfigError, PreflightError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -145,12 +141,45 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import report_from_store
+def _config_from_args(args: argparse.Namespace) -> RunConfig:
+    fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    if "per_device_batch_size" not in values and "global_batch_size" not in values:
+        values["per_device_batch_size"] = 32
+    return RunConfig(**values)
 
-    path = report_from_store(args.target, args.output, output_dir=args.output_dir)
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .study import report_from_store
+
+    try:
+        path = report_from_store(args.target, args.output, output_dir=args.output_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"report: {path}")
     return 0
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .study import report_from_store, run_study, scaling_configs
+
+    try:
+        sizes = [int(n) for n in args.world_sizes.split(",")]
+        config = _config_from_args(argparse.Namespace(**{**vars(args), "world_size": max(sizes)}))
+        configs = scaling_configs(config, sizes)
+    except (ValueError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    handles = run_study(configs, args.executor)
+    for handle in handles:
+        print(f"{handle.run_id}: {handle.status()}")
+    report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
+    path = report_from_store(config.sweep, report, output_dir=config.output_dir)
+    print(f"results: {Path(config.output_dir) / config.sweep}")
+    print(f"report: {path}")
+    return 0 if all(h.status() == "completed" for h in handles) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--output-dir", default="experiments/results", help="root of the result store")
     ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
     ls.set_defaults(func=_cmd_ls)
+
+    scale = sub.add_parser("scale", help="one config at several world sizes, then a report",
+                           description="Run one config at several world sizes (one after another), "
+                           "then write the sweep's offline HTML report.")
+    scale.add_argument("--world-sizes", default="1,2", help="comma-separated world sizes (default: 1,2)")
+    scale.add_argument("--executor", default="local", choices=["local"], help="where the ranks run")
+    scale.add_argument("--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)")
+    _add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
+    scale.set_defaults(func=_cmd_scale)
 
     report = sub.add_parser(
         "report",

@@ -1,0 +1,101 @@
+"""Checks made before any process starts, and the in-process debug executor."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.config import RunConfig
+from workbench.errors import PreflightError
+from workbench.launch import launch, preflight
+
+
+def _config(tmp_path: Path, **changes) -> RunConfig:
+    fields = dict(model="mlp", world_size=2, per_device_batch_size=8, train_samples=64,
+                  output_dir=str(tmp_path))
+    return RunConfig(**{**fields, **changes})
+
+
+def test_master_port_in_use_is_refused(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(PreflightError, match=f"master_port={port}: already in use"):
+            preflight(_config(tmp_path, master_port=port), "local", {})
+    assert not list(tmp_path.iterdir()), "nothing was written"
+
+
+def test_unknown_executor_and_options_list_valid_names(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="executor='lokal': must be one of local, debug"):
+        preflight(_config(tmp_path), "lokal", {})
+    with pytest.raises(PreflightError, match="partition='gpu': not an option of the local executor; valid: "
+                       "signal_delay_s, setup"):
+        preflight(_config(tmp_path), "local", {"partition": "gpu"})
+
+
+def test_debug_executor_needs_world_size_one(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="world_size=2: the debug executor runs one task"):
+        preflight(_config(tmp_path), "debug", {})
+
+
+def test_local_executor_is_one_node(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="nodes=2: the local executor runs on one node"):
+        preflight(_config(tmp_path, world_size=4, nodes=2), "local", {})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine has no GPU")
+def test_cuda_requested_without_a_gpu(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="device='cuda': no CUDA device is visible"):
+        preflight(_config(tmp_path, device="cuda"), "local", {})
+    with pytest.raises(PreflightError, match="precision='fp16': fp16 needs CUDA"):
+        preflight(_config(tmp_path, precision="fp16"), "local", {})
+
+
+def test_gpu_checks_with_a_pretend_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No GPU here: pretend one is visible (and a CUDA context exists) to reach the GPU-only checks.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(PreflightError) as err:
+        preflight(_config(tmp_path, device="cuda"), "local", {})
+    text = str(err.value)
+    assert "tasks_per_node=2: more devices per node than present: this node has 1 GPU(s)" in text
+    assert "already created a CUDA context" in text
+
+
+def test_unwritable_output_dir(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("not a folder")
+    with pytest.raises(PreflightError, match="output_dir=.*is not a folder"):
+        preflight(_config(tmp_path, output_dir=str(target / "results")), "local", {})
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(PreflightError, match="is not writable"):
+            preflight(_config(tmp_path, output_dir=str(locked)), "local", {})
+
+
+def test_existing_run_and_resume_of_a_missing_run(tmp_path: Path) -> None:
+    (tmp_path / "default" / "taken").mkdir(parents=True)
+    (tmp_path / "default" / "taken" / "run.json").write_text("{}")
+    with pytest.raises(PreflightError, match="run_name='taken': a run already exists"):
+        preflight(_config(tmp_path, run_name="taken"), "local", {})
+    with pytest.raises(PreflightError, match="run_name='nothing': resume=True but no run"):
+        preflight(_config(tmp_path, run_name="nothing"), "local", {}, resume=True)
+
+
+def test_debug_executor_runs_in_process_with_bf16_and_a_plugin(tmp_path: Path) -> None:
+    config = _config(tmp_path, world_size=1, model="transformer", precision="bf16", max_steps=4,
+                     train_samples=128, eval_samples=32, warmup_steps=1)
+    handle = launch(config, executor="debug")
+    assert handle.wait() == "completed"
+    steps = handle.traces()
+    assert steps["step"].tolist() == [1, 2, 3, 4] and steps["loss"].notna().all()
+    assert handle.traces("eval")["metric_value"].between(0, 1).all()
+    plugin = _config(tmp_path, world_size=1, model="tests.plugins:tiny_linear",
+                     dataset="tests.plugins:two_features", max_steps=3, train_samples=64)
+    assert launch(plugin, executor="debug").wait() == "completed"
