@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -99,3 +100,15 @@ def test_debug_executor_runs_in_process_with_bf16_and_a_plugin(tmp_path: Path) -
     plugin = _config(tmp_path, world_size=1, model="tests.plugins:tiny_linear",
                      dataset="tests.plugins:two_features", max_steps=3, train_samples=64)
     assert launch(plugin, executor="debug").wait() == "completed"
+
+
+def test_profiled_window_writes_one_trace_per_rank_with_step_markers(tmp_path: Path) -> None:
+    config = _config(tmp_path, world_size=1, max_steps=6, profile_steps=(3, 4), run_name="prof")
+    handle = launch(config, executor="debug")
+    assert handle.wait() == "completed"
+    files = list((handle.path / "profiles").glob("rank00000*.pt.trace.json"))
+    assert len(files) == 1
+    trace = json.loads(files[0].read_text())
+    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    assert steps == {"ProfilerStep#3", "ProfilerStep#4"}
+    assert trace["distributedInfo"]["rank"] == 0

@@ -20,10 +20,10 @@ def test_builtin_model_trains_on_its_synthetic_data(name: str) -> None:
     logits = model(inputs)
     if model_task(model) == "lm":
         assert logits.shape == (32, MODEL_OPTIONS[name]["seq_len"], MODEL_OPTIONS[name]["vocab_size"])
-        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())  # noqa: E731
+        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
     else:
         assert logits.shape == (32, MODEL_OPTIONS[name]["num_classes"])
-        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs), targets)  # noqa: E731
+        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs), targets)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     first = loss_fn().item()
     for _ in range(30):

@@ -28,14 +28,13 @@ def _step(tracer: Tracer, step: int, **extra) -> None:
 
 def test_rows_reach_disk_on_flush_interval_and_on_exception(tmp_path: Path) -> None:
     path = tmp_path / "traces" / schema.steps_file(0, "jsonl")
-    with pytest.raises(RuntimeError):
-        with _tracer(tmp_path, flush_s=0.0) as tracer:
-            _step(tracer, 1)
-            assert len(list(read_jsonl(path))) == 1, "flush_s=0 writes every row at once"
-            tracer.steps.flush_s = 3600
-            _step(tracer, 2)
-            assert len(list(read_jsonl(path))) == 1, "buffered until the next flush"
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), _tracer(tmp_path, flush_s=0.0) as tracer:
+        _step(tracer, 1)
+        assert len(list(read_jsonl(path))) == 1, "flush_s=0 writes every row at once"
+        tracer.steps.flush_s = 3600
+        _step(tracer, 2)
+        assert len(list(read_jsonl(path))) == 1, "buffered until the next flush"
+        raise RuntimeError("boom")
     assert [r["step"] for r in read_jsonl(path)] == [1, 2], "closing on an exception keeps the rows"
 
 

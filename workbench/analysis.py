@@ -44,10 +44,17 @@ def check_columns(frame: pd.DataFrame, names: Iterable[str], what: str = "frame"
         raise ValueError(f"unknown {what} column(s) {missing}; valid names: {valid}")
 
 
-def measured_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    """The measured (non-warm-up) step rows, with an ``attempt`` column (0 when absent)."""
+def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The measured (non-warm-up) step rows, with an ``attempt`` column (0 when absent).
+
+    ``columns`` keeps only those (when present) besides the keys: filtering a wide frame of a
+    million rows costs far more than filtering the few columns a table needs.
+    """
     check_columns(steps, ("run_id", "rank", "step", "warmup"), "steps")
-    out = steps[~steps["warmup"].fillna(False).astype(bool)]
+    if columns is not None:
+        keep = ["run_id", "rank", "step", "warmup", "attempt", *columns]
+        steps = steps[[c for c in dict.fromkeys(keep) if c in steps.columns]]
+    out = steps[~steps["warmup"].fillna(False).astype(bool).to_numpy()]
     if "attempt" not in out.columns:
         out = out.assign(attempt=0)
     return out
@@ -71,7 +78,7 @@ def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
     (measured_s / steps). A run with only warm-up steps gets NaN rates.
     """
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["world_size", "t_start_s", "step_s", "samples"])
     m = m.assign(_end=m["t_start_s"] + m["step_s"])
     per_attempt = m.groupby(["run_id", "attempt"], sort=True).agg(
         world_size=("world_size", "max"),
@@ -135,7 +142,7 @@ def _check_group_by(runs: pd.DataFrame, group_by: Sequence[str] | None) -> list[
 
 def _final_loss(steps: pd.DataFrame) -> pd.Series:
     """Training loss at each run's last measured step, averaged over ranks."""
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["loss"])
     if "loss" not in m.columns or m.empty:
         return pd.Series(dtype="float64", name="final_loss")
     last = m.groupby("run_id")[["attempt", "step"]].max().reset_index()
@@ -308,7 +315,7 @@ def phase_breakdown(steps: pd.DataFrame) -> pd.DataFrame:
     """
     cols = [*PHASES, "comm_s", "step_s"]
     check_columns(steps, ["world_size", *cols], "steps")
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["world_size", "host", *cols])
     m = m.assign(other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0))
     aggs: dict[str, tuple[str, str]] = {
         "world_size": ("world_size", "max"),
@@ -356,15 +363,20 @@ def eval_breakdown(evals: pd.DataFrame) -> pd.DataFrame:
 def memory_by_rank(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run and rank, peak process RSS and CUDA peaks (bytes, all steps incl. warm-up).
 
-    Columns ``rss_peak_bytes``, ``cuda_peak_bytes`` (``mem_peak_bytes``) and
-    ``cuda_reserved_peak_bytes``; the CUDA ones are NaN on CPU.
+    Columns ``rss_peak_bytes``, ``cuda_peak_bytes`` (``mem_peak_bytes``),
+    ``cuda_reserved_peak_bytes`` and ``device_peak_bytes`` (``mem_device_bytes``, what NVML sees
+    of this process on its GPU); the CUDA ones are NaN on CPU.
     """
     check_columns(steps, ("run_id", "rank", "world_size", "rss_bytes"), "steps")
     aggs: dict[str, tuple[str, str]] = {"world_size": ("world_size", "max")}
     if "host" in steps.columns:
         aggs["host"] = ("host", "first")
     aggs["rss_peak_bytes"] = ("rss_bytes", "max")
-    cuda = {"mem_peak_bytes": "cuda_peak_bytes", "mem_reserved_bytes": "cuda_reserved_peak_bytes"}
+    cuda = {
+        "mem_peak_bytes": "cuda_peak_bytes",
+        "mem_reserved_bytes": "cuda_reserved_peak_bytes",
+        "mem_device_bytes": "device_peak_bytes",  # NVML: allocator + context + NCCL buffers
+    }
     for src, dst in cuda.items():
         if src in steps.columns:
             aggs[dst] = (src, "max")
@@ -405,7 +417,8 @@ def communication(
     ``bus_bandwidth_bytes_per_s = 2 (N-1)/N * comm_bytes / comm_s`` (NaN for one rank).
     """
     check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
-    m = measured_steps(steps)
+    needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]
+    m = measured_steps(steps, needed)
     aggs: dict[str, tuple[str, str]] = {
         "world_size": ("world_size", "max"),
         "steps": ("step", "count"),
@@ -539,7 +552,7 @@ def stragglers(
         raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
     cols = ("step_s", "comm_s") if measure == "compute_s" else (measure,)
     check_columns(steps, ("world_size", *cols), "steps")
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["world_size", "host", *cols])
     if measure == "compute_s":
         value = m["step_s"] - m["comm_s"].fillna(0)
     else:

@@ -8,8 +8,9 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .config import RunConfig, field_help
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import ConfigError, Problem
 
@@ -112,6 +113,8 @@ class RunConfig:
     master_port: int | None = _doc("rendezvous port; a free one is picked locally when omitted")
     trace_flush_s: float = _doc("flush trace rows to disk at least this often (seconds)", 2.0)
     trace_sample_ids: bool = _doc("also record which dataset indices each rank consumed", False)
+    profile_steps: tuple[int, int] | None = _doc(
+        "record torch.profiler traces for steps first..last (inclusive), one file per rank")
     fault: FaultInjection | None = _doc("fault injection for tests")
 
     derived: tuple[str, ...] = field(default=(), init=False, metadata={"help": "fields filled in"})
@@ -119,6 +122,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if isinstance(self.fault, Mapping):
             object.__setattr__(self, "fault", _fault_from_dict(self.fault))
+        if isinstance(self.profile_steps, list):
+            object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
         object.__setattr__(self, "model_options", dict(self.model_options))
         object.__setattr__(self, "dataset_options", dict(self.dataset_options))
         problems = _validate(self)
@@ -174,7 +179,7 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         """Build from a dict; derived values (listed in ``derived``) are recomputed, unknown keys
         are an error listing the valid names."""
         data = dict(data)
@@ -188,14 +193,14 @@ class RunConfig:
         return cls(**data)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunConfig":
+    def load(cls, path: str | Path) -> RunConfig:
         return cls.from_json(Path(path).read_text())
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed; derived fields are derived again."""
         data = self.to_dict()
         for name in data.pop("derived"):
@@ -335,6 +340,10 @@ def _validate(c: RunConfig) -> list[Problem]:
     positive("checkpoint_every_steps", zero_ok=True)
     if c.master_port is not None and (not _is_int(c.master_port) or not 1024 <= c.master_port <= 65535):
         p.append(Problem("master_port", c.master_port, "must be an integer in 1024..65535"))
+    if c.profile_steps is not None:
+        w = c.profile_steps
+        if not (isinstance(w, tuple) and len(w) == 2 and all(_is_int(x) for x in w) and 1 <= w[0] <= w[1]):
+            p.append(Problem("profile_steps", w, "two steps (first, last) with 1 <= first <= last"))
     if c.fault is not None:
         if not isinstance(c.fault, FaultInjection):
             p.append(Problem("fault", c.fault, "a FaultInjection or a dict with rank, step, kind"))

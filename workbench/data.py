@@ -6,7 +6,8 @@ chain), so loss and accuracy mean something: a model that learns beats chance.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler, default_collate

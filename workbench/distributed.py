@@ -28,7 +28,7 @@ class RankEnv:
     job_id: str
 
     @classmethod
-    def from_submitit(cls, master_port: int | None) -> "RankEnv":
+    def from_submitit(cls, master_port: int | None) -> RankEnv:
         """From submitit's environment (local, debug or Slurm). ``master_port`` overrides the
         port submitit derives from the job id (the launcher picks a free one locally)."""
         import submitit

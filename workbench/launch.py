@@ -19,7 +19,8 @@ from typing import Any
 from . import environment, schema
 from .config import RunConfig
 from .errors import PreflightError, Problem, RunFailedError
-from .store import read_json, read_rank_states, run_dir as _run_dir, update_run, write_json
+from .store import read_json, read_rank_states, update_run, write_json
+from .store import run_dir as _run_dir
 
 EXECUTORS = ("local", "debug")
 EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -125,7 +126,7 @@ def _new_run_id(config: RunConfig) -> str:
 
 
 def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
-           **executor_options: Any) -> "RunHandle":
+           **executor_options: Any) -> RunHandle:
     """Start a run and return its handle. ``executor`` is ``"local"`` (one subprocess per rank on
     this machine) or ``"debug"`` (world size 1, in this process, for stepping through code).
     ``resume=True`` continues the run named ``config.run_name`` from its latest checkpoint,
@@ -183,6 +184,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+_EXIT_CRASH_MARKERS = ("terminate called", "Segmentation fault", "core dumped", "Aborted")
+
+
+def _crashed_at_exit(log_tail: str | None) -> bool:
+    return bool(log_tail) and any(m in log_tail for m in _EXIT_CRASH_MARKERS)  # type: ignore[operator]
 
 
 class RunHandle:
@@ -330,6 +338,14 @@ class RunHandle:
                                   "hosts": sorted({s.get("host", "") for s in states.values()})}
         if status == "failed":
             fields["failure"] = self._failure()
+        # A rank can finish its work and then crash while the interpreter exits (seen with gloo
+        # about once in 75 runs). Its results are complete, so the run stays completed, and the
+        # crash is recorded rather than hidden.
+        fields["exit_warnings"] = [
+            {"rank": rank, "log_tail": self._tail(self._log_path(rank), 5)}
+            for rank, s in states.items()
+            if s["status"] == "completed" and _crashed_at_exit(self._tail(self._log_path(rank), 5))
+        ]
         from .summary import run_summary
 
         try:

@@ -8,7 +8,8 @@ against next tokens ``[B, T]``).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

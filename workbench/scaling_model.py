@@ -125,7 +125,7 @@ def predict_scaling(
     run_ids = pd.unique(steps["run_id"])
     if len(run_ids) != 1:
         raise ValueError(f"predict_scaling needs the steps of one run, got runs {list(run_ids)}")
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["step_s", "comm_s", "comm_bytes", "comm_buckets", "samples"])
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
     comm = m["comm_s"].fillna(0)
@@ -172,7 +172,7 @@ def measured_network(steps: pd.DataFrame, latency_s: float = 0.0) -> NetworkMode
     ``comm_s``, so the bandwidth is a lower bound.
     """
     check_columns(steps, ("world_size", "comm_s", "comm_bytes"), "steps")
-    m = measured_steps(steps)
+    m = measured_steps(steps, ["world_size", "comm_s", "comm_bytes", "comm_buckets"])
     m = m[(m["world_size"] > 1) & (m["comm_s"] > 0) & (m["comm_bytes"] > 0)]
     if m.empty:
         return None
@@ -238,7 +238,7 @@ def predicted_vs_measured(
         sizes = sorted(set(group["world_size"]) | {int(w) for w in world_sizes})
         # A 1-rank run hands no bytes to allreduce: take them from the group's multi-rank runs.
         multi = steps[steps["run_id"].isin(group["run_id"]) & (steps["world_size"] > 1)]
-        multi = measured_steps(multi)
+        multi = measured_steps(multi, ["comm_bytes", "comm_buckets"])
         nbytes = float(multi["comm_bytes"].median()) if len(multi) else None
         nbuckets = (
             int(multi["comm_buckets"].median()) if "comm_buckets" in multi and len(multi) else None

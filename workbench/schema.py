@@ -35,6 +35,7 @@ STEP_COLUMNS: dict[str, str] = {
     "mem_alloc_bytes": "float64",  # CUDA allocator, null on CPU
     "mem_reserved_bytes": "float64",
     "mem_peak_bytes": "float64",
+    "mem_device_bytes": "float64",  # NVML: this process's memory on its GPU (context, NCCL buffers...)
     "rss_bytes": "int64",  # process resident set size, always
 }
 
@@ -67,6 +68,7 @@ RUN_FILE = "run.json"
 TRACES_DIR = "traces"
 RANKS_DIR = "ranks"  # per-rank status files, each owned by its rank
 CHECKPOINTS_DIR = "checkpoints"
+PROFILES_DIR = "profiles"  # torch.profiler traces, one per rank (Holistic Trace Analysis, TensorBoard)
 LOGS_DIR = "logs"
 
 

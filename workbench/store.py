@@ -12,8 +12,9 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import schema
 
@@ -113,7 +114,7 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
     return row
 
 
-def load_runs(output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None) -> "pd.DataFrame":
+def load_runs(output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None) -> pd.DataFrame:
     """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``) and
     the summary figures."""
     import pandas as pd
@@ -130,14 +131,14 @@ def _trace_paths(run_path: Path, kind: str) -> list[Path]:
     return [by_stem[s] for s in sorted(by_stem)]
 
 
-def _read_trace_file(path: Path, columns: dict[str, str]) -> "pd.DataFrame | None":
+def _read_trace_file(path: Path, columns: dict[str, str]) -> pd.DataFrame | None:
     import pandas as pd
 
     try:
         if path.suffix == ".parquet":
             frame = pd.read_parquet(path)
         else:
-            from .trace import read_jsonl  # noqa: PLC0415 (torch-free part of the tracer module)
+            from .trace import read_jsonl
 
             frame = pd.DataFrame(list(read_jsonl(path)))
     except Exception as exc:  # a truncated or corrupt file must not hide the others
@@ -150,8 +151,8 @@ def _read_trace_file(path: Path, columns: dict[str, str]) -> "pd.DataFrame | Non
 
 
 def load_traces(
-    runs: "str | Path | Iterable[str | Path]", kind: str = "steps"
-) -> "pd.DataFrame":
+    runs: str | Path | Iterable[str | Path], kind: str = "steps"
+) -> pd.DataFrame:
     """All ranks' rows of one or more runs (run folders), as one DataFrame with the schema's
     columns in order. ``kind`` is ``"steps"`` or ``"eval"``."""
     import pandas as pd

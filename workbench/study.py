@@ -3,8 +3,9 @@ another (ranks of different runs must not share the cores they are measured on).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .config import RunConfig
 from .errors import RunFailedError

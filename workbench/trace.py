@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -30,6 +31,45 @@ def rss_bytes() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class DeviceMemory:
+    """This process's memory on its GPU as the driver sees it (NVML): the CUDA context, NCCL
+    buffers and everything else the PyTorch allocator does not count. Sampled at most once per
+    ``every_s`` seconds, because one NVML query costs far more than a step's timers. None where
+    NVML (``nvidia-ml-py``) or an NVIDIA GPU is missing."""
+
+    def __init__(self, device: torch.device, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self._last = -float("inf")
+        self._value: int | None = None
+        self._handle: Any = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            self._nvml = pynvml
+        except Exception:  # no NVML: the allocator's figures still stand
+            self._handle = None
+
+    def bytes(self) -> int | None:
+        if self._handle is None:
+            return None
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            pid = os.getpid()
+            try:
+                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+                self._value = next((int(p.usedGpuMemory) for p in procs if p.pid == pid), None)
+            except Exception:
+                self._value = None
+        return self._value
 
 
 class PhaseClock:
@@ -110,6 +150,7 @@ class Tracer:
         self.steps = TraceWriter(traces_dir / schema.steps_file(rank, "jsonl"), flush_s)
         self.evals = TraceWriter(traces_dir / schema.eval_file(rank, "jsonl"), flush_s)
         self.t0 = time.perf_counter()
+        self.device_memory = DeviceMemory(device)
 
     def set_t0(self) -> None:
         """Call right after a barrier: every rank leaves it together, so their clocks agree."""
@@ -125,9 +166,11 @@ class Tracer:
                 mem_alloc_bytes=torch.cuda.memory_allocated(self.device),
                 mem_reserved_bytes=torch.cuda.memory_reserved(self.device),
                 mem_peak_bytes=torch.cuda.max_memory_allocated(self.device),
+                mem_device_bytes=self.device_memory.bytes(),
             )
         else:
-            mem.update(mem_alloc_bytes=None, mem_reserved_bytes=None, mem_peak_bytes=None)
+            mem.update(mem_alloc_bytes=None, mem_reserved_bytes=None, mem_peak_bytes=None,
+                       mem_device_bytes=None)
         return mem
 
     def step(self, **fields: Any) -> None:
@@ -140,10 +183,10 @@ class Tracer:
         self.steps.close()
         self.evals.close()
 
-    def __enter__(self) -> "Tracer":
+    def __enter__(self) -> Tracer:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from .config import RunConfig
 from .data import build_datasets, eval_shard, fetch_batch, train_batches
 from .errors import InjectedFault
 from .models import build_model, model_task
+from .profiling import step_profiler
 from .store import rank_file, write_json
 from .trace import PhaseClock, Tracer, consolidate, trim_for_resume
 
@@ -94,120 +96,132 @@ def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id:
     return summary
 
 
+def _make_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum,
+                               weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+class _Trainer:
+    """The state of one rank's training: model, DDP wrapper, optimizer, scaler, comm meter."""
+
+    def __init__(self, config: RunConfig, env: distributed.RankEnv, device: torch.device,
+                 run_dir: Path, attempt: int) -> None:
+        self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
+        _seed_everything(config.seed)
+        self.module = build_model(config.model, dict(config.model_options)).to(device)
+        self.train_set, self.eval_set = build_datasets(config)
+        start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
+        self.ddp = DDP(self.module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.comm = distributed.CommMeter()
+        self.ddp.register_comm_hook(None, self.comm.hook)
+        self.optimizer = _make_optimizer(config, self.ddp.parameters())
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+        self.done_steps = 0
+        if start is not None:
+            self.done_steps = checkpoint.restore_training(start, self.optimizer, self.scaler, env.rank)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def save(self, step: int, tracer: Tracer) -> None:
+        tracer.steps.flush()  # a checkpoint never gets ahead of the trace rows on disk
+        tracer.evals.flush()
+        checkpoint.save(self.run_dir, step, self.module, self.optimizer, self.scaler, self.env.rank)
+
+    def step(self, micro_batches: list[list[int]], clock: PhaseClock) -> dict[str, Any]:
+        """One optimizer step over ``micro_batches`` (gradient sync on the last one only)."""
+        accum = len(micro_batches)
+        clock.start()
+        loss_sum = torch.zeros((), device=self.device)
+        for m, indices in enumerate(micro_batches):
+            inputs, targets = fetch_batch(self.train_set, indices)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            clock.mark()
+            with self.ddp.no_sync() if m < accum - 1 else contextlib.nullcontext():
+                with self.autocast():
+                    loss = _loss(self.module, self.ddp(inputs), targets) / accum
+                clock.mark()
+                self.scaler.scale(loss).backward()
+                clock.mark()
+            loss_sum += loss.detach()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        clock.mark()
+        d = clock.durations()  # per micro-step: data, forward, backward; then the optimizer
+        comm_s, comm_bytes, comm_buckets = self.comm.take()
+        return dict(
+            data_s=sum(d[0:-1:3]), forward_s=sum(d[1:-1:3]), backward_s=sum(d[2:-1:3]),
+            optimizer_s=d[-1], step_s=sum(d), comm_s=comm_s, comm_bytes=comm_bytes,
+            comm_buckets=comm_buckets, samples=sum(len(b) for b in micro_batches),
+            loss=float(loss_sum), lr=self.optimizer.param_groups[0]["lr"])
+
+    def evaluate(self, tracer: Tracer, epoch: int, step: int) -> float:
+        return evaluate(self.ddp, self.module, self.eval_set, self.config, self.env, self.device, tracer,
+                        epoch, step, self.autocast)
+
+
 def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
            run_id: str, attempt: int) -> dict[str, Any]:
-    _seed_everything(config.seed)
-    module = build_model(config.model, dict(config.model_options)).to(device)
-    train_set, eval_set = build_datasets(config)
-    start = checkpoint.load_latest(run_dir, module, env.rank) if attempt > 0 else None
-
-    ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
-    comm = distributed.CommMeter()
-    ddp.register_comm_hook(None, comm.hook)
-    if config.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            ddp.parameters(), lr=config.learning_rate, momentum=config.momentum,
-            weight_decay=config.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(ddp.parameters(), lr=config.learning_rate,
-                                      weight_decay=config.weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
-
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        if amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=amp_dtype)
-
-    done_steps = 0
-    if start is not None:
-        done_steps = checkpoint.restore_training(start, optimizer, scaler, env.rank)
-        trim_for_resume(run_dir / schema.TRACES_DIR, env.rank, done_steps)
-
+    t = _Trainer(config, env, device, run_dir, attempt)
     traces = run_dir / schema.TRACES_DIR
     traces.mkdir(parents=True, exist_ok=True)
-    spe, total = config.steps_per_epoch, config.total_steps
-    accum = config.gradient_accumulation_steps
-    last_eval_step = -1
+    if t.done_steps:
+        trim_for_resume(traces, env.rank, t.done_steps)
+    spe, total, accum = config.steps_per_epoch, config.total_steps, config.gradient_accumulation_steps
     ckpt_every = config.checkpoint_every_steps
-
-    def save(at_step: int) -> None:
-        tracer.steps.flush()
-        tracer.evals.flush()
-        checkpoint.save(run_dir, at_step, module, optimizer, scaler, env.rank)
     sample_log = open(traces / f"samples-rank{env.rank:05d}.jsonl", "a") if config.trace_sample_ids else None
+    step = last_eval_step = t.done_steps
     with Tracer(traces, run_id=run_id, rank=env.rank, local_rank=env.local_rank, host=env.host,
                 world_size=env.world_size, attempt=attempt, flush_s=config.trace_flush_s,
-                device=device) as tracer:
+                device=device) as tracer, \
+            step_profiler(config.profile_steps, t.done_steps, run_dir / schema.PROFILES_DIR, env.rank,
+                          device) as profiler:
         clock = PhaseClock(device)
         distributed.barrier()
         tracer.set_t0()
-        step = done_steps
         epoch = step // spe
         while step < total:
-            batches = train_batches(train_set, env.rank, env.world_size, config.per_device_batch_size,
+            batches = train_batches(t.train_set, env.rank, env.world_size, config.per_device_batch_size,
                                     config.seed, epoch)
-            ddp.train()
+            t.ddp.train()
             for s in range(step % spe, spe):
                 step += 1
                 _inject_fault(config, env.rank, step, attempt)
-                clock.start()
-                loss_sum = torch.zeros((), device=device)
-                data_s = forward_s = backward_s = 0.0
-                for m in range(accum):
-                    indices = batches[s * accum + m]
-                    if sample_log is not None:
-                        sample_log.write(f'{{"epoch": {epoch}, "step": {step}, "indices": {list(indices)}}}\n')
-                    inputs, targets = fetch_batch(train_set, indices)
-                    inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                    clock.mark()
-                    sync = ddp.no_sync() if m < accum - 1 else contextlib.nullcontext()
-                    with sync:
-                        with autocast():
-                            loss = _loss(module, ddp(inputs), targets) / accum
-                        clock.mark()
-                        scaler.scale(loss).backward()
-                        clock.mark()
-                    loss_sum += loss.detach()
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                clock.mark()
-                d = clock.durations()
-                for m in range(accum):
-                    data_s += d[3 * m]
-                    forward_s += d[3 * m + 1]
-                    backward_s += d[3 * m + 2]
-                comm_s, comm_bytes, comm_buckets = comm.take()
-                tracer.step(
-                    epoch=epoch, step=step, warmup=step <= config.warmup_steps,
-                    t_start_s=tracer.since_t0(clock.started_at),
-                    data_s=data_s, forward_s=forward_s, backward_s=backward_s,
-                    optimizer_s=d[-1], step_s=sum(d),
-                    comm_s=comm_s, comm_bytes=comm_bytes, comm_buckets=comm_buckets,
-                    samples=config.per_device_batch_size * accum, loss=float(loss_sum),
-                    lr=optimizer.param_groups[0]["lr"])
+                micro = batches[s * accum:(s + 1) * accum]
+                if sample_log is not None:
+                    sample_log.write(json.dumps({"epoch": epoch, "step": step, "indices": sum(micro, [])}) + "\n")
+                fields = t.step(micro, clock)
+                tracer.step(epoch=epoch, step=step, warmup=step <= config.warmup_steps,
+                            t_start_s=tracer.since_t0(clock.started_at), **fields)
+                profiler.step()
                 if step >= total:
                     break
                 if s + 1 < spe and ckpt_every and step % ckpt_every == 0:
-                    save(step)
+                    t.save(step, tracer)
             # Epoch end: evaluate first, then checkpoint, so a checkpoint implies its evaluation.
             if step % spe == 0:
                 if config.eval_every_epochs and (epoch + 1) % config.eval_every_epochs == 0:
-                    evaluate(ddp, module, eval_set, config, env, device, tracer, epoch, step, autocast)
+                    t.evaluate(tracer, epoch, step)
                     last_eval_step = step
                 if ckpt_every and step % ckpt_every == 0 and step < total:
-                    save(step)
+                    t.save(step, tracer)
             epoch += 1
         if config.eval_at_end and last_eval_step != step:
-            evaluate(ddp, module, eval_set, config, env, device, tracer, epoch - 1, step, autocast)
+            t.evaluate(tracer, max(epoch - 1, 0), step)
         if ckpt_every:  # the final state too, so a longer run can continue from here
-            save(step)
+            t.save(step, tracer)
     if sample_log is not None:
         sample_log.close()
-    summary = _summary(module, env, step, tracer)
+    summary = _summary(t.module, env, device, step, tracer)
     consolidate(traces, env.rank)
-    del ddp  # free the DDP model before the process group goes (see distributed.teardown)
+    del t  # free the DDP model before the process group goes (see distributed.teardown)
     return summary
 
 
@@ -267,10 +281,12 @@ def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: 
     return metric
 
 
-def _summary(module: nn.Module, env: distributed.RankEnv, step: int, tracer: Tracer) -> dict[str, Any]:
+def _summary(module: nn.Module, env: distributed.RankEnv, device: torch.device, step: int,
+             tracer: Tracer) -> dict[str, Any]:
     """What this rank returns to the caller: where it ended and a fingerprint of its parameters."""
     digest = hashlib.sha256()
     for p in module.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return {"rank": env.rank, "host": env.host, "steps": step, "param_sha256": digest.hexdigest(),
-            "rss_bytes": tracer.memory()["rss_bytes"]}
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"rank": env.rank, "host": env.host, "device": str(device), "device_name": device_name,
+            "steps": step, "param_sha256": digest.hexdigest(), "rss_bytes": tracer.memory()["rss_bytes"]}

@@ -1,0 +1,190 @@
+"""Hand-built trace frames with answers that can be worked out on paper.
+
+Every rank runs the same back-to-back steps: step k (from 1) starts at ``(k - 1) * step_s`` on all
+ranks, so a run's measured window is ``measured steps * step_s`` seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from workbench.schema import EVAL_COLUMNS, STEP_COLUMNS
+
+
+def make_steps(
+    run_id: str = "r1",
+    world_size: int = 2,
+    n_steps: int = 10,
+    warmup_steps: int = 2,
+    step_s: float = 1.0,
+    data_s: float = 0.1,
+    forward_s: float = 0.2,
+    backward_s: float = 0.5,
+    optimizer_s: float = 0.1,
+    comm_s: float = 0.3,
+    comm_bytes: int = 1_000_000,
+    comm_buckets: int = 1,
+    samples: int = 8,
+    loss0: float = 2.0,
+    loss_drop: float = 0.1,
+    rss_bytes: int = 1 << 30,
+    cuda: bool = False,
+    attempt: int = 0,
+) -> pd.DataFrame:
+    """One run's step rows for every rank, in the schema's columns and dtypes."""
+    ranks = np.repeat(np.arange(world_size), n_steps)
+    step = np.tile(np.arange(1, n_steps + 1), world_size)
+    n = len(step)
+    frame = pd.DataFrame(
+        {
+            "run_id": run_id,
+            "rank": ranks,
+            "local_rank": ranks % 8,
+            "host": [f"node{r // 8}" for r in ranks],
+            "world_size": world_size,
+            "attempt": attempt,
+            "epoch": 0,
+            "step": step,
+            "warmup": step <= warmup_steps,
+            "t_start_s": (step - 1) * step_s,
+            "data_s": data_s,
+            "forward_s": forward_s,
+            "backward_s": backward_s,
+            "optimizer_s": optimizer_s,
+            "step_s": step_s,
+            "comm_s": comm_s if world_size > 1 else 0.0,
+            "comm_bytes": comm_bytes if world_size > 1 else 0,
+            "comm_buckets": comm_buckets,
+            "samples": samples,
+            "loss": loss0 - loss_drop * (step - 1),
+            "lr": 0.1,
+            "mem_alloc_bytes": np.full(n, 2e9) if cuda else np.nan,
+            "mem_reserved_bytes": np.full(n, 3e9) if cuda else np.nan,
+            "mem_peak_bytes": (2.5e9 + 1e6 * ranks) if cuda else np.nan,
+            "mem_device_bytes": np.full(n, 4e9) if cuda else np.nan,
+            "rss_bytes": rss_bytes + (1 << 20) * ranks,
+        }
+    )
+    missing = [c for c in STEP_COLUMNS if c not in frame.columns]
+    assert not missing, f"frames.make_steps does not fill the schema's new columns {missing}"
+    return frame[list(STEP_COLUMNS)].astype(STEP_COLUMNS)
+
+
+def make_evals(
+    run_id: str = "r1",
+    world_size: int = 2,
+    eval_steps: Sequence[int] = (5, 10),
+    metric_values: Sequence[float] = (0.5, 0.8),
+    step_s: float = 1.0,
+    predict_s: float = 0.4,
+    gather_s: float = 0.1,
+    metric_s: float = 0.2,
+    broadcast_s: float = 0.05,
+    samples: int = 16,
+    metric_name: str = "accuracy",
+) -> pd.DataFrame:
+    """Evaluation rows after the given steps; rank 0 computes the metric, rank r gathers longer.
+
+    Evaluation after step k starts at ``k * step_s`` and lasts ``predict + gather + metric +
+    broadcast`` on rank 0 (the other ranks have no metric time and ``gather_s * (1 + r)``).
+    """
+    rows = []
+    for k, value in zip(eval_steps, metric_values, strict=True):
+        for rank in range(world_size):
+            gather = gather_s * (1 + rank)
+            metric = metric_s if rank == 0 else 0.0
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "rank": rank,
+                    "world_size": world_size,
+                    "attempt": 0,
+                    "epoch": 0,
+                    "step": k,
+                    "t_start_s": k * step_s,
+                    "predict_s": predict_s,
+                    "gather_s": gather,
+                    "metric_s": metric,
+                    "broadcast_s": broadcast_s,
+                    "eval_s": predict_s + gather + metric + broadcast_s,
+                    "samples": samples,
+                    "metric_name": metric_name,
+                    "metric_value": value,
+                    "loss": 1.0 - value,
+                }
+            )
+    return pd.DataFrame(rows).astype(EVAL_COLUMNS)
+
+
+def make_runs(rows: Sequence[dict[str, object]]) -> pd.DataFrame:
+    """The runs frame: one row per run, config columns flattened, with defaults filled in."""
+    defaults: dict[str, object] = {
+        "sweep": "test",
+        "status": "completed",
+        "model": "mlp",
+        "precision": "fp32",
+        "per_device_batch_size": 8,
+        "optimizer": "sgd",
+        "learning_rate": 0.1,
+        "train_samples": 640,
+        "nodes": 1,
+    }
+    out = pd.DataFrame([{**defaults, **row} for row in rows])
+    if "global_batch_size" not in out.columns:
+        out["global_batch_size"] = out["per_device_batch_size"] * out["world_size"]
+    return out
+
+
+#: Step time (s) of the standard sweep at each world size: 8 samples per rank per step.
+SWEEP_STEP_S = {1: 1.0, 2: 1.25, 4: 1.6}
+
+
+def scaling_sweep(
+    step_s: dict[int, float] | None = None, evals: bool = True
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """runs, steps, evals of a weak-scaling sweep over world sizes 1, 2, 4 (10 steps, 2 warm-up).
+
+    Throughput = 8 samples * N ranks / step_s: 8, 12.8 and 20 samples/s; speedup 1.6 and 2.5;
+    efficiency 0.8 and 0.625. Backward is 0.5 s at N=1 and grows with N (exposed allreduce).
+    """
+    step_s = step_s or SWEEP_STEP_S
+    runs, steps, ev = [], [], []
+    for n, s in step_s.items():
+        run_id = f"ws{n}"
+        runs.append({"run_id": run_id, "world_size": n})
+        extra = s - step_s[min(step_s)]
+        steps.append(make_steps(run_id, world_size=n, step_s=s, backward_s=0.5 + extra))
+        ev.append(make_evals(run_id, world_size=n, step_s=s, metric_values=(0.5, 0.9 - 0.05 * n)))
+    return (
+        make_runs(runs),
+        pd.concat(steps, ignore_index=True),
+        pd.concat(ev, ignore_index=True) if evals else pd.DataFrame(columns=list(EVAL_COLUMNS)),
+    )
+
+
+def ddp_steps(
+    world_size: int = 8,
+    n_steps: int = 100,
+    slow_rank: int | None = None,
+    slow_from: int = 40,
+    slow_until: int | None = None,
+    factor: float = 1.5,
+    noise: float = 0.0,
+) -> pd.DataFrame:
+    """DDP-like steps: every rank's step ends when the slowest rank's compute plus 0.1 s of
+    transfer is done; each rank's comm_s is its wait plus the transfer."""
+    steps = make_steps("d", world_size=world_size, n_steps=n_steps, step_s=1.0)
+    rng = np.random.default_rng(0)
+    compute = 0.6 * (1 + noise * rng.uniform(-1, 1, len(steps)))
+    if slow_rank is not None:
+        until = slow_until or n_steps
+        hit = (steps["rank"] == slow_rank) & steps["step"].between(slow_from, until)
+        compute = np.where(hit, compute * factor, compute)
+    steps["_c"] = compute
+    step_s = steps.groupby("step")["_c"].transform("max") + 0.1
+    steps["step_s"] = step_s
+    steps["comm_s"] = step_s - steps["_c"]
+    return steps.drop(columns="_c")

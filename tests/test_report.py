@@ -1,0 +1,68 @@
+"""The offline HTML report: one file, plotly.js embedded once, every figure with data, no CDN."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from workbench.report import build_figures, write_report
+
+from .frames import ddp_steps, make_runs, scaling_sweep
+
+
+def html_table(text: str, after: str) -> dict[str, list[str]]:
+    """The first HTML table after ``after``, as column name -> cell texts (no lxml needed)."""
+    table = text[text.index(after) :].split("</table>")[0]
+    header = re.findall(r"<th[^>]*>(.*?)</th>", table, re.DOTALL)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL) for row in table.split("<tr")[2:]]
+    return {h.strip(): [row[i].strip() for row in cells] for i, h in enumerate(header)}
+
+
+def test_report_is_one_offline_file_with_every_figure(tmp_path: Path) -> None:
+    runs, steps, evals = scaling_sweep()
+    path = write_report(runs, steps, evals, tmp_path / "out" / "report.html", title="A <b> study")
+    assert path == tmp_path / "out" / "report.html"
+    text = path.read_text(encoding="utf-8")
+    figs, _ = build_figures(runs, steps, evals)
+    headings = [h for h, _ in figs]
+    assert "Speedup" in headings and "Evaluation time" in headings
+    assert "Predicted against measured" in headings  # network measured from the ws2/ws4 runs
+    assert text.count('class="plotly-graph-div"') == len(figs)
+    assert len(re.findall(r"\* plotly\.js v\d", text)) == 1  # the library, once
+    assert not re.search(r"<script[^>]+src=", text)  # nothing fetched
+    assert "cdn.plot.ly/plotly" not in text
+    assert "A &lt;b&gt; study" in text
+    scaling = html_table(text, "<h2>Scaling</h2>")
+    assert scaling["speedup"] == ["1", "1.6", "2.5"]
+    assert scaling["efficiency"] == ["1", "0.8", "0.625"]
+    assert "None found." in text  # no straggler in the sweep
+    assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temporary file
+
+
+def test_report_without_evals_leaves_their_figures_out(tmp_path: Path) -> None:
+    runs, steps, _ = scaling_sweep()
+    figs, _ = build_figures(runs, steps, None, network="nvlink")
+    headings = [h for h, _ in figs]
+    assert "Evaluation time" not in headings and "Accuracy against speed" not in headings
+    assert "Speedup" in headings and "Predicted against measured" in headings
+    path = write_report(runs, steps, None, tmp_path / "r.html")
+    assert path.read_text().count('class="plotly-graph-div"') == len(
+        build_figures(runs, steps, None)[0]
+    )
+
+
+def test_report_focuses_on_a_straggler(tmp_path: Path) -> None:
+    steps = ddp_steps(world_size=4, slow_rank=1, slow_from=30)
+    runs = make_runs([{"run_id": "d", "world_size": 4}])
+    figs, tables = build_figures(runs, steps, None)
+    assert tables["stragglers"]["rank"].tolist() == [1]
+    assert "Compute time, run d" in [h for h, _ in figs]
+    text = write_report(runs, steps, None, tmp_path / "s.html").read_text()
+    assert "<h2>Stragglers</h2>" in text and "None found." not in text
+
+
+def test_report_with_no_traces_still_writes(tmp_path: Path) -> None:
+    runs, steps, _ = scaling_sweep()
+    text = write_report(runs, steps.iloc[0:0], None, tmp_path / "e.html").read_text()
+    assert "no scaling table" in text
+    assert 'class="plotly-graph-div"' not in text

@@ -1,0 +1,99 @@
+"""The report in a real browser: offline, no page errors, every plot drawn."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pandas as pd
+import pytest
+
+from workbench.report import build_figures, write_report
+
+from .frames import ddp_steps, make_runs, scaling_sweep
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).parent / "artifacts"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"{CHROMIUM} missing: apt-get install -y --no-install-recommends chromium",
+    ),
+]
+
+
+def local(url: str) -> bool:
+    parts = urlparse(url)
+    return parts.scheme in ("file", "data", "blob", "about") or parts.hostname in (
+        "localhost",
+        "127.0.0.1",
+    )
+
+
+def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    runs, steps, evals = scaling_sweep()
+    straggler = ddp_steps(world_size=4, slow_rank=2, slow_from=30)
+    straggler["run_id"] = "ws4-slow"
+    steps = pd.concat([steps, straggler], ignore_index=True)
+    runs = pd.concat([runs, make_runs([{"run_id": "ws4-slow", "world_size": 4}])])
+    path = write_report(runs, steps, evals, tmp_path / "report.html", title="Browser check")
+    n_figures = len(build_figures(runs, steps, evals)[0])
+    assert n_figures >= 10
+
+    errors: list[str] = []
+    outside: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on(
+                "console",
+                lambda msg: errors.append(msg.text) if msg.type == "error" else None,
+            )
+
+            def route(r: object) -> None:
+                request = r.request  # type: ignore[attr-defined]
+                if local(request.url):
+                    r.continue_()  # type: ignore[attr-defined]
+                else:
+                    outside.append(request.url)
+                    r.abort()  # type: ignore[attr-defined]
+
+            page.route("**/*", route)
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_function(
+                f"document.querySelectorAll('.plotly .main-svg').length >= {n_figures}",
+                timeout=30_000,
+            )
+            drawn = page.evaluate(
+                "Array.from(document.querySelectorAll('.plotly-graph-div'))"
+                ".filter(d => d.querySelector('.main-svg') && d._fullData"
+                " && d._fullData.length > 0).length"
+            )
+            traces = page.evaluate(
+                "Array.from(document.querySelectorAll('.plotly-graph-div'))"
+                ".map(d => d.querySelectorAll('.trace, .hm, .heatmaplayer image').length)"
+            )
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert outside == []
+    assert drawn == n_figures
+    assert all(count > 0 for count in traces), traces
