@@ -35,7 +35,7 @@ def test_unknown_executor_and_options_list_valid_names(tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match="executor='lokal': must be one of local, debug"):
         preflight(_config(tmp_path), "lokal", {})
     with pytest.raises(PreflightError, match="partition='gpu': not an option of the local executor; valid: "
-                       "signal_delay_s, setup"):
+                       "setup"):
         preflight(_config(tmp_path), "local", {"partition": "gpu"})
 
 

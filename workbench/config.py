@@ -36,7 +36,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 OPTIMIZERS = ("sgd", "adamw")
-FAULT_KINDS = ("raise", "exit", "hang", "kill")
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "preempt")
 _PLUGIN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
@@ -53,7 +53,8 @@ class FaultInjection:
 
     rank: int = _doc("global rank that misbehaves", 0)
     step: int = _doc("global step (from 1) at whose start it misbehaves", 1)
-    kind: str = _doc("raise: an exception; exit: os._exit(3); hang: sleep forever; kill: SIGKILL", "raise")
+    kind: str = _doc("raise: an exception; exit: os._exit(3); hang: sleep forever; kill: SIGKILL; "
+                     "preempt: the scheduler's preemption signal to this rank", "raise")
     attempt: int = _doc("only on this attempt (0 = first launch), so a resumed run runs clean", 0)
 
 
@@ -111,6 +112,10 @@ class RunConfig:
     collective_timeout_s: float = _doc("process-group timeout: a hung rank fails its peers after it", 120.0)
     timeout_min: float = _doc("job time limit in minutes (submitit's own default is 2 locally)", 60.0)
     master_port: int | None = _doc("rendezvous port; a free one is picked locally when omitted")
+    signal_delay_s: int = _doc("seconds before the time limit at which ranks are told to checkpoint "
+                               "and requeue", 60)
+    stop_check_every_steps: int = _doc(
+        "how often (steps) the ranks agree whether a preemption signal arrived (0: never)", 10)
     trace_flush_s: float = _doc("flush trace rows to disk at least this often (seconds)", 2.0)
     trace_sample_ids: bool = _doc("also record which dataset indices each rank consumed", False)
     profile_steps: tuple[int, int] | None = _doc(
@@ -338,6 +343,8 @@ def _validate(c: RunConfig) -> list[Problem]:
     positive("eval_every_epochs", zero_ok=True)
     positive("eval_batch_size")
     positive("checkpoint_every_steps", zero_ok=True)
+    positive("stop_check_every_steps", zero_ok=True)
+    positive("signal_delay_s")
     if c.master_port is not None and (not _is_int(c.master_port) or not 1024 <= c.master_port <= 65535):
         p.append(Problem("master_port", c.master_port, "must be an integer in 1024..65535"))
     if c.profile_steps is not None:

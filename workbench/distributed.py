@@ -104,6 +104,13 @@ def broadcast_float(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def any_rank_flag(flag: bool, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is true on any rank (one small allreduce)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def gather_rows(rows: torch.Tensor, rank: int, world_size: int) -> torch.Tensor | None:
     """Gather equally shaped tensors on rank 0 (None elsewhere)."""
     bucket = [torch.empty_like(rows) for _ in range(world_size)] if rank == 0 else None

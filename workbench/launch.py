@@ -24,7 +24,7 @@ from .store import run_dir as _run_dir
 
 EXECUTORS = ("local", "debug")
 EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
-    "local": ("signal_delay_s", "setup"),
+    "local": ("setup",),
     "debug": (),
 }
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
@@ -161,7 +161,7 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
         ex.update_parameters(
             tasks_per_node=config.world_size, nodes=1, timeout_min=config.timeout_min,
             gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
-            signal_delay_s=executor_options.get("signal_delay_s", 30),
+            signal_delay_s=config.signal_delay_s,
             **({"setup": executor_options["setup"]} if "setup" in executor_options else {}))
     job = ex.submit(RankTask(config=config, run_dir=str(run_path), run_id=run_id, master_port=port,
                              attempt=attempt))
@@ -230,6 +230,8 @@ class RunHandle:
         states = self.rank_states()
         if any(s["status"] in ("failed", "died") for s in states.values()):
             return "failed"
+        if any(s["status"] == "preempted" for s in states.values()):
+            return "preempted"  # until the requeued attempt's ranks report running again
         if len(states) == self.config.world_size and all(s["status"] == "completed" for s in states.values()):
             return "completed"
         if states:
@@ -333,7 +335,13 @@ class RunHandle:
         completed = len(states) == self.config.world_size and all(
             s["status"] == "completed" for s in states.values())
         if status is None:
-            status = "completed" if completed else "failed"
+            if completed:
+                status = "completed"
+            elif any(s["status"] == "preempted" for s in states.values()) and not any(
+                    s["status"] in ("failed", "died") for s in states.values()):
+                status = "preempted"  # stopped cleanly and was not requeued: resume=True continues
+            else:
+                status = "failed"
         fields: dict[str, Any] = {"status": status, "ended_at": time.time(),
                                   "hosts": sorted({s.get("host", "") for s in states.values()})}
         if status == "failed":

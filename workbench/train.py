@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
 import random
 import signal
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from .config import RunConfig
 from .data import build_datasets, eval_shard, fetch_batch, train_batches
 from .errors import InjectedFault
 from .models import build_model, model_task
+from .preemption import PreemptionSignal
 from .profiling import step_profiler
 from .store import rank_file, write_json
 from .trace import PhaseClock, Tracer, consolidate, trim_for_resume
@@ -40,20 +43,38 @@ class RankTask:
     attempt: int = 0
 
     def __call__(self) -> dict[str, Any]:
+        stop = PreemptionSignal().install()
         env = distributed.RankEnv.from_submitit(self.master_port)
         state_path = rank_file(Path(self.run_dir), env.rank)
         base = {"rank": env.rank, "local_rank": env.local_rank, "host": env.host, "pid": os.getpid(),
                 "attempt": self.attempt, "job_id": env.job_id}
         write_json(state_path, {**base, "status": "running", "started_at": time.time()})
         try:
-            summary = run_rank(self.config, env, Path(self.run_dir), self.run_id, self.attempt)
+            summary = run_rank(self.config, env, Path(self.run_dir), self.run_id, self.attempt, stop)
         except BaseException as exc:
             write_json(state_path, {**base, "status": "failed", "ended_at": time.time(),
                                     "exception": f"{type(exc).__name__}: {exc}",
                                     "traceback": traceback.format_exc()})
             raise
-        write_json(state_path, {**base, "status": "completed", "ended_at": time.time(), "summary": summary})
+        status = "preempted" if summary["preempted"] else "completed"
+        write_json(state_path, {**base, "status": status, "ended_at": time.time(), "summary": summary})
+        if summary["preempted"] and env.rank == 0:
+            stop.requeue()  # submitit: checkpoint() below, requeue, exit
         return summary
+
+    def checkpoint(self) -> Any:
+        """submitit's requeue hook: the same task, next attempt, a fresh rendezvous port (a
+        stale store from the previous attempt must never be joined)."""
+        from submitit.helpers import DelayedSubmission
+
+        # Runs on global rank 0, which is on the master host: a port free here is free there.
+        return DelayedSubmission(dataclasses.replace(self, attempt=self.attempt + 1, master_port=_free_port()))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def _seed_everything(seed: int) -> None:
@@ -78,17 +99,22 @@ def _inject_fault(config: RunConfig, rank: int, step: int, attempt: int) -> None
         os._exit(3)
     if f.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if f.kind == "preempt":
+        from submitit import JobEnvironment
+
+        os.kill(os.getpid(), JobEnvironment._usr_sig())
     if f.kind == "hang":
         while True:
             time.sleep(3600)
 
 
-def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id: str, attempt: int) -> dict[str, Any]:
+def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id: str, attempt: int,
+             stop: PreemptionSignal | None = None) -> dict[str, Any]:
     """Train on this rank and return its summary. Runs in a fresh process per rank."""
     torch.set_num_threads(config.threads_per_rank)
     device = distributed.pick_device(config.device, env.local_rank)
     distributed.init_process_group(env, config.backend, device, config.collective_timeout_s)
-    summary = _train(config, env, device, run_dir, run_id, attempt)
+    summary = _train(config, env, device, run_dir, run_id, attempt, stop or PreemptionSignal())
     # Only a rank that finished tears down with a barrier. A failing rank leaves without one: its
     # peers may be inside another collective, and its exit closes the sockets, which fails them
     # at once instead of after the collective timeout.
@@ -168,7 +194,7 @@ class _Trainer:
 
 
 def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
-           run_id: str, attempt: int) -> dict[str, Any]:
+           run_id: str, attempt: int, stop: PreemptionSignal) -> dict[str, Any]:
     t = _Trainer(config, env, device, run_dir, attempt)
     traces = run_dir / schema.TRACES_DIR
     traces.mkdir(parents=True, exist_ok=True)
@@ -178,6 +204,13 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
     ckpt_every = config.checkpoint_every_steps
     sample_log = open(traces / f"samples-rank{env.rank:05d}.jsonl", "a") if config.trace_sample_ids else None
     step = last_eval_step = t.done_steps
+    preempted = False
+
+    def agreed_stop() -> bool:
+        """Every few steps, all ranks learn whether any of them got the preemption signal."""
+        every = config.stop_check_every_steps
+        return bool(every) and step % every == 0 and step < total and \
+            distributed.any_rank_flag(stop.requested, device)
     with Tracer(traces, run_id=run_id, rank=env.rank, local_rank=env.local_rank, host=env.host,
                 world_size=env.world_size, attempt=attempt, flush_s=config.trace_flush_s,
                 device=device) as tracer, \
@@ -205,6 +238,11 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
                     break
                 if s + 1 < spe and ckpt_every and step % ckpt_every == 0:
                     t.save(step, tracer)
+                if s + 1 < spe and agreed_stop():
+                    preempted = True
+                    break
+            if preempted:
+                break
             # Epoch end: evaluate first, then checkpoint, so a checkpoint implies its evaluation.
             if step % spe == 0:
                 if config.eval_every_epochs and (epoch + 1) % config.eval_every_epochs == 0:
@@ -213,13 +251,19 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
                 if ckpt_every and step % ckpt_every == 0 and step < total:
                     t.save(step, tracer)
             epoch += 1
-        if config.eval_at_end and last_eval_step != step:
-            t.evaluate(tracer, max(epoch - 1, 0), step)
-        if ckpt_every:  # the final state too, so a longer run can continue from here
-            t.save(step, tracer)
+            if agreed_stop():
+                preempted = True
+                break
+        if preempted:
+            t.save(step, tracer)  # all ranks stop at the same step and checkpoint together
+        else:
+            if config.eval_at_end and last_eval_step != step:
+                t.evaluate(tracer, max(epoch - 1, 0), step)
+            if ckpt_every:  # the final state too, so a longer run can continue from here
+                t.save(step, tracer)
     if sample_log is not None:
         sample_log.close()
-    summary = _summary(t.module, env, device, step, tracer)
+    summary = {**_summary(t.module, env, device, step, tracer), "preempted": preempted}
     consolidate(traces, env.rank)
     del t  # free the DDP model before the process group goes (see distributed.teardown)
     return summary
