@@ -44,3 +44,6 @@ def ddp1(store: Path):
     handle = launch(base_config(store, world_size=1, run_name="ddp1"))
     assert handle.wait(timeout_s=180) == "completed"
     return handle
+
+
+from .slurm_support import slurm_cluster  # noqa: E402,F401  (session fixture for Slurm tests)

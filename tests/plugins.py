@@ -31,3 +31,36 @@ def two_features(train_samples: int, eval_samples: int, seed: int) -> tuple[Data
 
 
 not_a_module = 42
+
+
+class _Sleepy(nn.Module):
+    """An MLP whose forward also sleeps: a slow step without using the CPU. The sleep does not
+    change the arithmetic, so runs with different ``sleep_s`` end with identical parameters."""
+
+    task = "classification"
+
+    def __init__(self, sleep_s: float) -> None:
+        super().__init__()
+        from workbench.models import MLP
+
+        self.net = MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
+        self.sleep_s = sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.sleep_s)
+        return self.net(x)
+
+
+def sleepy_mlp(sleep_s: float = 0.0) -> nn.Module:
+    return _Sleepy(sleep_s)
+
+
+def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tuple[Dataset, Dataset]:
+    """The built-in synthetic data of the default mlp, for plug-in models that mimic it."""
+    from workbench.config import MODEL_OPTIONS
+    from workbench.data import _synthetic
+
+    opts = MODEL_OPTIONS["mlp"]
+    return (_synthetic("mlp", opts, train_samples, seed, 0), _synthetic("mlp", opts, eval_samples, seed, 1))

@@ -16,16 +16,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import environment, schema
+from . import environment, schema, slurm
 from .config import RunConfig
 from .errors import PreflightError, Problem, RunFailedError
 from .store import read_json, read_rank_states, update_run, write_json
 from .store import run_dir as _run_dir
 
-EXECUTORS = ("local", "debug")
+EXECUTORS = ("local", "debug", "slurm")
 EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
     "local": ("setup",),
     "debug": (),
+    "slurm": tuple(slurm.SLURM_OPTIONS),
 }
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
 FAILURE_GRACE_S = 10.0
@@ -72,9 +73,12 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
     if executor not in EXECUTORS:
         raise PreflightError([Problem("executor", executor, f"must be one of {', '.join(EXECUTORS)}")])
     valid = EXECUTOR_OPTIONS[executor]
-    for name in sorted(set(options) - set(valid)):
-        problems.append(Problem(name, options[name], f"not an option of the {executor} executor; "
-                                f"valid: {', '.join(valid) or '(none)'}"))
+    if executor == "slurm":
+        problems += slurm.check_options(options)
+    else:
+        for name in sorted(set(options) - set(valid)):
+            problems.append(Problem(name, options[name], f"not an option of the {executor} executor; "
+                                    f"valid: {', '.join(valid) or '(none)'}"))
     if executor == "debug" and config.world_size != 1:
         problems.append(Problem("world_size", config.world_size,
                                 "the debug executor runs one task in this process: use world_size=1, "
@@ -82,7 +86,7 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
     if executor == "local" and config.nodes != 1:
         problems.append(Problem("nodes", config.nodes, "the local executor runs on one node; use nodes=1 "
                                 "(or a Slurm executor for several nodes)"))
-    if config.device != "cpu":
+    if config.device != "cpu" and executor != "slurm":  # Slurm's nodes are not this machine
         import torch
 
         gpus = torch.cuda.device_count()
@@ -144,6 +148,7 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
         attempt = int(previous.get("attempt", 0)) + 1
         for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
             path.unlink()  # the new attempt's ranks report afresh
+    # Locally a free port is picked here; on Slurm submitit derives one from the job id.
     port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
     write_json(run_path / schema.CONFIG_FILE, config.to_dict())
     update_run(run_path, run_id=run_id, sweep=config.sweep, status="pending", attempt=attempt,
@@ -156,6 +161,8 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     logs = run_path / schema.LOGS_DIR
     if executor == "debug":
         ex: Any = submitit.DebugExecutor(folder=logs)
+    elif executor == "slurm":
+        ex = slurm.executor(config, logs, executor_options, _uses_cuda(config, remote=True))
     else:
         ex = submitit.LocalExecutor(folder=logs)
         ex.update_parameters(
@@ -166,12 +173,37 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     job = ex.submit(RankTask(config=config, run_dir=str(run_path), run_id=run_id, master_port=port,
                              attempt=attempt))
     update_run(run_path, job_id=str(job.job_id))
-    return RunHandle(run_path, config, job)
+    return RunHandle(run_path, config, job, executor, poll_s=executor_options.get("poll_s", 30.0))
 
 
-def _uses_cuda(config: RunConfig) -> bool:
+def sbatch_script(config: RunConfig, **slurm_options: Any) -> str:
+    """The sbatch script ``launch(config, executor="slurm", **slurm_options)`` would submit (a dry
+    run: nothing is written or submitted)."""
+    problems = slurm.check_options(slurm_options)
+    if problems:
+        raise PreflightError(problems)
+    if config.run_name is None:
+        config = config.replace(run_name=_new_run_id(config))
+    logs = _run_dir(config.output_dir, config.sweep, config.run_name) / schema.LOGS_DIR  # type: ignore[arg-type]
+    import submitit  # noqa: F401  (the executor below needs it)
+
+    return slurm.sbatch_script(slurm.executor(config, logs, slurm_options, _uses_cuda(config, remote=True)))
+
+
+def attach(run_path: str | Path) -> "RunHandle":
+    """A handle on a run launched earlier, perhaps from another kernel or machine: status, wait,
+    cancel and traces work from the store (and the scheduler, for Slurm jobs)."""
+    path = Path(run_path)
+    run = read_json(path / schema.RUN_FILE)
+    return RunHandle(path, RunConfig.from_dict(run["config"]), None, run.get("executor", "local"),
+                     job_id=run.get("job_id"))
+
+
+def _uses_cuda(config: RunConfig, remote: bool = False) -> bool:
     if config.device == "cpu":
         return False
+    if remote:  # a Slurm node: trust the config, this machine tells nothing about it
+        return config.device == "cuda"
     import torch
 
     return torch.cuda.device_count() > 0
@@ -196,21 +228,34 @@ def _crashed_at_exit(log_tail: str | None) -> bool:
 class RunHandle:
     """A launched run: status, wait, cancel, per-rank results and logs, traces."""
 
-    def __init__(self, run_path: Path, config: RunConfig, job: Any) -> None:
+    def __init__(self, run_path: Path, config: RunConfig, job: Any, executor: str = "local",
+                 job_id: str | None = None, poll_s: float = 30.0) -> None:
         self.path = run_path
         self.config = config
         self.job = job
+        self.executor = executor
+        self.job_id = str(job.job_id) if job is not None else job_id
         self.run_id = run_path.name
         self._first_failure_seen: float | None = None
+        self._squeue = slurm.SqueuePoller(str(self.job_id), poll_s) if executor == "slurm" else None
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, status={self.status()!r}, path={str(self.path)!r})"
 
     # -- observation
     def _job_running(self) -> bool:
-        if self.job is None or self.config.world_size == 1 and type(self.job).__name__ == "DebugJob":
+        if self.executor == "debug":
             return False
-        return not self.job.done()
+        if self._squeue is not None:
+            states = self.rank_states()
+            if len(states) == self.config.world_size and all(
+                    s["status"] == "completed" for s in states.values()):
+                return False  # every rank reported: no need to ask the scheduler
+            return self._squeue.active()
+        if self.job is not None:
+            return not self.job.done()
+        # Re-attached to a local run: it runs while any of its rank processes does.
+        return any(s.get("status") == "running" for s in self.rank_states().values())
 
     def rank_states(self) -> dict[int, dict[str, Any]]:
         """Each rank's own record; a rank whose process died without reporting is marked
@@ -244,7 +289,7 @@ class RunHandle:
         When one rank fails, its peers get ``FAILURE_GRACE_S`` to end on their own, then the job
         is killed, so a hung peer never holds the caller. Returns the final status; raises
         RunFailedError naming the root-cause rank when it failed (unless told not to)."""
-        if type(self.job).__name__ == "DebugJob":
+        if self.executor == "debug" and self.job is not None:
             try:
                 self.job.result()
             except Exception:  # recorded by the rank itself; reported below

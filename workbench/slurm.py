@@ -1,0 +1,114 @@
+"""Slurm through submitit: the options users set, the sbatch script, and gentle status polling.
+
+The workbench never depends on ``sacct`` (plenty of clusters run without accounting): it reads
+progress from the store and asks ``squeue`` at most every ``poll_s`` seconds whether the job is
+still there.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig
+from .errors import Problem
+
+#: Slurm options of ``launch(config, executor="slurm", ...)``, with what each one does.
+SLURM_OPTIONS: dict[str, str] = {
+    "partition": "partition (queue) to submit to",
+    "account": "account to charge",
+    "qos": "quality of service",
+    "gpus_per_node": "GPUs per node (default: tasks_per_node when device is cuda, else 0)",
+    "cpus_per_task": "CPUs per rank (default: threads_per_rank)",
+    "mem_gb": "memory per node in GB",
+    "constraint": "node features, e.g. 'a100'",
+    "job_name": "job name (default: the run id)",
+    "sbatch_args": "extra #SBATCH options as a dict, e.g. {'exclusive': True, 'reservation': 'r1'}",
+    "srun_args": "extra srun arguments as a list, e.g. ['--cpu-bind=cores']",
+    "setup": "shell lines run before srun, e.g. ['module load cuda/12.4', 'conda activate wb']",
+    "env": "environment variables exported to every rank, e.g. {'NCCL_DEBUG': 'INFO'}",
+    "array_parallelism": "for job arrays: how many array tasks may run at once",
+    "poll_s": "seconds between squeue checks while waiting (default 30: be gentle)",
+}
+#: Ask srun to kill every task when one exits badly, so a hung rank dies with its peers.
+DEFAULT_SRUN_ARGS = ("--kill-on-bad-exit=1",)
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+
+
+def check_options(options: dict[str, Any]) -> list[Problem]:
+    problems = []
+    for name in sorted(set(options) - set(SLURM_OPTIONS)):
+        problems.append(Problem(name, options[name], "not an option of the slurm executor; valid: "
+                                + ", ".join(SLURM_OPTIONS)))
+    for name, kind in (("sbatch_args", dict), ("env", dict), ("srun_args", list), ("setup", list)):
+        if name in options and not isinstance(options[name], kind):
+            problems.append(Problem(name, options[name], f"must be a {kind.__name__}"))
+    return problems
+
+
+def executor(config: RunConfig, folder: Path, options: dict[str, Any], uses_cuda: bool) -> Any:
+    """A submitit SlurmExecutor with the run's layout, time limit and the user's options."""
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=folder)
+    setup = list(options.get("setup", []))
+    setup += [f"export {k}={shlex.quote(str(v))}" for k, v in options.get("env", {}).items()]
+    params: dict[str, Any] = {
+        "nodes": config.nodes,
+        "ntasks_per_node": config.tasks_per_node,
+        "cpus_per_task": options.get("cpus_per_task", config.threads_per_rank),
+        "gpus_per_node": options.get("gpus_per_node", config.tasks_per_node if uses_cuda else 0),
+        "time": max(1, int(round(config.timeout_min))),
+        "signal_delay_s": int(config.signal_delay_s),
+        "job_name": options.get("job_name", config.run_name or "workbench"),
+        "srun_args": list(DEFAULT_SRUN_ARGS) + list(options.get("srun_args", [])),
+        "setup": setup,
+        "additional_parameters": dict(options.get("sbatch_args", {})),
+    }
+    for name in ("partition", "account", "qos", "constraint", "array_parallelism"):
+        if name in options:
+            params[name] = options[name]
+    if "mem_gb" in options:
+        params["mem"] = f"{options['mem_gb']}GB"
+    if not params["gpus_per_node"]:
+        del params["gpus_per_node"]
+    ex.update_parameters(**params)
+    return ex
+
+
+def sbatch_script(ex: Any) -> str:
+    """The sbatch script submitit would submit (its job folder shown as a %j placeholder)."""
+    return str(ex._make_submission_file_text(ex._submitit_command_str, "%j"))
+
+
+@dataclass
+class SqueuePoller:
+    """Whether a job is still known to the scheduler, asked at most every ``poll_s`` seconds."""
+
+    job_id: str
+    poll_s: float = 30.0
+    _last: float = field(default=-float("inf"))
+    _active: bool = True
+    state: str | None = None
+
+    def active(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.poll_s:
+            return self._active
+        self._last = now
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True,
+                                 text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return self._active  # the scheduler is busy or away: keep the last answer
+        if out.returncode != 0 and "Invalid job id" not in out.stderr:
+            return self._active
+        states = {s.strip() for s in out.stdout.split()}
+        self.state = ",".join(sorted(states)) or None
+        self._active = bool(states & ACTIVE_STATES)
+        return self._active
