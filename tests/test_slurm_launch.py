@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.errors import RunFailedError
-from workbench.launch import attach, launch, sbatch_script
+from workbench.launch import attach, launch, launch_array, sbatch_script
 from workbench.store import read_json
 
 from .conftest import base_config
@@ -119,3 +119,19 @@ def test_sbatch_script_dry_run(tmp_path: Path) -> None:
                  "export NCCL_DEBUG=INFO", "--kill-on-bad-exit=1"):
         assert line in text, line
     assert not (tmp_path / "it" / "dry").exists(), "a dry run writes nothing"
+
+
+def test_job_array_runs_every_point_with_a_concurrency_limit(slurm_cluster, tmp_path: Path) -> None:
+    configs = [base_config(tmp_path, world_size=2, run_name=f"point{i}", sweep="array", epochs=1,
+                           learning_rate=lr) for i, lr in enumerate((0.01, 0.02, 0.05))]
+    handles = launch_array(configs, partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
+                           array_parallelism=2, poll_s=2.0)
+    array_ids = {h.job_id.split("_")[0] for h in handles}
+    assert len(array_ids) == 1, "one submission for the whole sweep"
+    assert sorted(h.job_id.split("_")[1] for h in handles) == ["0", "1", "2"]
+    assert [h.wait(timeout_s=300) for h in handles] == ["completed"] * 3
+    script = next((tmp_path / "array" / ".slurm-arrays").glob("*submission.sh")).read_text()
+    assert "#SBATCH --array=0-2%2" in script
+    losses = [h.traces()["loss"].iloc[-1] for h in handles]
+    assert len(set(losses)) == 3, "each array task ran its own config"
+    assert handles[0].logs(0) != ""

@@ -14,7 +14,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from . import environment, schema, slurm
 from .config import RunConfig
@@ -131,33 +131,15 @@ def _new_run_id(config: RunConfig) -> str:
 
 def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
            **executor_options: Any) -> RunHandle:
-    """Start a run and return its handle. ``executor`` is ``"local"`` (one subprocess per rank on
-    this machine) or ``"debug"`` (world size 1, in this process, for stepping through code).
+    """Start a run and return its handle.
+
+    ``executor``: ``"local"`` (one subprocess per rank on this machine), ``"debug"`` (world size 1,
+    in this process, for stepping through code) or ``"slurm"`` (options: ``SLURM_OPTIONS``).
     ``resume=True`` continues the run named ``config.run_name`` from its latest checkpoint,
     appending to its traces."""
     import submitit
 
-    if config.run_name is None:
-        config = config.replace(run_name=_new_run_id(config))
-    run_path = preflight(config, executor, executor_options, resume)
-    run_id = config.run_name
-    assert run_id is not None
-    attempt = 0
-    if resume:
-        previous = read_json(run_path / schema.RUN_FILE)
-        attempt = int(previous.get("attempt", 0)) + 1
-        for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
-            path.unlink()  # the new attempt's ranks report afresh
-    # Locally a free port is picked here; on Slurm submitit derives one from the job id.
-    port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
-    write_json(run_path / schema.CONFIG_FILE, config.to_dict())
-    update_run(run_path, run_id=run_id, sweep=config.sweep, status="pending", attempt=attempt,
-               config=config.to_dict(), executor=executor, submitted_at=time.time(),
-               environment=environment.collect(), trace_schema=schema.TRACE_SCHEMA_VERSION,
-               failure=None, ended_at=None)
-
-    from .train import RankTask
-
+    config, run_path, task = _prepare(config, executor, executor_options, resume)
     logs = run_path / schema.LOGS_DIR
     if executor == "debug":
         ex: Any = submitit.DebugExecutor(folder=logs)
@@ -170,10 +152,59 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
             gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
             signal_delay_s=config.signal_delay_s,
             **({"setup": executor_options["setup"]} if "setup" in executor_options else {}))
-    job = ex.submit(RankTask(config=config, run_dir=str(run_path), run_id=run_id, master_port=port,
-                             attempt=attempt))
-    update_run(run_path, job_id=str(job.job_id))
+    job = ex.submit(task)
+    update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     return RunHandle(run_path, config, job, executor, poll_s=executor_options.get("poll_s", 30.0))
+
+
+def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[RunHandle]:
+    """Submit many runs to Slurm as job arrays: one array per distinct layout (nodes, ranks per
+    node, time limit), one array task per run, at most ``array_parallelism`` running at once. A
+    sweep of 50 points is one or a few submissions instead of 50."""
+    import submitit  # noqa: F401  (the executors below need it)
+
+    prepared = [_prepare(c, "slurm", slurm_options, resume=False) for c in configs]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (c, _, _) in enumerate(prepared):
+        key = (c.nodes, c.tasks_per_node, c.timeout_min, c.signal_delay_s, c.threads_per_rank, c.device)
+        groups.setdefault(key, []).append(i)
+    handles: list[RunHandle | None] = [None] * len(prepared)
+    for members in groups.values():
+        first_config, first_path, _ = prepared[members[0]]
+        logs = first_path.parent / ".slurm-arrays"  # one folder per sweep for the array's logs
+        ex = slurm.executor(first_config, logs, {**slurm_options, "job_name": first_config.sweep},
+                            _uses_cuda(first_config, remote=True))
+        with ex.batch():
+            jobs = [ex.submit(prepared[i][2]) for i in members]
+        for i, job in zip(members, jobs):
+            config, run_path, _ = prepared[i]
+            update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
+            handles[i] = RunHandle(run_path, config, job, "slurm", poll_s=slurm_options.get("poll_s", 30.0))
+    return [h for h in handles if h is not None]
+
+
+def _prepare(config: RunConfig, executor: str, options: dict[str, Any], resume: bool) -> tuple[RunConfig, Path, Any]:
+    """Name the run, check it, write its config and pending record; the task submitit runs."""
+    from .train import RankTask
+
+    if config.run_name is None:
+        config = config.replace(run_name=_new_run_id(config))
+    run_path = preflight(config, executor, options, resume)
+    attempt = 0
+    if resume:
+        attempt = int(read_json(run_path / schema.RUN_FILE).get("attempt", 0)) + 1
+        for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
+            path.unlink()  # the new attempt's ranks report afresh
+    # Locally a free port is picked here; on Slurm submitit derives one from the job id.
+    port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
+    write_json(run_path / schema.CONFIG_FILE, config.to_dict())
+    update_run(run_path, run_id=config.run_name, sweep=config.sweep, status="pending", attempt=attempt,
+               config=config.to_dict(), executor=executor, submitted_at=time.time(),
+               environment=environment.collect(), trace_schema=schema.TRACE_SCHEMA_VERSION,
+               failure=None, ended_at=None)
+    task = RankTask(config=config, run_dir=str(run_path), run_id=str(config.run_name), master_port=port,
+                    attempt=attempt)
+    return config, run_path, task
 
 
 def sbatch_script(config: RunConfig, **slurm_options: Any) -> str:
@@ -414,7 +445,10 @@ class RunHandle:
         return [states[r].get("summary", {}) for r in range(self.config.world_size)]
 
     def _log_path(self, rank: int) -> Path | None:
-        logs = sorted((self.path / schema.LOGS_DIR).glob(f"*_{rank}_log.err"), key=os.path.getmtime)
+        run = read_json(self.path / schema.RUN_FILE)
+        folder = Path(run.get("log_dir") or self.path / schema.LOGS_DIR)
+        pattern = f"{self.job_id}_{rank}_log.err" if self.job_id else f"*_{rank}_log.err"
+        logs = sorted(folder.glob(pattern), key=os.path.getmtime)
         return logs[-1] if logs else None
 
     @staticmethod
