@@ -64,3 +64,19 @@ def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tupl
 
     opts = MODEL_OPTIONS["mlp"]
     return (_synthetic("mlp", opts, train_samples, seed, 0), _synthetic("mlp", opts, eval_samples, seed, 1))
+
+
+class _WithUnusedHead(nn.Module):
+    task = "classification"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(32, 4)
+        self.unused_head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def with_unused_head() -> nn.Module:
+    return _WithUnusedHead()

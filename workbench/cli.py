@@ -183,6 +183,42 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     return 0 if all(h.status() == "completed" for h in handles) else 1
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .sweep import SweepSpec, check_notebook, plan, run_sweep
+
+    try:
+        spec = SweepSpec.from_yaml(args.spec)
+        check_notebook(spec.notebook_path())
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        steps = plan(spec, force=args.force)
+        print(f"sweep {spec.name}: {len(steps)} point(s) in {spec.sweep_dir}")
+        for point, action in steps:
+            values = ", ".join(f"{k}={v}" for k, v in point.values.items())
+            print(f"  {point.index:>3}  {point.run_id}  {action:<4}  {values}")
+        return 0
+    try:
+        result = run_sweep(spec, force=args.force, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        # Completed points are kept; the interrupted one never looks complete.
+        print(f"interrupted; completed points are kept in {spec.sweep_dir}; run the same command "
+              "again to go on", file=sys.stderr)
+        return 130
+    for outcome in result.outcomes:
+        line = f"  {outcome.index:>3}  {outcome.run_id}  {outcome.status}"
+        print(line + (f": {outcome.error}" if outcome.error else ""))
+    print(result)
+    if result.summary_error:
+        print(f"error: summary not written: {result.summary_error}", file=sys.stderr)
+    if result.summary_path:
+        print(f"summary: {result.summary_path}")
+        print(f"report: {result.report_path}")
+    return 0 if result.ok and not result.summary_error else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench", description=__doc__.splitlines()[0].strip("`")
@@ -221,6 +257,28 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)")
     _add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
     scale.set_defaults(func=_cmd_scale)
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a YAML grid of configs, one executed notebook per point",
+        description="Run every point of a sweep spec (experiments/sweeps/X.yaml: name, notebook, "
+        "executor, fixed and grid RunConfig fields) by executing its notebook with papermill, one "
+        "point after another; keep each executed notebook beside its run as notebook.ipynb; then "
+        "write <output_dir>/<name>/summary.csv and report.html. Running it again skips the points "
+        "that completed and runs failed or interrupted ones again. Exit status: 0 all points "
+        "completed, 1 some failed, 2 a bad spec or notebook, 130 interrupted.",
+    )
+    sweep.add_argument("spec", help="the sweep spec, a YAML file")
+    sweep.add_argument(
+        "--force", action="store_true", help="run every point again, even completed ones"
+    )
+    sweep.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the points, their run ids and what would run; run nothing",
+    )
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.set_defaults(func=_cmd_sweep)
 
     report = sub.add_parser(
         "report",

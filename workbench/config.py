@@ -94,6 +94,7 @@ class RunConfig:
         "samples per optimizer step over all ranks = per_device x world_size x accumulation"
     )
     gradient_accumulation_steps: int = _doc("micro-steps per optimizer step (no_sync on all but last)", 1)
+    find_unused_parameters: bool = _doc("DDP: tolerate parameters that get no gradient (slower)", False)
     epochs: int | None = _doc("passes over the training set (1 when neither epochs nor max_steps)")
     max_steps: int | None = _doc("stop after this many optimizer steps")
     warmup_steps: int = _doc("first steps traced but left out of throughput", 2)

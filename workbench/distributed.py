@@ -78,10 +78,18 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout_s: float) -> str:
-    """Join the job's process group; returns the backend used."""
+def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout_s: float,
+                       dump_dir: str | None = None) -> str:
+    """Join the job's process group; returns the backend used. On NCCL, PyTorch's flight recorder
+    is on by default (a bounded ring of the last collectives, dumped on a timeout into
+    ``dump_dir``), so a hang shows the last collective each rank entered."""
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        if dump_dir:
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_"))
     env.export()
     dist.init_process_group(
         backend=backend,

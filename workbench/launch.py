@@ -32,8 +32,10 @@ EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
 FAILURE_GRACE_S = 10.0
 #: Free disk space below which a launch is refused (traces and checkpoints need room).
 MIN_FREE_BYTES = 50 * 2**20
+# Errors a rank sees because of another rank (its peer died, hung or closed the connection).
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "NCCL communicator was aborted", "DistBackendError", "pair closure")
+                "NCCL communicator was aborted", "DistBackendError", "pair closure", "Timed out",
+                "timed out", "Connection refused")
 
 
 def _port_free(port: int) -> bool:
@@ -105,6 +107,15 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
                                     "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU"))
         if not wants_cuda and config.backend == "nccl":
             problems.append(Problem("backend", config.backend, "nccl needs CUDA; use gloo or auto"))
+    for field_name in ("model", "dataset"):
+        spec = getattr(config, field_name)
+        if ":" in spec:  # a plug-in: it must import here, not fail in every rank later
+            from .models import load_plugin
+
+            try:
+                load_plugin(spec, field_name)
+            except ValueError as exc:
+                problems.append(Problem(field_name, spec, str(exc).split(": ", 1)[1]))
     if config.master_port is not None and executor == "local" and not _port_free(config.master_port):
         problems.append(Problem("master_port", config.master_port, "already in use on this machine; "
                                 "pick another or omit it to get a free one"))
@@ -146,7 +157,7 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     elif executor == "slurm":
         ex = slurm.executor(config, logs, executor_options, _uses_cuda(config, remote=True))
     else:
-        ex = submitit.LocalExecutor(folder=logs)
+        ex = _detached_local_executor(logs)
         ex.update_parameters(
             tasks_per_node=config.world_size, nodes=1, timeout_min=config.timeout_min,
             gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
@@ -155,6 +166,35 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     job = ex.submit(task)
     update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     return RunHandle(run_path, config, job, executor, poll_s=executor_options.get("poll_s", 30.0))
+
+
+def _detached_local_executor(folder: Path) -> Any:
+    """submitit's LocalExecutor, but its controller (and so every rank) starts in a session of
+    its own. Jupyter interrupts and restarts a kernel by signalling the kernel's whole process
+    group: without this, "interrupt kernel" would SIGINT every rank, and a kernel restart would
+    kill the job, which must carry on and be re-attached from the store."""
+    import subprocess
+
+    import submitit
+    from submitit.local import local
+
+    class _Subprocess:  # submitit.local.local's view of `subprocess`, with detached Popen
+        def __getattr__(self, name: str) -> Any:
+            return getattr(subprocess, name)
+
+        @staticmethod
+        def Popen(*args: Any, **kwargs: Any) -> Any:  # noqa: N802
+            return subprocess.Popen(*args, start_new_session=True, **kwargs)
+
+    class DetachedLocalExecutor(submitit.LocalExecutor):
+        def _submit_command(self, command: str) -> Any:
+            local.subprocess = _Subprocess()  # type: ignore[assignment]
+            try:
+                return super()._submit_command(command)
+            finally:
+                local.subprocess = subprocess  # type: ignore[assignment]
+
+    return DetachedLocalExecutor(folder=folder)
 
 
 def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[RunHandle]:
@@ -268,6 +308,7 @@ class RunHandle:
         self.job_id = str(job.job_id) if job is not None else job_id
         self.run_id = run_path.name
         self._first_failure_seen: float | None = None
+        self._hung: list[int] = []
         self._squeue = slurm.SqueuePoller(str(self.job_id), poll_s) if executor == "slurm" else None
 
     def __repr__(self) -> str:
@@ -339,8 +380,10 @@ class RunHandle:
                 now = time.monotonic()
                 self._first_failure_seen = self._first_failure_seen or now
                 if now - self._first_failure_seen > FAILURE_GRACE_S:
+                    self._dump_stuck_ranks()
+                    failure = self._failure()  # before the kill, whose signals ranks also report
                     self._kill()
-                    self._finalize()
+                    self._finalize(failure=failure)
                     break
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.run_id} still {status} after {timeout_s} s")
@@ -349,6 +392,24 @@ class RunHandle:
         if final == "failed" and raise_on_failure:
             raise self.failure_error()
         return final
+
+    def _stuck_ranks(self) -> list[int]:
+        """Ranks still running (alive, on this host) while a peer has failed: hung ones."""
+        return [rank for rank, s in read_rank_states(self.path).items()
+                if s["status"] == "running" and s.get("host") == socket.gethostname()
+                and _alive(int(s["pid"]))]
+
+    def _dump_stuck_ranks(self) -> None:
+        """Ask each hung rank for its stack traces (SIGUSR1, see train.RankTask) before it is
+        killed, so the failure record shows where it hung."""
+        self._hung = self._stuck_ranks()
+        for rank in self._hung:
+            try:
+                os.kill(int(read_rank_states(self.path)[rank]["pid"]), signal.SIGUSR1)
+            except (OSError, KeyError):
+                pass
+        if self._hung:
+            time.sleep(1.0)
 
     def cancel(self) -> None:
         """Stop the run now; the store records it as cancelled. Traces written so far stay."""
@@ -387,6 +448,11 @@ class RunHandle:
             if s["status"] == "failed":
                 peer = any(marker in s.get("exception", "") for marker in _PEER_ERRORS)
                 candidates.append((2 if peer else 0, s.get("ended_at", 0), rank, s))
+            elif rank in self._hung:
+                timeout = self.config.collective_timeout_s
+                candidates.append((1, 0, rank, {**s, "exception": "the rank hung: it was still running "
+                                                f"when its peers gave up waiting for it ({timeout:g} s "
+                                                "collective timeout); its stack is in the log"}))
             elif s["status"] in ("died", "running"):
                 candidates.append((1, 0, rank, {**s, "exception": "the rank's process ended without "
                                                 "reporting (killed by a signal or exited)"}))
@@ -398,7 +464,8 @@ class RunHandle:
         _, _, rank, s = min(candidates, key=lambda c: (c[0], c[1], c[2]))
         log_path = self._log_path(rank)
         return {"rank": rank, "exception": s.get("exception"), "traceback": s.get("traceback"),
-                "log_path": str(log_path) if log_path else None, "log_tail": self._tail(log_path)}
+                "log_path": str(log_path) if log_path else None,
+                "log_tail": self._tail(log_path, 40 if rank in self._hung else 20)}
 
     def failure_error(self) -> RunFailedError:
         f = read_json(self.path / schema.RUN_FILE).get("failure") or self._failure() or {}
@@ -406,7 +473,7 @@ class RunHandle:
                               traceback=f.get("traceback"), log_tail=f.get("log_tail"),
                               log_path=f.get("log_path"))
 
-    def _finalize(self, status: str | None = None) -> None:
+    def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
         states = self.rank_states()
         completed = len(states) == self.config.world_size and all(
             s["status"] == "completed" for s in states.values())
@@ -421,7 +488,7 @@ class RunHandle:
         fields: dict[str, Any] = {"status": status, "ended_at": time.time(),
                                   "hosts": sorted({s.get("host", "") for s in states.values()})}
         if status == "failed":
-            fields["failure"] = self._failure()
+            fields["failure"] = failure or self._failure()
         # A rank can finish its work and then crash while the interpreter exits (seen with gloo
         # about once in 75 runs). Its results are complete, so the run stays completed, and the
         # crash is recorded rather than hidden.

@@ -150,11 +150,13 @@ class Tracer:
         self.steps = TraceWriter(traces_dir / schema.steps_file(rank, "jsonl"), flush_s)
         self.evals = TraceWriter(traces_dir / schema.eval_file(rank, "jsonl"), flush_s)
         self.t0 = time.perf_counter()
+        self.t0_unix = time.time()
         self.device_memory = DeviceMemory(device)
 
     def set_t0(self) -> None:
         """Call right after a barrier: every rank leaves it together, so their clocks agree."""
         self.t0 = time.perf_counter()
+        self.t0_unix = time.time()
 
     def since_t0(self, t: float) -> float:
         return t - self.t0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import hashlib
 import json
+import math
 import os
 import random
 import signal
@@ -24,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from . import checkpoint, distributed, schema
 from .config import RunConfig
 from .data import build_datasets, eval_shard, fetch_batch, train_batches
-from .errors import InjectedFault
+from .errors import InjectedFault, NonFiniteLossError, UnusedParametersError
 from .models import build_model, model_task
 from .preemption import PreemptionSignal
 from .profiling import step_profiler
@@ -44,6 +46,8 @@ class RankTask:
 
     def __call__(self) -> dict[str, Any]:
         stop = PreemptionSignal().install()
+        # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         env = distributed.RankEnv.from_submitit(self.master_port)
         state_path = rank_file(Path(self.run_dir), env.rank)
         base = {"rank": env.rank, "local_rank": env.local_rank, "host": env.host, "pid": os.getpid(),
@@ -113,7 +117,8 @@ def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id:
     """Train on this rank and return its summary. Runs in a fresh process per rank."""
     torch.set_num_threads(config.threads_per_rank)
     device = distributed.pick_device(config.device, env.local_rank)
-    distributed.init_process_group(env, config.backend, device, config.collective_timeout_s)
+    distributed.init_process_group(env, config.backend, device, config.collective_timeout_s,
+                                   dump_dir=str(run_dir / schema.LOGS_DIR))
     summary = _train(config, env, device, run_dir, run_id, attempt, stop or PreemptionSignal())
     # Only a rank that finished tears down with a barrier. A failing rank leaves without one: its
     # peers may be inside another collective, and its exit closes the sockets, which fails them
@@ -139,13 +144,15 @@ class _Trainer:
         self.module = build_model(config.model, dict(config.model_options)).to(device)
         self.train_set, self.eval_set = build_datasets(config)
         start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
-        self.ddp = DDP(self.module, device_ids=[device.index] if device.type == "cuda" else None)
+        self.ddp = DDP(self.module, device_ids=[device.index] if device.type == "cuda" else None,
+                       find_unused_parameters=config.find_unused_parameters)
         self.comm = distributed.CommMeter()
         self.ddp.register_comm_hook(None, self.comm.hook)
         self.optimizer = _make_optimizer(config, self.ddp.parameters())
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.done_steps = 0
+        self.checked_unused = False
         if start is not None:
             self.done_steps = checkpoint.restore_training(start, self.optimizer, self.scaler, env.rank)
 
@@ -176,6 +183,8 @@ class _Trainer:
                 self.scaler.scale(loss).backward()
                 clock.mark()
             loss_sum += loss.detach()
+        if not self.checked_unused:
+            self._check_unused_parameters()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -187,6 +196,16 @@ class _Trainer:
             optimizer_s=d[-1], step_s=sum(d), comm_s=comm_s, comm_bytes=comm_bytes,
             comm_buckets=comm_buckets, samples=sum(len(b) for b in micro_batches),
             loss=float(loss_sum), lr=self.optimizer.param_groups[0]["lr"])
+
+    def _check_unused_parameters(self) -> None:
+        """After the first backward: DDP's own error about unused parameters comes one step
+        later and names none; name them now, with the fix."""
+        self.checked_unused = True
+        if self.config.find_unused_parameters:
+            return
+        unused = [n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            raise UnusedParametersError(unused)
 
     def evaluate(self, tracer: Tracer, epoch: int, step: int) -> float:
         return evaluate(self.ddp, self.module, self.eval_set, self.config, self.env, self.device, tracer,
@@ -231,6 +250,8 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
                 if sample_log is not None:
                     sample_log.write(json.dumps({"epoch": epoch, "step": step, "indices": sum(micro, [])}) + "\n")
                 fields = t.step(micro, clock)
+                if not math.isfinite(fields["loss"]):
+                    raise NonFiniteLossError(env.rank, step, fields["loss"])
                 tracer.step(epoch=epoch, step=step, warmup=step <= config.warmup_steps,
                             t_start_s=tracer.since_t0(clock.started_at), **fields)
                 profiler.step()
@@ -333,4 +354,5 @@ def _summary(module: nn.Module, env: distributed.RankEnv, device: torch.device, 
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"rank": env.rank, "host": env.host, "device": str(device), "device_name": device_name,
-            "steps": step, "param_sha256": digest.hexdigest(), "rss_bytes": tracer.memory()["rss_bytes"]}
+            "steps": step, "param_sha256": digest.hexdigest(), "rss_bytes": tracer.memory()["rss_bytes"],
+            "t0_unix": tracer.t0_unix}

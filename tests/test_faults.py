@@ -1,0 +1,114 @@
+"""Faults and bad input with real processes: a clear error or a survived fault, no process left
+behind, nothing written before the fault lost."""
+
+from __future__ import annotations
+
+import importlib
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.errors import PreflightError, RunFailedError
+from workbench.launch import attach, launch
+
+from .conftest import base_config
+from .helpers import job_processes
+
+pytestmark = pytest.mark.slow
+
+
+def _fails(handle, timeout_s: float = 120) -> RunFailedError:
+    with pytest.raises(RunFailedError) as err:
+        handle.wait(timeout_s=timeout_s)
+    time.sleep(0.5)
+    assert job_processes(handle.path) == [], "no process of the job survives"
+    return err.value
+
+
+def test_rank_killed_with_sigkill(store) -> None:
+    handle = launch(base_config(store, world_size=2, run_name="sigkill",
+                                fault={"rank": 1, "step": 6, "kind": "kill"}))
+    err = _fails(handle)
+    assert err.rank == 1 and "ended without reporting" in err.exception
+    steps = handle.traces()
+    assert sorted(steps[steps["rank"] == 0]["step"]) == list(range(1, 6)), "rank 0's rows survive"
+
+
+def test_hung_rank_is_named_and_the_job_ends_within_the_bound(store) -> None:
+    handle = launch(base_config(store, world_size=2, run_name="hang", collective_timeout_s=8,
+                                fault={"rank": 1, "step": 4, "kind": "hang"}))
+    start = time.monotonic()
+    err = _fails(handle, timeout_s=120)
+    elapsed = time.monotonic() - start
+    assert err.rank == 1 and "hung" in err.exception
+    assert "_inject_fault" in (err.log_tail or ""), "the hung rank's stack shows where it hangs"
+    assert elapsed < 8 + 60, f"ended {elapsed:.0f} s after launch"
+
+
+def test_non_finite_loss_stops_with_step_and_rank(store) -> None:
+    handle = launch(base_config(store, world_size=2, run_name="nan", learning_rate=1e12))
+    err = _fails(handle)
+    assert "NonFiniteLossError" in err.exception and "at step" in err.exception
+    assert err.rank in (0, 1)
+
+
+def test_unused_parameters_get_advice(store) -> None:
+    handle = launch(base_config(store, world_size=2, run_name="unused", model="tests.plugins:with_unused_head",
+                                dataset="tests.plugins:synthetic_like_mlp"))
+    err = _fails(handle)
+    assert "unused_head.weight" in err.exception and "find_unused_parameters=True" in err.exception
+
+
+def test_plugin_that_does_not_import_is_refused_before_launch(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError, match="model='nosuch.module:f': cannot import module 'nosuch.module'"):
+        launch(base_config(tmp_path, world_size=2, model="nosuch.module:f"))
+    assert not any(tmp_path.rglob("run.json"))
+
+
+def test_full_disk_is_refused_before_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launch_module = importlib.import_module("workbench.launch")  # the module, not the function
+    monkeypatch.setattr(launch_module, "MIN_FREE_BYTES", 2**62)  # more than any disk has free
+    with pytest.raises(PreflightError, match="output_dir=.*MiB free on the disk"):
+        launch(base_config(tmp_path, world_size=2))
+
+
+def test_two_runs_writing_into_one_store_at_once(store) -> None:
+    a = launch(base_config(store, world_size=1, run_name="together-a", sweep="shared"))
+    b = launch(base_config(store, world_size=1, run_name="together-b", sweep="shared", seed=1))
+    assert a.wait(timeout_s=120) == b.wait(timeout_s=120) == "completed"
+    for handle in (a, b):
+        steps = handle.traces()
+        assert set(steps["run_id"]) == {handle.run_id} and len(steps) == 16
+    assert a.traces()["loss"].tolist() != b.traces()["loss"].tolist()
+
+
+def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
+    jupyter_client = pytest.importorskip("jupyter_client")
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.start_kernel()
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        code = textwrap.dedent(f"""
+            from workbench import RunConfig, launch
+            config = RunConfig(model="mlp", world_size=2, global_batch_size=64, train_samples=512,
+                               epochs=40, output_dir={str(store)!r}, sweep="kernel", run_name="survivor")
+            handle = launch(config)
+        """)
+        reply = kc.execute_interactive(code, timeout=60)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        run_path = store / "kernel" / "survivor"
+        deadline = time.monotonic() + 60
+        while attach(run_path).status() != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        km.restart_kernel(now=True)  # what Jupyter's "Restart kernel" does: SIGKILL to its process group
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    again = attach(run_path)  # a new session finds the run in the store
+    assert again.status() == "running"
+    assert again.wait(timeout_s=180) == "completed"
+    assert sorted(again.traces()["step"].unique()) == list(range(1, 321))
