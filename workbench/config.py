@@ -31,7 +31,11 @@ MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "gpt": {"vocab_size": 128, "seq_len": 32, "d_model": 64, "num_heads": 4, "num_layers": 2},
 }
-BUILTIN_DATASETS = ("synthetic",)
+BUILTIN_DATASETS = ("synthetic", "parquet")
+STRATEGIES = ("ddp", "dp", "single")
+COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+LR_SCALINGS = ("none", "linear", "sqrt")
+EVAL_PLACEMENTS = ("all", "rank0")
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -94,7 +98,22 @@ class RunConfig:
         "samples per optimizer step over all ranks = per_device x world_size x accumulation"
     )
     gradient_accumulation_steps: int = _doc("micro-steps per optimizer step (no_sync on all but last)", 1)
+    # -- parallelism strategy and the DDP knobs that change scaling
+    strategy: str = _doc("ddp (one process per device), dp (DataParallel: one process drives all local "
+                         "GPUs; the batch is the total) or single (one device, no wrapper)", "ddp")
     find_unused_parameters: bool = _doc("DDP: tolerate parameters that get no gradient (slower)", False)
+    bucket_cap_mb: float = _doc("DDP gradient bucket size in MiB", 25.0)
+    gradient_as_bucket_view: bool = _doc("DDP: gradients are views into the buckets (saves a copy)", False)
+    static_graph: bool = _doc("DDP: the graph is the same every step (enables optimisations)", False)
+    sync_batchnorm: bool = _doc("convert BatchNorm layers to SyncBatchNorm", False)
+    comm_hook: str = _doc("gradient communication: allreduce, fp16 or bf16 (compressed), powersgd",
+                          "allreduce")
+    powersgd_rank: int = _doc("PowerSGD matrix approximation rank", 1)
+    lr_scaling: str = _doc("learning rate vs batch: none, linear or sqrt in global batch over "
+                           "lr_reference_batch", "none")
+    lr_reference_batch: int | None = _doc("batch at which learning_rate is right (default: the "
+                                          "per-device batch x accumulation, i.e. one device)")
+    lr_warmup_steps: int = _doc("linear learning-rate warm-up from 0 over this many steps", 0)
     epochs: int | None = _doc("passes over the training set (1 when neither epochs nor max_steps)")
     max_steps: int | None = _doc("stop after this many optimizer steps")
     warmup_steps: int = _doc("first steps traced but left out of throughput", 2)
@@ -108,6 +127,9 @@ class RunConfig:
     eval_every_epochs: int = _doc("evaluate after every N epochs (0: only at the end)", 1)
     eval_at_end: bool = _doc("evaluate once more after the last step if not just done", True)
     eval_batch_size: int = _doc("evaluation samples per rank per batch", 256)
+    eval_on: str = _doc("all: every rank predicts its shard and rank 0 gathers; rank0: rank 0 "
+                        "predicts everything while the others wait", "all")
+    eval_timeout_s: float = _doc("how long ranks may wait for an evaluation on rank 0", 3600.0)
     # -- checkpoints, timeouts, tracing
     checkpoint_every_steps: int = _doc("save a checkpoint every N steps (0: never)", 0)
     collective_timeout_s: float = _doc("process-group timeout: a hung rank fails its peers after it", 120.0)
@@ -169,6 +191,26 @@ class RunConfig:
         by_epochs = self.epochs * self.steps_per_epoch if self.epochs is not None else None
         candidates = [s for s in (self.max_steps, by_epochs) if s is not None]
         return min(candidates)
+
+    @property
+    def lr_scale(self) -> float:
+        """Factor on ``learning_rate`` from ``lr_scaling``: global batch over the reference batch
+        (linear), or its square root (sqrt)."""
+        if self.lr_scaling == "none":
+            return 1.0
+        reference = self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[operator]
+        ratio = self.global_batch_size / reference  # type: ignore[operator]
+        return ratio if self.lr_scaling == "linear" else ratio**0.5
+
+    @property
+    def per_process_batch_size(self) -> int:
+        """Samples one process loads per micro-step (DataParallel's process loads the total)."""
+        return self.global_batch_size // (self.processes * self.gradient_accumulation_steps)  # type: ignore[operator]
+
+    @property
+    def processes(self) -> int:
+        """Processes the job starts: one per device, except DataParallel's single driver."""
+        return 1 if self.strategy == "dp" else self.world_size  # type: ignore[return-value]
 
     @property
     def model_kwargs(self) -> dict[str, Any]:
@@ -325,6 +367,31 @@ def _validate(c: RunConfig) -> list[Problem]:
     positive("max_steps", optional=True)
     positive("warmup_steps", zero_ok=True)
     one_of("optimizer", OPTIMIZERS)
+    one_of("strategy", STRATEGIES)
+    one_of("comm_hook", COMM_HOOKS)
+    one_of("lr_scaling", LR_SCALINGS)
+    one_of("eval_on", EVAL_PLACEMENTS)
+    positive("powersgd_rank")
+    positive("lr_reference_batch", optional=True)
+    positive("lr_warmup_steps", zero_ok=True)
+    if c.strategy != "ddp" and c.comm_hook != "allreduce":
+        p.append(Problem("comm_hook", c.comm_hook, f"communication hooks need strategy='ddp', not {c.strategy!r}"))
+    if c.strategy == "single" and c.world_size not in (None, 1):
+        p.append(Problem("world_size", c.world_size, "strategy='single' runs on one device: use world_size=1"))
+    if c.strategy == "dp" and c.device == "cpu":
+        p.append(Problem("strategy", c.strategy, "DataParallel splits batches over CUDA devices; on CPU "
+                         "use 'ddp' (one process per rank) or 'single'"))
+    if c.strategy == "dp" and c.nodes != 1:
+        p.append(Problem("nodes", c.nodes, "strategy='dp' drives the GPUs of one node: use nodes=1"))
+    if c.dataset == "parquet":
+        for key in ("train", "eval"):
+            if not isinstance(c.dataset_options.get(key), str):
+                p.append(Problem(f"dataset_options.{key}", c.dataset_options.get(key),
+                                 "dataset='parquet' needs the path of a Parquet file"))
+    for name in ("bucket_cap_mb", "eval_timeout_s"):
+        v = getattr(c, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            p.append(Problem(name, v, "must be a number > 0"))
     for name in ("learning_rate", "collective_timeout_s", "timeout_min", "trace_flush_s"):
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:

@@ -65,8 +65,15 @@ def _synthetic(model: str, opts: dict[str, Any], n: int, seed: int, split: int) 
     raise ValueError(f"dataset='synthetic' has no generator for model={model!r}; give a dataset plug-in")
 
 
-def build_datasets(config: RunConfig) -> tuple[Dataset, Dataset]:
-    """(train, eval) datasets for a config: synthetic for built-in models, or the plug-in's."""
+def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tuple[Dataset, Dataset]:
+    """(train, eval) datasets for a config: synthetic for built-in models, this rank's row groups
+    of a Parquet file, or the plug-in's."""
+    if config.dataset == "parquet":
+        from . import parquet_data
+
+        opts = config.dataset_options
+        return (parquet_data.load(opts["train"], rank, processes),
+                parquet_data.load(opts["eval"], all_groups=True))
     if config.dataset == "synthetic":
         opts = config.model_kwargs
         return (
@@ -97,12 +104,17 @@ def train_batches(
 
     A DistributedSampler reshuffled per epoch gives each rank a disjoint shard (``drop_last`` keeps
     shards equal without repeating samples); incomplete batches are dropped so every step of every
-    rank sees a full per-device batch.
+    rank sees a full per-device batch. A dataset that is already this rank's shard (Parquet row
+    groups) is only reshuffled.
     """
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-                                 drop_last=True)
-    sampler.set_epoch(epoch)
-    indices = list(sampler)
+    if getattr(dataset, "local_shard", False):
+        g = torch.Generator().manual_seed(seed + epoch)
+        indices = torch.randperm(len(dataset), generator=g).tolist()
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=seed, drop_last=True)
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
     usable = len(indices) - len(indices) % batch_size
     return [indices[i : i + batch_size] for i in range(0, usable, batch_size)]
 

@@ -106,10 +106,11 @@ def barrier() -> None:
     dist.barrier()
 
 
-def broadcast_float(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.broadcast(t, src=0)
-    return float(t.item())
+def broadcast_floats(values: list[float], group: Any = None) -> list[float]:
+    """Rank 0's values on every rank (on CPU tensors: ``group`` may be a gloo side group)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.broadcast(t, src=0, group=group)
+    return [float(v) for v in t]
 
 
 def any_rank_flag(flag: bool, device: torch.device) -> bool:
@@ -127,36 +128,86 @@ def gather_rows(rows: torch.Tensor, rank: int, world_size: int) -> torch.Tensor 
 
 
 class CommMeter:
-    """A DDP communication hook that does the default averaging allreduce and records, per bucket,
-    the time from launch to completion and the bytes sent. ``take()`` returns and resets the
-    step's totals."""
+    """A DDP communication hook that moves the gradients (plain averaging allreduce, fp16 or bf16
+    compression, or PowerSGD) and records, per bucket, the time from launch to completion and
+    the bytes handed to allreduce. ``take()`` returns and resets the step's totals."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "allreduce", powersgd_rank: int = 1) -> None:
+        self.kind = kind
         self._seconds = 0.0
         self._bytes = 0
         self._buckets = 0
+        self._powersgd: Any = None
+        if kind == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            self._powersgd = powerSGD_hook.PowerSGDState(
+                process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=2)
+
+    def _record(self, start: float, nbytes: int) -> None:
+        self._seconds += time.perf_counter() - start
+        self._bytes += nbytes
+        self._buckets += 1
 
     # No annotations: DDP compares them to the real classes and this module's are strings.
     def hook(self, process_group, bucket):  # type: ignore[no-untyped-def]
         group = process_group if process_group is not None else dist.group.WORLD
-        tensor = bucket.buffer()
-        tensor.div_(dist.get_world_size(group))
         start = time.perf_counter()
-        nbytes = tensor.numel() * tensor.element_size()
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        if self.kind == "powersgd":
+            nbytes = self._powersgd_bytes(bucket)
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            fut = powerSGD_hook.powerSGD_hook(self._powersgd, bucket)
+
+            def done_powersgd(f: torch.futures.Future[Any]) -> torch.Tensor:
+                self._record(start, nbytes)
+                return f.value()
+
+            return fut.then(done_powersgd)
+        buffer = bucket.buffer()
+        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.kind)
+        sent = buffer if dtype is None else buffer.to(dtype)
+        sent.div_(dist.get_world_size(group))
+        nbytes = sent.numel() * sent.element_size()
+        fut = dist.all_reduce(sent, group=group, async_op=True).get_future()
 
         def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-            self._seconds += time.perf_counter() - start
-            self._bytes += nbytes
-            self._buckets += 1
-            return f.value()[0]
+            self._record(start, nbytes)
+            reduced = f.value()[0]
+            if dtype is None:
+                return reduced
+            buffer.copy_(reduced)  # decompress into the bucket DDP reads
+            return buffer
 
         return fut.then(done)
+
+    def _powersgd_bytes(self, bucket: Any) -> int:
+        """What PowerSGD sends for this bucket: everything before it starts compressing; then, per
+        matrix-shaped gradient worth compressing, the factors P (n x r) and Q (m x r); other
+        tensors uncompressed. Estimated from the shapes, as PowerSGD decides itself."""
+        state = self._powersgd
+        total = 0
+        for grad in bucket.gradients():
+            size = grad.element_size()
+            if state.iter < state.start_powerSGD_iter or grad.ndim <= 1:
+                total += grad.numel() * size
+                continue
+            n, m = grad.shape[0], grad.numel() // grad.shape[0]
+            r = min(n, m, state.matrix_approximation_rank)
+            compress = n * m >= (n + m) * r * state.min_compression_rate
+            total += ((n + m) * r if compress else n * m) * size
+        return total
 
     def take(self) -> tuple[float, int, int]:
         out = (self._seconds, self._bytes, self._buckets)
         self._seconds, self._bytes, self._buckets = 0.0, 0, 0
         return out
+
+
+def new_eval_group(timeout_s: float) -> Any:
+    """A gloo group with its own, long timeout for waiting on an evaluation that runs on rank 0
+    alone: the training group's timeout stays short enough to catch a hung rank."""
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def teardown() -> None:

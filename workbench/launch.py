@@ -107,6 +107,16 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
                                     "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU"))
         if not wants_cuda and config.backend == "nccl":
             problems.append(Problem("backend", config.backend, "nccl needs CUDA; use gloo or auto"))
+    if config.strategy == "dp" and executor != "slurm":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < 2 or gpus < config.world_size:  # type: ignore[operator]
+            problems.append(Problem("strategy", "dp", f"DataParallel over world_size={config.world_size} "
+                                    f"GPUs needs that many CUDA devices; this machine has {gpus}. "
+                                    "Use strategy='ddp' (or 'single') here"))
+    if config.dataset == "parquet":
+        problems += _parquet_problems(config)
     for field_name in ("model", "dataset"):
         spec = getattr(config, field_name)
         if ":" in spec:  # a plug-in: it must import here, not fail in every rank later
@@ -135,6 +145,32 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
     return run_path
 
 
+def _parquet_problems(config: RunConfig) -> list[Problem]:
+    from . import parquet_data
+
+    problems = []
+    for key in ("train", "eval"):
+        path = Path(config.dataset_options[key])
+        if not path.is_file():
+            problems.append(Problem(f"dataset_options.{key}", str(path), "no such Parquet file"))
+    if problems:
+        return problems
+    train = config.dataset_options["train"]
+    why = parquet_data.partition_problem(train, config.processes)
+    if why:
+        return [Problem("dataset_options.train", train, why)]
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(train).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    per_rank = min(sum(sizes[r::config.processes]) for r in range(config.processes))
+    if config.train_samples > per_rank * config.processes:
+        problems.append(Problem("train_samples", config.train_samples,
+                                f"the Parquet shards hold {per_rank} rows per rank: use train_samples <= "
+                                f"{per_rank * config.processes}"))
+    return problems
+
+
 def _new_run_id(config: RunConfig) -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{config.model.split(':')[-1]}-w{config.world_size}-{stamp}-{secrets.token_hex(2)}"
@@ -159,7 +195,7 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     else:
         ex = _detached_local_executor(logs)
         ex.update_parameters(
-            tasks_per_node=config.world_size, nodes=1, timeout_min=config.timeout_min,
+            tasks_per_node=config.processes, nodes=1, timeout_min=config.timeout_min,
             gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
             signal_delay_s=config.signal_delay_s,
             **({"setup": executor_options["setup"]} if "setup" in executor_options else {}))
@@ -320,7 +356,7 @@ class RunHandle:
             return False
         if self._squeue is not None:
             states = self.rank_states()
-            if len(states) == self.config.world_size and all(
+            if len(states) == self.config.processes and all(
                     s["status"] == "completed" for s in states.values()):
                 return False  # every rank reported: no need to ask the scheduler
             return self._squeue.active()
@@ -349,7 +385,7 @@ class RunHandle:
             return "failed"
         if any(s["status"] == "preempted" for s in states.values()):
             return "preempted"  # until the requeued attempt's ranks report running again
-        if len(states) == self.config.world_size and all(s["status"] == "completed" for s in states.values()):
+        if len(states) == self.config.processes and all(s["status"] == "completed" for s in states.values()):
             return "completed"
         if states:
             return "running"
@@ -456,7 +492,7 @@ class RunHandle:
             elif s["status"] in ("died", "running"):
                 candidates.append((1, 0, rank, {**s, "exception": "the rank's process ended without "
                                                 "reporting (killed by a signal or exited)"}))
-        missing = set(range(self.config.world_size)) - set(self.rank_states())
+        missing = set(range(self.config.processes)) - set(self.rank_states())
         for rank in missing:
             candidates.append((1, 0, rank, {"rank": rank, "exception": "the rank never started"}))
         if not candidates:
@@ -475,7 +511,7 @@ class RunHandle:
 
     def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
         states = self.rank_states()
-        completed = len(states) == self.config.world_size and all(
+        completed = len(states) == self.config.processes and all(
             s["status"] == "completed" for s in states.values())
         if status is None:
             if completed:
@@ -509,7 +545,7 @@ class RunHandle:
         """Wait, then return each rank's summary (index = rank); raises RunFailedError on failure."""
         self.wait(timeout_s)
         states = self.rank_states()
-        return [states[r].get("summary", {}) for r in range(self.config.world_size)]
+        return [states[r].get("summary", {}) for r in range(self.config.processes)]
 
     def _log_path(self, rank: int) -> Path | None:
         run = read_json(self.path / schema.RUN_FILE)

@@ -53,6 +53,8 @@ NOTEBOOK_PARAMETERS = ("output_dir", "sweep", "run_name", "config", "executor", 
 RESERVED_FIELDS = ("sweep", "run_name", "output_dir")
 #: Beyond the run's own time limit, what a notebook cell gets for imports, tables and figures.
 CELL_TIMEOUT_MARGIN_S = 300.0
+#: ...and, on a scheduler, for the job to wait in its queue (set ``cell_timeout_s`` to choose).
+SCHEDULER_QUEUE_S = 24 * 3600.0
 #: Short names used in run ids ("" means the value alone, e.g. ``bf16``); others use the full name.
 RUN_ID_ABBREVIATIONS = {
     "world_size": "w",
@@ -110,7 +112,8 @@ class SweepSpec:
     description: str = ""
     """free text, shown in the report's title"""
     cell_timeout_s: float | None = None
-    """per-cell time limit in seconds; default: the point's ``timeout_min`` plus 5 minutes"""
+    """per-cell time limit in seconds; default: the point's ``timeout_min`` plus 5 minutes (plus
+    a day of queueing on a scheduler)"""
     source: str | None = None
     """the YAML file this spec came from (not a spec key)"""
 
@@ -453,9 +456,12 @@ class SweepResult:
 
 
 def _cell_timeout_s(spec: SweepSpec, config: RunConfig) -> int:
+    """Every cell gets a limit: nbclient can miss the end of a cell (one that fills an Output
+    widget, say) and would then wait for ever."""
     if spec.cell_timeout_s is not None:
         return int(spec.cell_timeout_s)
-    return int(config.timeout_min * 60 + CELL_TIMEOUT_MARGIN_S)
+    queue = 0.0 if spec.executor in ("local", "debug") else SCHEDULER_QUEUE_S
+    return int(config.timeout_min * 60 + CELL_TIMEOUT_MARGIN_S + queue)
 
 
 def _pids_of_run(run_path: Path) -> list[int]:
@@ -578,6 +584,9 @@ def run_point(spec: SweepSpec, point: SweepPoint, notebook: Path) -> PointOutcom
             # The kernel's own start-up warnings (one per point) would bury the progress bar;
             # its errors still show, and the cells' output is in the executed notebook.
             extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            # Killed, not asked to stop: a kernel interrupted mid-cell would otherwise hold the
+            # sweep for nbclient's grace period and print a traceback while going down.
+            shutdown_kernel="immediate",
         )
     except KeyboardInterrupt:
         _stop_point(point.path, "sweep interrupted (KeyboardInterrupt)")

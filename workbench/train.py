@@ -142,12 +142,13 @@ class _Trainer:
         self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
         _seed_everything(config.seed)
         self.module = build_model(config.model, dict(config.model_options)).to(device)
-        self.train_set, self.eval_set = build_datasets(config)
+        self.train_set, self.eval_set = build_datasets(config, env.rank, env.world_size)
         start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
-        self.ddp = DDP(self.module, device_ids=[device.index] if device.type == "cuda" else None,
-                       find_unused_parameters=config.find_unused_parameters)
-        self.comm = distributed.CommMeter()
-        self.ddp.register_comm_hook(None, self.comm.hook)
+        if config.sync_batchnorm:
+            self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
+        self.comm = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
+        self.ddp = self._wrap(self.module)
+        self.eval_group = distributed.new_eval_group(max(config.eval_timeout_s, config.collective_timeout_s))
         self.optimizer = _make_optimizer(config, self.ddp.parameters())
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
@@ -155,6 +156,29 @@ class _Trainer:
         self.checked_unused = False
         if start is not None:
             self.done_steps = checkpoint.restore_training(start, self.optimizer, self.scaler, env.rank)
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        """The strategy: DDP with its knobs and the tracing comm hook, DataParallel over this
+        node's GPUs, or the bare module on one device."""
+        config, device = self.config, self.device
+        if config.strategy == "single":
+            return module
+        if config.strategy == "dp":
+            return nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
+        ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                  find_unused_parameters=config.find_unused_parameters,
+                  bucket_cap_mb=config.bucket_cap_mb, gradient_as_bucket_view=config.gradient_as_bucket_view,
+                  static_graph=config.static_graph)
+        ddp.register_comm_hook(None, self.comm.hook)
+        return ddp
+
+    def set_lr(self, step: int) -> None:
+        """The learning rate for ``step``: scaled by the batch rule, ramped up over warm-up."""
+        lr = self.config.learning_rate * self.config.lr_scale
+        if self.config.lr_warmup_steps:
+            lr *= min(1.0, step / self.config.lr_warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -176,7 +200,8 @@ class _Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             clock.mark()
-            with self.ddp.no_sync() if m < accum - 1 else contextlib.nullcontext():
+            no_sync = m < accum - 1 and isinstance(self.ddp, DDP)
+            with self.ddp.no_sync() if no_sync else contextlib.nullcontext():
                 with self.autocast():
                     loss = _loss(self.module, self.ddp(inputs), targets) / accum
                 clock.mark()
@@ -209,7 +234,7 @@ class _Trainer:
 
     def evaluate(self, tracer: Tracer, epoch: int, step: int) -> float:
         return evaluate(self.ddp, self.module, self.eval_set, self.config, self.env, self.device, tracer,
-                        epoch, step, self.autocast)
+                        epoch, step, self.autocast, self.eval_group)
 
 
 def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
@@ -240,7 +265,7 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
         tracer.set_t0()
         epoch = step // spe
         while step < total:
-            batches = train_batches(t.train_set, env.rank, env.world_size, config.per_device_batch_size,
+            batches = train_batches(t.train_set, env.rank, env.world_size, config.per_process_batch_size,
                                     config.seed, epoch)
             t.ddp.train()
             for s in range(step % spe, spe):
@@ -249,6 +274,7 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
                 micro = batches[s * accum:(s + 1) * accum]
                 if sample_log is not None:
                     sample_log.write(json.dumps({"epoch": epoch, "step": step, "indices": sum(micro, [])}) + "\n")
+                t.set_lr(step)
                 fields = t.step(micro, clock)
                 if not math.isfinite(fields["loss"]):
                     raise NonFiniteLossError(env.rank, step, fields["loss"])
@@ -291,9 +317,12 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
 
 
 @torch.no_grad()
-def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: distributed.RankEnv,
-             device: torch.device, tracer: Tracer, epoch: int, step: int, autocast: Any) -> float:
-    """Predict on this rank's shard, gather on rank 0, metric on rank 0, broadcast it; each timed.
+def evaluate(wrapped: nn.Module, module: nn.Module, dataset: Any, config: RunConfig,
+             env: distributed.RankEnv, device: torch.device, tracer: Tracer, epoch: int, step: int,
+             autocast: Any, eval_group: Any) -> float:
+    """Predict, gather on rank 0, metric on rank 0, broadcast it; each timed. With
+    ``eval_on="all"`` every rank predicts its shard; with ``"rank0"`` rank 0 predicts everything
+    and the others wait for the broadcast (on a side group whose timeout allows it).
 
     Rows gathered per sample: (index, correct, count, loss sum); ``count`` is 1 for a classifier
     and the number of tokens for a language model, so the metric is accuracy over samples or
@@ -303,10 +332,15 @@ def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: 
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    ddp.eval()
+    wrapped.eval()
     t0 = now()
-    rows = []
-    for indices in eval_shard(dataset, env.rank, env.world_size, config.eval_batch_size):
+    rows = [torch.empty(0, 4, dtype=torch.float64, device=device)]
+    everyone = config.eval_on == "all"
+    if everyone:
+        shard = eval_shard(dataset, env.rank, env.world_size, config.eval_batch_size)
+    else:
+        shard = eval_shard(dataset, 0, 1, config.eval_batch_size) if env.rank == 0 else iter(())
+    for indices in shard:
         inputs, targets = fetch_batch(dataset, indices)
         inputs, targets = inputs.to(device), targets.to(device)
         with autocast():
@@ -324,7 +358,10 @@ def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: 
         rows.append(torch.stack([idx, correct, count, loss.double()], dim=1))
     local = torch.cat(rows)
     t1 = now()
-    gathered = distributed.gather_rows(local, env.rank, env.world_size)
+    if everyone:
+        gathered = distributed.gather_rows(local, env.rank, env.world_size)
+    else:
+        gathered = local if env.rank == 0 else None
     t2 = now()
     metric = loss_mean = 0.0
     if gathered is not None:
@@ -336,13 +373,12 @@ def evaluate(ddp: DDP, module: nn.Module, dataset: Any, config: RunConfig, env: 
         metric = float(unique[:, 1].sum() / unique[:, 2].sum())
         loss_mean = float(unique[:, 3].sum() / unique[:, 2].sum())
     t3 = now()
-    metric = distributed.broadcast_float(metric, device)
-    loss_mean = distributed.broadcast_float(loss_mean, device)
+    metric, loss_mean = distributed.broadcast_floats([metric, loss_mean], eval_group)
     t4 = now()
     tracer.evaluation(epoch=epoch, step=step, t_start_s=tracer.since_t0(t0), predict_s=t1 - t0,
                       gather_s=t2 - t1, metric_s=t3 - t2, broadcast_s=t4 - t3, eval_s=t4 - t0,
                       samples=len(local), metric_name="accuracy", metric_value=metric, loss=loss_mean)
-    ddp.train()
+    wrapped.train()
     return metric
 
 

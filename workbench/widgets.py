@@ -42,6 +42,9 @@ FIGURES: dict[str, str] = {
     "predicted vs measured": "predicted",
 }
 _ONE_RUN_FIGURES = ("phases_rank", "heatmap")
+#: The group-by dropdown's value for :func:`workbench.analysis.default_group_by` (a Dropdown
+#: treats None as "nothing selected", so a sentinel string stands for it).
+DEFAULT_GROUPING = "default"
 _TABLE_COLUMNS = (
     "world_size",
     "runs",
@@ -100,6 +103,7 @@ class Dashboard(widgets.VBox):
         self.output_dir = Path(output_dir)
         self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = {}
         self._busy = False  # set while controls are filled in code: one redraw, not many
+        self._built: tuple[Any, Any, pd.DataFrame | None] | None = None
         layout = widgets.Layout(width="auto")
         self.sweeps = widgets.SelectMultiple(description="sweeps", rows=4, layout=layout)
         self.runs = widgets.SelectMultiple(description="runs", rows=6, layout=layout)
@@ -110,7 +114,7 @@ class Dashboard(widgets.VBox):
         self.focus_run = widgets.Dropdown(description="run", layout=layout)
         self.refresh_button = widgets.Button(description="reload", icon="refresh")
         self.message = widgets.HTML()
-        self.table = widgets.HTML()
+        self.table = widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
         self.figure = go.FigureWidget(message_figure("loading..."))
         controls = widgets.HBox(
             [
@@ -191,11 +195,12 @@ class Dashboard(widgets.VBox):
 
     def _fill_group_by(self, runs: pd.DataFrame) -> None:
         default = analysis.default_group_by(runs) if len(runs) else []
-        options: list[tuple[str, tuple[str, ...] | None]] = [
-            (f"default: {', '.join(default) or 'all runs'}", None)
+        options: list[tuple[str, str | tuple[str, ...]]] = [
+            (f"default: {', '.join(default) or 'all runs'}", DEFAULT_GROUPING)
         ]
         options += [(c, (c,)) for c in analysis.CONFIG_COLUMNS if c in runs.columns]
-        value = self.group_by.value if self.group_by.value in [v for _, v in options] else None
+        values = [v for _, v in options]
+        value = self.group_by.value if self.group_by.value in values else DEFAULT_GROUPING
         self.group_by.options = options
         self.group_by.value = value
 
@@ -205,8 +210,8 @@ class Dashboard(widgets.VBox):
             chosen = chosen.sort_values("world_size", ascending=False, kind="stable")
         ids = [str(r) for r in chosen.get("run_id", [])]
         self.focus_run.options = ids
-        self.focus_run.value = self.focus_run.value if self.focus_run.value in ids else (
-            ids[0] if ids else None
+        self.focus_run.value = (
+            self.focus_run.value if self.focus_run.value in ids else (ids[0] if ids else None)
         )
 
     def _on_sweeps(self, _: Any) -> None:
@@ -228,6 +233,7 @@ class Dashboard(widgets.VBox):
     def refresh(self) -> None:
         """Reload the store (new runs, finished runs) and redraw."""
         self._cache.clear()
+        self._built = None
         self._fill_sweeps(None)
         self._fill_runs()
 
@@ -247,13 +253,24 @@ class Dashboard(widgets.VBox):
 
     def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
         """The selected figure and the scaling table for the current controls."""
-        runs, steps, evals = self.selection()
-        evals_or_none = evals if len(evals) else None
-        group_by = list(self.group_by.value) if self.group_by.value else None
-        if steps.empty:
+        chosen = self.group_by.value
+        group_by = None if chosen in (None, DEFAULT_GROUPING) else list(chosen)
+        # Switching figures must not recompute the table: keep it for the same selection.
+        key = (self.sweeps.value, self.runs.value, chosen)
+        if self._built is None or self._built[0] != key:
+            runs, steps, evals = self.selection()
+            table = None
+            if len(steps):
+                evals_or_none = evals if len(evals) else None
+                table = analysis.scaling_table(runs, steps, evals_or_none, group_by=group_by)
+            self._built = (key, (runs, steps, evals), table)
+        _, (runs, steps, evals), table = self._built
+        if table is None:
             return message_figure("No traced steps in the selected runs"), None
-        table = analysis.scaling_table(runs, steps, evals_or_none, group_by=group_by)
-        return self._figure(self.figure_kind.value, runs, steps, evals_or_none, table, group_by), table
+        evals_or_none = evals if len(evals) else None
+        return self._figure(
+            self.figure_kind.value, runs, steps, evals_or_none, table, group_by
+        ), table
 
     def _figure(
         self,
@@ -313,8 +330,18 @@ class _TraceTail:
     and a rank's Parquet file again only when it changed. Rows are keyed by (rank, attempt, step),
     so a row seen in both files (during consolidation) counts once."""
 
-    _KEEP = ("rank", "world_size", "attempt", "step", "warmup", "t_start_s", "step_s", "samples",
-             "loss", "run_id")
+    _KEEP = (
+        "rank",
+        "world_size",
+        "attempt",
+        "step",
+        "warmup",
+        "t_start_s",
+        "step_s",
+        "samples",
+        "loss",
+        "run_id",
+    )
 
     def __init__(self, traces_dir: Path) -> None:
         self.dir = traces_dir
@@ -407,8 +434,10 @@ class RunMonitor(widgets.VBox):
         self.throughput_label = widgets.Label("throughput: -")
         self.loss_label = widgets.Label("loss: -")
         rows = [widgets.HBox([b, lab]) for b, lab in zip(self.bars, self.bar_labels, strict=True)]
-        facts = widgets.HBox([self.status_label, self.throughput_label, self.loss_label],
-                             layout=widgets.Layout(justify_content="space-between", width="600px"))
+        facts = widgets.HBox(
+            [self.status_label, self.throughput_label, self.loss_label],
+            layout=widgets.Layout(justify_content="space-between", width="600px"),
+        )
         super().__init__([self.title, *rows, facts])
 
     @property
@@ -514,37 +543,60 @@ class LaunchPanel(widgets.VBox):
     ``base`` supplies every field the form does not show (dataset sizes, epochs, seed...).
     """
 
-    def __init__(self, base: RunConfig | None = None, executor: str = "local",
-                 **executor_options: Any) -> None:
+    def __init__(
+        self, base: RunConfig | None = None, executor: str = "local", **executor_options: Any
+    ) -> None:
         self.base = base or RunConfig(per_device_batch_size=32, max_steps=50)
         self.executor = executor
         self.executor_options = executor_options
         b = self.base
         style = {"description_width": "170px"}
-        self.model = widgets.Dropdown(description="model", options=list(MODEL_OPTIONS),
-                                      value=b.model if b.model in MODEL_OPTIONS else "mlp",
-                                      style=style)
-        self.world_size = widgets.BoundedIntText(description="world_size", value=b.world_size,
-                                                 min=1, max=4096, style=style)
+        self.model = widgets.Dropdown(
+            description="model",
+            options=list(MODEL_OPTIONS),
+            value=b.model if b.model in MODEL_OPTIONS else "mlp",
+            style=style,
+        )
+        self.world_size = widgets.BoundedIntText(
+            description="world_size", value=b.world_size, min=1, max=4096, style=style
+        )
         self.per_device_batch_size = widgets.BoundedIntText(
-            description="per_device_batch_size", value=b.per_device_batch_size, min=1,
-            max=1 << 20, style=style)
-        self.max_steps = widgets.BoundedIntText(description="max_steps (0: epochs)",
-                                                value=b.max_steps or 0, min=0, max=10**9,
-                                                style=style)
-        self.precision = widgets.Dropdown(description="precision", options=list(PRECISIONS),
-                                          value=b.precision, style=style)
-        self.learning_rate = widgets.FloatText(description="learning_rate",
-                                               value=b.learning_rate, style=style)
+            description="per_device_batch_size",
+            value=b.per_device_batch_size,
+            min=1,
+            max=1 << 20,
+            style=style,
+        )
+        self.max_steps = widgets.BoundedIntText(
+            description="max_steps (0: epochs)",
+            value=b.max_steps or 0,
+            min=0,
+            max=10**9,
+            style=style,
+        )
+        self.precision = widgets.Dropdown(
+            description="precision", options=list(PRECISIONS), value=b.precision, style=style
+        )
+        self.learning_rate = widgets.FloatText(
+            description="learning_rate", value=b.learning_rate, style=style
+        )
         self.sweep = widgets.Text(description="sweep", value=b.sweep, style=style)
-        self.launch_button = widgets.Button(description="Launch", button_style="primary",
-                                            icon="play")
+        self.launch_button = widgets.Button(
+            description="Launch", button_style="primary", icon="play"
+        )
         self.errors = widgets.HTML()
         self.monitor_box = widgets.VBox()
         self.monitor: RunMonitor | None = None
         self.handle: RunHandle | None = None
-        fields = [self.model, self.world_size, self.per_device_batch_size, self.max_steps,
-                  self.precision, self.learning_rate, self.sweep]
+        fields = [
+            self.model,
+            self.world_size,
+            self.per_device_batch_size,
+            self.max_steps,
+            self.precision,
+            self.learning_rate,
+            self.sweep,
+        ]
         for f in fields:
             f.observe(lambda _: self.config(), "value")
         self.launch_button.on_click(lambda _: self.launch())
@@ -553,7 +605,9 @@ class LaunchPanel(widgets.VBox):
 
     def _show_problems(self, title: str, problems: Sequence[Any]) -> None:
         items = "".join(f"<li>{html.escape(str(p))}</li>" for p in problems)
-        self.errors.value = f'<div style="color:#b00020"><b>{html.escape(title)}</b><ul>{items}</ul></div>'
+        self.errors.value = (
+            f'<div style="color:#b00020"><b>{html.escape(title)}</b><ul>{items}</ul></div>'
+        )
 
     def config(self) -> RunConfig | None:
         """The RunConfig the form describes, or None (the problems are shown in the panel)."""

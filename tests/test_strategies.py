@@ -1,0 +1,122 @@
+"""The seed studies' knobs with real 2-process gloo runs: gradient accumulation, communication
+hooks, Parquet row-group sharding, evaluation placement, learning-rate rules, strategies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workbench import parquet_data
+from workbench.errors import PreflightError
+from workbench.launch import launch
+from workbench.models import build_model, gradient_bytes
+
+from .conftest import base_config
+
+pytestmark = pytest.mark.slow
+
+FULL = gradient_bytes(build_model("mlp", {}))
+
+
+def _final_params(handle) -> dict[str, torch.Tensor]:
+    folder = max((handle.path / "checkpoints").glob("step-*"))
+    return torch.load(folder / "train.pt", weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def parquet_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parquet")
+    train = parquet_data.make_parquet_dataset(folder / "train.parquet", 512, rows_per_group=128)
+    evals = parquet_data.make_parquet_dataset(folder / "eval.parquet", 200, seed=1, rows_per_group=100)
+    return train, evals
+
+
+@pytest.fixture(scope="module")
+def runs(store, parquet_files):
+    """Several real runs launched together (they share the cores; only correctness is checked)."""
+    train, evals = parquet_files
+    configs = {
+        "accum": base_config(store, world_size=2, run_name="accum", gradient_accumulation_steps=2),
+        "fp16": base_config(store, world_size=2, run_name="hook-fp16", comm_hook="fp16",
+                            lr_scaling="linear", lr_warmup_steps=4),
+        "bf16": base_config(store, world_size=2, run_name="hook-bf16", comm_hook="bf16", lr_scaling="sqrt"),
+        "powersgd": base_config(store, world_size=2, run_name="hook-powersgd", comm_hook="powersgd",
+                                powersgd_rank=2),
+        "rank0": base_config(store, world_size=2, run_name="eval-rank0", eval_on="rank0"),
+        "parquet": base_config(store, world_size=2, run_name="parquet", dataset="parquet",
+                               dataset_options={"train": str(train), "eval": str(evals)},
+                               learning_rate=0.2, epochs=4),
+        "single": base_config(store, world_size=1, run_name="single", strategy="single"),
+    }
+    handles = {name: launch(config) for name, config in configs.items()}
+    for handle in handles.values():
+        assert handle.wait(timeout_s=300) == "completed"
+    return handles
+
+
+def test_gradient_accumulation_equals_the_larger_batch(runs, ddp2) -> None:
+    accumulated, larger = _final_params(runs["accum"]), _final_params(ddp2)
+    for name in larger:
+        torch.testing.assert_close(accumulated[name], larger[name], rtol=1e-5, atol=1e-6)
+    steps = runs["accum"].traces()
+    assert (steps["samples"] == 32).all() and (steps["comm_bytes"] == FULL).all()
+
+
+def test_each_comm_hook_runs_and_changes_traced_bytes(runs) -> None:
+    assert (runs["fp16"].traces()["comm_bytes"] == FULL // 2).all(), "fp16 halves the bytes"
+    assert (runs["bf16"].traces()["comm_bytes"] == FULL // 2).all()
+    powersgd = runs["powersgd"].traces()
+    assert (powersgd[powersgd["step"] == 1]["comm_bytes"] == FULL).all(), "plain allreduce before it starts"
+    assert (powersgd[powersgd["step"] >= 3]["comm_bytes"] < FULL / 2).all(), "low-rank factors after"
+    for name in ("fp16", "bf16", "powersgd"):
+        assert runs[name].traces("eval")["metric_value"].iloc[-1] > 0.4, f"{name} still learns"
+
+
+def test_learning_rate_rules(runs) -> None:
+    fp16 = runs["fp16"].traces()  # linear: global 64 over one device's 32 -> x2, warm-up 4 steps
+    lr = fp16[fp16["rank"] == 0].set_index("step")["lr"]
+    assert lr[1] == pytest.approx(0.05 * 2 * 1 / 4) and lr[2] == pytest.approx(0.05 * 2 * 2 / 4)
+    assert lr[4] == pytest.approx(0.1) and lr[16] == pytest.approx(0.1)
+    bf16 = runs["bf16"].traces()
+    assert bf16["lr"].unique().tolist() == [pytest.approx(0.05 * math.sqrt(2))]
+
+
+def test_rank0_evaluation_matches_gathered_evaluation(runs, ddp2) -> None:
+    rank0, gathered = runs["rank0"].traces("eval"), ddp2.traces("eval")
+    assert rank0["metric_value"].tolist() == gathered["metric_value"].tolist()
+    assert rank0[rank0["rank"] == 0]["samples"].tolist() == [200, 200]
+    assert rank0[rank0["rank"] == 1]["samples"].tolist() == [0, 0]
+    waiting = rank0[rank0["rank"] == 1]["predict_s"].to_numpy()
+    assert (waiting < rank0[rank0["rank"] == 0]["predict_s"].to_numpy()).all()
+
+
+def test_parquet_row_groups_shard_the_data(runs) -> None:
+    steps = runs["parquet"].traces()
+    assert len(steps) == 32 * 2
+    first = steps[steps["step"] == 1].set_index("rank")["loss"]
+    assert first[0] != first[1], "each rank read its own row groups"
+    by_step = steps.groupby("step")["loss"].mean()
+    assert by_step.tail(8).mean() < by_step.head(8).mean(), "the Parquet data carries a signal"
+    evals = runs["parquet"].traces("eval")
+    assert (evals.groupby("step")["samples"].sum() == 200).all(), "each evaluation covers the eval file"
+
+
+def test_single_strategy_has_no_communication(runs) -> None:
+    steps = runs["single"].traces()
+    assert (steps["comm_bytes"] == 0).all() and (steps["comm_buckets"] == 0).all()
+
+
+def test_partition_check_rejects_3_groups_on_2_ranks_with_the_fix(tmp_path) -> None:
+    train = parquet_data.make_parquet_dataset(tmp_path / "t.parquet", 300, rows_per_group=100)
+    evals = parquet_data.make_parquet_dataset(tmp_path / "e.parquet", 100, seed=1)
+    config = base_config(tmp_path, world_size=2, train_samples=256, dataset="parquet",
+                         dataset_options={"train": str(train), "eval": str(evals)})
+    with pytest.raises(PreflightError) as err:
+        launch(config)
+    assert "has 3 row groups, not a multiple of the 2 processes" in str(err.value)
+    assert f"workbench repartition {train} --row-groups 4" in str(err.value)
+    parquet_data.repartition(train, row_groups_count=4)
+    assert parquet_data.row_groups(train) == 4
+    assert parquet_data.partition_problem(train, 2) is None

@@ -1,0 +1,86 @@
+"""Training data from Parquet files, sharded by row groups (each rank reads only its own groups).
+
+A file holds feature columns ``x0 .. x{d-1}`` (float32) and ``label`` (int64). Rank ``r`` of ``n``
+reads row groups ``r, r + n, r + 2n, ...``; so the number of row groups must be a multiple of the
+number of processes, or the ranks would see different amounts of data. ``repartition`` rewrites a
+file with another row-group size to make it so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .store import atomic_write_bytes
+
+
+def make_parquet_dataset(path: str | Path, samples: int, features: int = 32, classes: int = 4,
+                         seed: int = 0, rows_per_group: int = 256) -> Path:
+    """Write a classification dataset with a learnable signal (labels from a fixed random
+    teacher) as Parquet with row groups of ``rows_per_group`` rows."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, features), dtype=np.float32)
+    teacher = np.random.default_rng(12345).standard_normal((features, classes)).astype(np.float32)
+    labels = np.argmax(np.tanh(x) @ teacher, axis=1).astype(np.int64)
+    table = pa.table({**{f"x{i}": x[:, i] for i in range(features)}, "label": labels})
+    return _write(table, Path(path), rows_per_group)
+
+
+def _write(table: pa.Table, path: Path, rows_per_group: int) -> Path:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=rows_per_group)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    return path
+
+
+def row_groups(path: str | Path) -> int:
+    return pq.ParquetFile(path).num_row_groups
+
+
+def repartition(src: str | Path, dst: str | Path | None = None, *, row_groups_count: int | None = None,
+                rows_per_group: int | None = None) -> Path:
+    """Rewrite ``src`` (in place when ``dst`` is None) with ``row_groups_count`` row groups of equal
+    size (the last may be smaller) or with ``rows_per_group`` rows each."""
+    if (row_groups_count is None) == (rows_per_group is None):
+        raise ValueError("give exactly one of row_groups_count and rows_per_group")
+    table = pq.read_table(src)
+    if row_groups_count is not None:
+        if row_groups_count < 1 or row_groups_count > table.num_rows:
+            raise ValueError(f"row_groups_count={row_groups_count}: must be in 1..{table.num_rows} (the rows)")
+        rows_per_group = -(-table.num_rows // row_groups_count)
+    assert rows_per_group is not None
+    if rows_per_group < 1:
+        raise ValueError(f"rows_per_group={rows_per_group}: must be >= 1")
+    return _write(table, Path(dst or src), rows_per_group)
+
+
+def partition_problem(path: str | Path, processes: int) -> str | None:
+    """Why ``path`` cannot be sharded over ``processes`` ranks, with the fix; None when it can."""
+    groups = row_groups(path)
+    if groups % processes == 0:
+        return None
+    fix = processes * max(1, round(groups / processes))
+    return (f"has {groups} row groups, not a multiple of the {processes} processes; rewrite it with "
+            f"`workbench repartition {path} --row-groups {fix}` (or any multiple of {processes})")
+
+
+def load(path: str | Path, rank: int = 0, world_size: int = 1, all_groups: bool = False) -> Any:
+    """This rank's row groups (or the whole file) as a dataset of (features, label) tensors."""
+    import torch
+
+    from .data import TensorPairDataset
+
+    file = pq.ParquetFile(path)
+    groups = list(range(file.num_row_groups))
+    mine = groups if all_groups else groups[rank::world_size]
+    table = file.read_row_groups(mine)
+    names = [c for c in table.column_names if c != "label"]
+    x = np.stack([table.column(c).to_numpy() for c in names], axis=1).astype(np.float32)
+    y = table.column("label").to_numpy().astype(np.int64)
+    dataset = TensorPairDataset(torch.from_numpy(x), torch.from_numpy(y))
+    dataset.local_shard = not all_groups  # type: ignore[attr-defined]  (already this rank's data)
+    return dataset
