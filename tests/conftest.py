@@ -1,4 +1,4 @@
-"""Shared fixtures: real multi-process runs are launched once per session and shared by many tests."""
+"""Shared fixtures: real multi-process runs launch once per session and serve many tests."""
 
 from __future__ import annotations
 
@@ -23,9 +23,20 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def base_config(store: Path, **changes) -> RunConfig:
     """The small config the integration tests share: 512 samples, global batch 64 (8 steps per
     epoch), 2 epochs, a checkpoint every 4 steps, eval after each epoch."""
-    fields = dict(model="mlp", train_samples=512, eval_samples=200, global_batch_size=64, epochs=2,
-                  warmup_steps=2, checkpoint_every_steps=4, output_dir=str(store), sweep="it",
-                  trace_flush_s=0.2, collective_timeout_s=60, eval_batch_size=64)
+    fields = dict(
+        model="mlp",
+        train_samples=512,
+        eval_samples=200,
+        global_batch_size=64,
+        epochs=2,
+        warmup_steps=2,
+        checkpoint_every_steps=4,
+        output_dir=str(store),
+        sweep="it",
+        trace_flush_s=0.2,
+        collective_timeout_s=60,
+        eval_batch_size=64,
+    )
     fields.update(changes)
     return RunConfig(**fields)
 

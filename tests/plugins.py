@@ -63,7 +63,10 @@ def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tupl
     from workbench.data import _synthetic
 
     opts = MODEL_OPTIONS["mlp"]
-    return (_synthetic("mlp", opts, train_samples, seed, 0), _synthetic("mlp", opts, eval_samples, seed, 1))
+    return (
+        _synthetic("mlp", opts, train_samples, seed, 0),
+        _synthetic("mlp", opts, eval_samples, seed, 1),
+    )
 
 
 class _WithUnusedHead(nn.Module):

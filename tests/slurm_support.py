@@ -43,7 +43,9 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 def _script(cmd: str, cluster_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = dict(os.environ, WORKBENCH_SLURM_DIR=str(cluster_dir))
-    return subprocess.run(["bash", str(CLUSTER_SH), cmd], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(CLUSTER_SH), cmd], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -51,18 +53,28 @@ def slurm_cluster() -> tp.Iterator[dict[str, str]]:
     cluster_dir = _cluster_dir()
     env_file = cluster_dir / "env.sh"
     started_here = False
-    running = env_file.exists() and CLUSTER_SH.exists() and _script("status", cluster_dir).returncode == 0
+    running = (
+        env_file.exists() and CLUSTER_SH.exists() and _script("status", cluster_dir).returncode == 0
+    )
     if not running:
         if os.environ.get("WORKBENCH_SLURM_AUTOSTART", "1") == "0":
-            pytest.skip(f"Slurm test cluster not running in {cluster_dir} (no running daemons / {env_file}); "
-                        f"start it with: sudo {CLUSTER_SH} start")
+            pytest.skip(
+                f"Slurm test cluster not running in {cluster_dir} "
+                f"(no running daemons / {env_file}); "
+                f"start it with: sudo {CLUSTER_SH} start"
+            )
         if os.geteuid() != 0:
-            pytest.skip(f"Slurm test cluster not running in {cluster_dir} and starting it needs root; "
-                        f"run: sudo {CLUSTER_SH} start")
+            pytest.skip(
+                f"Slurm test cluster not running in {cluster_dir} and starting it needs root; "
+                f"run: sudo {CLUSTER_SH} start"
+            )
         proc = _script("start", cluster_dir)
         if proc.returncode != 0:
-            pytest.skip(f"could not start the Slurm test cluster ({CLUSTER_SH} start, rc={proc.returncode}):\n"
-                        f"{proc.stderr[-2000:]}")
+            pytest.skip(
+                f"could not start the Slurm test cluster ({CLUSTER_SH} start, "
+                f"rc={proc.returncode}):\n"
+                f"{proc.stderr[-2000:]}"
+            )
         started_here = True
     env = _read_env_file(env_file)
     assert "SLURM_CONF" in env, f"{env_file} has no SLURM_CONF"

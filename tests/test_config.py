@@ -25,8 +25,12 @@ def test_steps_follow_epochs_and_max_steps() -> None:
 
 
 def test_json_round_trip_is_exact() -> None:
-    c = RunConfig(**GOOD, model_options={"hidden_dim": 16}, precision="bf16",
-                  fault=FaultInjection(rank=1, step=3, kind="raise"))
+    c = RunConfig(
+        **GOOD,
+        model_options={"hidden_dim": 16},
+        precision="bf16",
+        fault=FaultInjection(rank=1, step=3, kind="raise"),
+    )
     again = RunConfig.from_json(c.to_json())
     assert again == c
     assert again.to_dict() == c.to_dict()
@@ -49,8 +53,11 @@ BAD = [
     ({"model": "resnet9000"}, "model", "built-in model"),
     ({"model_options": {"hiden_dim": 3}}, "model_options.hiden_dim", "valid: input_dim"),
     ({"model_options": {"hidden_dim": 0}}, "model_options.hidden_dim", ">= 1"),
-    ({"model": "transformer", "model_options": {"d_model": 30, "num_heads": 4}}, "model_options.d_model",
-     "divisible by num_heads"),
+    (
+        {"model": "transformer", "model_options": {"d_model": 30, "num_heads": 4}},
+        "model_options.d_model",
+        "divisible by num_heads",
+    ),
     ({"dataset": "imagenet"}, "dataset", "synthetic"),
     ({"train_samples": 0}, "train_samples", ">= 1"),
     ({"eval_samples": -5}, "eval_samples", ">= 1"),
@@ -81,7 +88,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("changes, field, words", BAD, ids=[b[1] + ":" + str(i) for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "changes, field, words", BAD, ids=[b[1] + ":" + str(i) for i, b in enumerate(BAD)]
+)
 def test_bad_config_names_the_field(changes: dict, field: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig(**{**GOOD, **changes})
@@ -92,5 +101,7 @@ def test_bad_config_names_the_field(changes: dict, field: str, words: str) -> No
 
 def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as err:
-        RunConfig(model="nope", world_size=0, per_device_batch_size=8, precision="fp8", learning_rate=-1)
+        RunConfig(
+            model="nope", world_size=0, per_device_batch_size=8, precision="fp8", learning_rate=-1
+        )
     assert set(err.value.fields) >= {"model", "world_size", "precision", "learning_rate"}

@@ -42,8 +42,18 @@ def test_trace_rows_columns_and_phase_times(ddp2) -> None:
     assert len(steps) == 16 * 2
     assert list(steps.columns) == list(schema.STEP_COLUMNS)
     assert sorted(steps.groupby("rank")["step"].apply(list).tolist()) == [list(range(1, 17))] * 2
-    required = ["data_s", "forward_s", "backward_s", "optimizer_s", "step_s", "comm_s", "loss",
-                "rss_bytes", "t_start_s", "samples"]
+    required = [
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "step_s",
+        "comm_s",
+        "loss",
+        "rss_bytes",
+        "t_start_s",
+        "samples",
+    ]
     assert steps[required].notna().all().all()
     phases = steps[["data_s", "forward_s", "backward_s", "optimizer_s"]]
     assert (phases >= 0).all().all()
@@ -100,7 +110,9 @@ def test_run_record_has_status_environment_and_summary(ddp2) -> None:
     assert (ddp2.path / schema.CONFIG_FILE).exists()
     runs = load_runs(ddp2.path.parent.parent, ["it"])
     row = runs[runs["run_id"] == "ddp2"].iloc[0]
-    assert row["world_size"] == 2 and row["global_batch_size"] == 64 and row["status"] == "completed"
+    assert (
+        row["world_size"] == 2 and row["global_batch_size"] == 64 and row["status"] == "completed"
+    )
     # Consolidated Parquet replaced the live JSONL files.
     traces = sorted(p.name for p in (ddp2.path / schema.TRACES_DIR).iterdir())
     assert "steps-rank00000.parquet" in traces and "steps-rank00000.jsonl" not in traces

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def failed_then_resumed(store):
-    config = base_config(store, world_size=2, run_name="crash-resume",
-                         fault={"rank": 1, "step": 11, "kind": "raise"})
+    config = base_config(
+        store, world_size=2, run_name="crash-resume", fault={"rank": 1, "step": 11, "kind": "raise"}
+    )
     start = time.monotonic()
     handle = launch(config)
     with pytest.raises(RunFailedError) as err:
@@ -31,9 +32,14 @@ def failed_then_resumed(store):
     status_after_failure = handle.status()
     resumed = launch(config, resume=True)
     assert resumed.wait(timeout_s=180) == "completed"
-    return dict(error=err.value, failed_after_s=failed_after_s, leftover=leftover,
-                traces_after_failure=traces_after_failure, status_after_failure=status_after_failure,
-                resumed=resumed)
+    return dict(
+        error=err.value,
+        failed_after_s=failed_after_s,
+        leftover=leftover,
+        traces_after_failure=traces_after_failure,
+        status_after_failure=status_after_failure,
+        resumed=resumed,
+    )
 
 
 def test_failure_names_the_rank_and_its_exception(failed_then_resumed) -> None:

@@ -28,8 +28,11 @@ def _fails(handle, timeout_s: float = 120) -> RunFailedError:
 
 
 def test_rank_killed_with_sigkill(store) -> None:
-    handle = launch(base_config(store, world_size=2, run_name="sigkill",
-                                fault={"rank": 1, "step": 6, "kind": "kill"}))
+    handle = launch(
+        base_config(
+            store, world_size=2, run_name="sigkill", fault={"rank": 1, "step": 6, "kind": "kill"}
+        )
+    )
     err = _fails(handle)
     assert err.rank == 1 and "ended without reporting" in err.exception
     steps = handle.traces()
@@ -37,8 +40,15 @@ def test_rank_killed_with_sigkill(store) -> None:
 
 
 def test_hung_rank_is_named_and_the_job_ends_within_the_bound(store) -> None:
-    handle = launch(base_config(store, world_size=2, run_name="hang", collective_timeout_s=8,
-                                fault={"rank": 1, "step": 4, "kind": "hang"}))
+    handle = launch(
+        base_config(
+            store,
+            world_size=2,
+            run_name="hang",
+            collective_timeout_s=8,
+            fault={"rank": 1, "step": 4, "kind": "hang"},
+        )
+    )
     start = time.monotonic()
     err = _fails(handle, timeout_s=120)
     elapsed = time.monotonic() - start
@@ -55,19 +65,30 @@ def test_non_finite_loss_stops_with_step_and_rank(store) -> None:
 
 
 def test_unused_parameters_get_advice(store) -> None:
-    handle = launch(base_config(store, world_size=2, run_name="unused", model="tests.plugins:with_unused_head",
-                                dataset="tests.plugins:synthetic_like_mlp"))
+    handle = launch(
+        base_config(
+            store,
+            world_size=2,
+            run_name="unused",
+            model="tests.plugins:with_unused_head",
+            dataset="tests.plugins:synthetic_like_mlp",
+        )
+    )
     err = _fails(handle)
     assert "unused_head.weight" in err.exception and "find_unused_parameters=True" in err.exception
 
 
 def test_plugin_that_does_not_import_is_refused_before_launch(tmp_path: Path) -> None:
-    with pytest.raises(PreflightError, match="model='nosuch.module:f': cannot import module 'nosuch.module'"):
+    with pytest.raises(
+        PreflightError, match="model='nosuch.module:f': cannot import module 'nosuch.module'"
+    ):
         launch(base_config(tmp_path, world_size=2, model="nosuch.module:f"))
     assert not any(tmp_path.rglob("run.json"))
 
 
-def test_full_disk_is_refused_before_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_full_disk_is_refused_before_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launch_module = importlib.import_module("workbench.launch")  # the module, not the function
     monkeypatch.setattr(launch_module, "MIN_FREE_BYTES", 2**62)  # more than any disk has free
     with pytest.raises(PreflightError, match="output_dir=.*MiB free on the disk"):
@@ -95,7 +116,8 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         code = textwrap.dedent(f"""
             from workbench import RunConfig, launch
             config = RunConfig(model="mlp", world_size=2, global_batch_size=64, train_samples=512,
-                               epochs=40, output_dir={str(store)!r}, sweep="kernel", run_name="survivor")
+                               epochs=40, output_dir={str(store)!r}, sweep="kernel",
+                               run_name="survivor")
             handle = launch(config)
         """)
         reply = kc.execute_interactive(code, timeout=60)
@@ -104,7 +126,9 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         deadline = time.monotonic() + 60
         while attach(run_path).status() != "running" and time.monotonic() < deadline:
             time.sleep(0.2)
-        km.restart_kernel(now=True)  # what Jupyter's "Restart kernel" does: SIGKILL to its process group
+        km.restart_kernel(
+            now=True
+        )  # what Jupyter's "Restart kernel" does: SIGKILL to its process group
         kc.stop_channels()
     finally:
         km.shutdown_kernel(now=True)

@@ -16,8 +16,13 @@ from workbench.launch import launch, preflight
 
 
 def _config(tmp_path: Path, **changes) -> RunConfig:
-    fields = dict(model="mlp", world_size=2, per_device_batch_size=8, train_samples=64,
-                  output_dir=str(tmp_path))
+    fields = dict(
+        model="mlp",
+        world_size=2,
+        per_device_batch_size=8,
+        train_samples=64,
+        output_dir=str(tmp_path),
+    )
     return RunConfig(**{**fields, **changes})
 
 
@@ -34,8 +39,9 @@ def test_master_port_in_use_is_refused(tmp_path: Path) -> None:
 def test_unknown_executor_and_options_list_valid_names(tmp_path: Path) -> None:
     with pytest.raises(PreflightError, match="executor='lokal': must be one of local, debug"):
         preflight(_config(tmp_path), "lokal", {})
-    with pytest.raises(PreflightError, match="partition='gpu': not an option of the local executor; valid: "
-                       "setup"):
+    with pytest.raises(
+        PreflightError, match="partition='gpu': not an option of the local executor; valid: setup"
+    ):
         preflight(_config(tmp_path), "local", {"partition": "gpu"})
 
 
@@ -90,15 +96,29 @@ def test_existing_run_and_resume_of_a_missing_run(tmp_path: Path) -> None:
 
 
 def test_debug_executor_runs_in_process_with_bf16_and_a_plugin(tmp_path: Path) -> None:
-    config = _config(tmp_path, world_size=1, model="transformer", precision="bf16", max_steps=4,
-                     train_samples=128, eval_samples=32, warmup_steps=1)
+    config = _config(
+        tmp_path,
+        world_size=1,
+        model="transformer",
+        precision="bf16",
+        max_steps=4,
+        train_samples=128,
+        eval_samples=32,
+        warmup_steps=1,
+    )
     handle = launch(config, executor="debug")
     assert handle.wait() == "completed"
     steps = handle.traces()
     assert steps["step"].tolist() == [1, 2, 3, 4] and steps["loss"].notna().all()
     assert handle.traces("eval")["metric_value"].between(0, 1).all()
-    plugin = _config(tmp_path, world_size=1, model="tests.plugins:tiny_linear",
-                     dataset="tests.plugins:two_features", max_steps=3, train_samples=64)
+    plugin = _config(
+        tmp_path,
+        world_size=1,
+        model="tests.plugins:tiny_linear",
+        dataset="tests.plugins:two_features",
+        max_steps=3,
+        train_samples=64,
+    )
     assert launch(plugin, executor="debug").wait() == "completed"
 
 
@@ -109,6 +129,8 @@ def test_profiled_window_writes_one_trace_per_rank_with_step_markers(tmp_path: P
     files = list((handle.path / "profiles").glob("rank00000*.pt.trace.json"))
     assert len(files) == 1
     trace = json.loads(files[0].read_text())
-    steps = {e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    steps = {
+        e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+    }
     assert steps == {"ProfilerStep#3", "ProfilerStep#4"}
     assert trace["distributedInfo"]["rank"] == 0

@@ -13,17 +13,29 @@ from workbench.models import build_model, gradient_bytes, model_task
 @pytest.mark.parametrize("name", list(MODEL_OPTIONS))
 def test_builtin_model_trains_on_its_synthetic_data(name: str) -> None:
     torch.manual_seed(0)
-    config = RunConfig(model=name, world_size=1, per_device_batch_size=32, train_samples=256, eval_samples=64)
+    config = RunConfig(
+        model=name, world_size=1, per_device_batch_size=32, train_samples=256, eval_samples=64
+    )
     train, _ = build_datasets(config)
     model = build_model(name, {})
     inputs, targets = fetch_batch(train, list(range(32)))
     logits = model(inputs)
     if model_task(model) == "lm":
-        assert logits.shape == (32, MODEL_OPTIONS[name]["seq_len"], MODEL_OPTIONS[name]["vocab_size"])
-        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        assert logits.shape == (
+            32,
+            MODEL_OPTIONS[name]["seq_len"],
+            MODEL_OPTIONS[name]["vocab_size"],
+        )
+
+        def loss_fn() -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+
     else:
         assert logits.shape == (32, MODEL_OPTIONS[name]["num_classes"])
-        loss_fn = lambda: torch.nn.functional.cross_entropy(model(inputs), targets)
+
+        def loss_fn() -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(model(inputs), targets)
+
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     first = loss_fn().item()
     for _ in range(30):
@@ -41,7 +53,9 @@ def test_model_sizes_are_configurable() -> None:
 
 
 def test_synthetic_data_is_deterministic_per_seed_and_split() -> None:
-    c = RunConfig(model="mlp", world_size=1, per_device_batch_size=8, train_samples=64, eval_samples=32)
+    c = RunConfig(
+        model="mlp", world_size=1, per_device_batch_size=8, train_samples=64, eval_samples=32
+    )
     a_train, a_eval = build_datasets(c)
     b_train, _ = build_datasets(c)
     other, _ = build_datasets(c.replace(seed=1))
@@ -68,8 +82,14 @@ def test_eval_shard_pads_to_equal_lengths() -> None:
 
 
 def test_plugin_model_and_dataset() -> None:
-    c = RunConfig(model="tests.plugins:tiny_linear", dataset="tests.plugins:two_features",
-                  model_options={"classes": 3}, world_size=1, per_device_batch_size=4, train_samples=20)
+    c = RunConfig(
+        model="tests.plugins:tiny_linear",
+        dataset="tests.plugins:two_features",
+        model_options={"classes": 3},
+        world_size=1,
+        per_device_batch_size=4,
+        train_samples=20,
+    )
     train, evals = build_datasets(c)
     assert len(train) == 20 and len(evals) == c.eval_samples
     x, y = fetch_batch(train, [0, 1, 2])
@@ -77,11 +97,14 @@ def test_plugin_model_and_dataset() -> None:
     assert build_model(c.model, dict(c.model_options)).out_features == 3
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("tests.nosuchmodule:f", "cannot import module 'tests.nosuchmodule'"),
-    ("tests.plugins:missing", "has no callable 'missing'"),
-    ("tests.plugins:not_a_module", "has no callable"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("tests.nosuchmodule:f", "cannot import module 'tests.nosuchmodule'"),
+        ("tests.plugins:missing", "has no callable 'missing'"),
+        ("tests.plugins:not_a_module", "has no callable"),
+    ],
+)
 def test_plugin_errors_name_the_field(spec: str, words: str) -> None:
     with pytest.raises(ValueError, match="model=") as err:
         build_model(spec, {})

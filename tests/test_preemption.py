@@ -16,8 +16,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def preempted(store):
-    config = base_config(store, world_size=2, run_name="preempted", stop_check_every_steps=2,
-                         fault={"rank": 1, "step": 5, "kind": "preempt"})
+    config = base_config(
+        store,
+        world_size=2,
+        run_name="preempted",
+        stop_check_every_steps=2,
+        fault={"rank": 1, "step": 5, "kind": "preempt"},
+    )
     handle = launch(config)
     seen = []
     deadline = time.monotonic() + 180
@@ -35,7 +40,7 @@ def preempted(store):
 def test_status_goes_preempted_then_running_then_completed(preempted) -> None:
     _, seen = preempted
     assert "preempted" in seen
-    after = seen[seen.index("preempted"):]
+    after = seen[seen.index("preempted") :]
     assert after[-1] == "completed" and "running" in after
 
 
@@ -51,4 +56,6 @@ def test_all_ranks_stopped_at_the_same_step_and_resumed_there(preempted) -> None
 
 def test_requeued_run_ends_with_the_parameters_of_an_uninterrupted_run(preempted, ddp2) -> None:
     handle, _ = preempted
-    assert [s["param_sha256"] for s in handle.result()] == [s["param_sha256"] for s in ddp2.result()]
+    assert [s["param_sha256"] for s in handle.result()] == [
+        s["param_sha256"] for s in ddp2.result()
+    ]

@@ -49,7 +49,9 @@ def _refresh(job: tp.Any) -> str:
     return job.watcher.get_state(job.job_id, mode="cache")
 
 
-def _wait_for(job: tp.Any, predicate: tp.Callable[[str], bool], timeout_s: float, period_s: float = 0.5) -> str:
+def _wait_for(
+    job: tp.Any, predicate: tp.Callable[[str], bool], timeout_s: float, period_s: float = 0.5
+) -> str:
     deadline = time.time() + timeout_s
     state = _refresh(job)
     while not predicate(state):
@@ -75,8 +77,13 @@ def job_root(slurm_cluster: dict[str, str], tmp_path_factory: pytest.TempPathFac
 
 def _executor(folder: Path, **params: tp.Any) -> tp.Any:
     ex = submitit.AutoExecutor(folder=folder / "%j", cluster="slurm")
-    base = dict(timeout_min=5, slurm_partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
-                cpus_per_task=1, nodes=1, tasks_per_node=1)
+    base = dict(
+        timeout_min=5,
+        slurm_partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
+        cpus_per_task=1,
+        nodes=1,
+        tasks_per_node=1,
+    )
     base.update(params)
     ex.update_parameters(**base)
     return ex
@@ -87,25 +94,41 @@ def _executor(folder: Path, **params: tp.Any) -> tp.Any:
 
 def _env_facts() -> dict[str, tp.Any]:
     env = submitit.JobEnvironment()
-    return dict(job_id=env.job_id, global_rank=env.global_rank, local_rank=env.local_rank,
-                num_tasks=env.num_tasks, num_nodes=env.num_nodes, node=env.node, hostname=env.hostname,
-                nodename=os.environ.get("SLURMD_NODENAME"), cluster=env.cluster)
+    return dict(
+        job_id=env.job_id,
+        global_rank=env.global_rank,
+        local_rank=env.local_rank,
+        num_tasks=env.num_tasks,
+        num_nodes=env.num_nodes,
+        node=env.node,
+        hostname=env.hostname,
+        nodename=os.environ.get("SLURMD_NODENAME"),
+        cluster=env.cluster,
+    )
 
 
 def _dist_facts() -> dict[str, tp.Any]:
     env = submitit.JobEnvironment()
     dist = submitit.helpers.TorchDistributedEnvironment()
-    return dict(global_rank=env.global_rank, local_rank=env.local_rank, hostname=socket.gethostname(),
-                nodename=os.environ.get("SLURMD_NODENAME"), master_addr=dist.master_addr,
-                master_port=dist.master_port, world_size=dist.world_size,
-                local_world_size=dist.local_world_size)
+    return dict(
+        global_rank=env.global_rank,
+        local_rank=env.local_rank,
+        hostname=socket.gethostname(),
+        nodename=os.environ.get("SLURMD_NODENAME"),
+        master_addr=dist.master_addr,
+        master_port=dist.master_port,
+        world_size=dist.world_size,
+        local_world_size=dist.local_world_size,
+    )
 
 
 # ----------------------------------------------------------------------------- tests
 
 
 def test_cluster_is_up(slurm_cluster: dict[str, str]) -> None:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t %c"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %t %c"], capture_output=True, text=True, check=True
+    ).stdout
     nodes = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
     expected = slurm_cluster["WORKBENCH_SLURM_NODES"].split(",")
     assert sorted(nodes) == sorted(expected), out
@@ -140,13 +163,17 @@ def test_two_nodes_two_tasks_each(job_root: Path, slurm_cluster: dict[str, str])
     elapsed = time.time() - t0
     print(f"\n2 nodes x 2 tasks: submit-to-results {elapsed:.1f} s")
     assert sorted(r["global_rank"] for r in results) == [0, 1, 2, 3]
-    assert {r["nodename"] for r in results} == set(slurm_cluster["WORKBENCH_SLURM_NODES"].split(","))
+    assert {r["nodename"] for r in results} == set(
+        slurm_cluster["WORKBENCH_SLURM_NODES"].split(",")
+    )
     assert len({(r["master_addr"], r["master_port"]) for r in results}) == 1
     assert socket.gethostbyname(results[0]["master_addr"]).startswith("127.")
     assert {(r["world_size"], r["local_world_size"]) for r in results} == {(4, 2)}
     assert _wait_done(job, 60) == "COMPLETED"
     info = job.get_info(mode="force")
-    assert sorted(info["NodeList"].split(",")) == sorted(slurm_cluster["WORKBENCH_SLURM_NODES"].split(","))
+    assert sorted(info["NodeList"].split(",")) == sorted(
+        slurm_cluster["WORKBENCH_SLURM_NODES"].split(",")
+    )
 
 
 def test_cancelled_job_is_done(job_root: Path) -> None:
@@ -161,5 +188,3 @@ def test_cancelled_job_is_done(job_root: Path) -> None:
     assert job.done()
     with pytest.raises(submitit.core.utils.UncompletedJobError):
         job.result()
-
-

@@ -40,7 +40,9 @@ def test_two_task_job_matches_the_local_run(slurm_runs, ddp2) -> None:
     assert [s["param_sha256"] for s in one.result()] == [s["param_sha256"] for s in ddp2.result()]
     slurm_steps, local_steps = one.traces(), ddp2.traces()
     assert list(slurm_steps.columns) == list(local_steps.columns)
-    assert (slurm_steps.groupby("step")["loss"].mean() == local_steps.groupby("step")["loss"].mean()).all()
+    assert (
+        slurm_steps.groupby("step")["loss"].mean() == local_steps.groupby("step")["loss"].mean()
+    ).all()
 
 
 def test_two_nodes_of_two_tasks_follow_the_same_loss_trajectory(slurm_runs, ddp2) -> None:
@@ -49,8 +51,11 @@ def test_two_nodes_of_two_tasks_follow_the_same_loss_trajectory(slurm_runs, ddp2
     assert sorted(steps["rank"].unique()) == [0, 1, 2, 3]
     assert sorted(steps["local_rank"].unique()) == [0, 1]
     assert len(steps) == 16 * 4 and (steps["samples"] == 16).all()
-    np.testing.assert_allclose(steps.groupby("step")["loss"].mean().to_numpy(),
-                               ddp2.traces().groupby("step")["loss"].mean().to_numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        steps.groupby("step")["loss"].mean().to_numpy(),
+        ddp2.traces().groupby("step")["loss"].mean().to_numpy(),
+        rtol=1e-5,
+    )
     states = {s["rank"]: s for s in two.rank_states().values()}
     assert len({s["summary"]["param_sha256"] for s in states.values()}) == 1
     run = read_json(two.path / "run.json")
@@ -58,8 +63,14 @@ def test_two_nodes_of_two_tasks_follow_the_same_loss_trajectory(slurm_runs, ddp2
 
 
 def test_failing_rank_is_reported_with_its_error(slurm_cluster, store) -> None:
-    handle = _slurm(base_config(store, world_size=2, run_name="slurm-fail",
-                                fault={"rank": 1, "step": 3, "kind": "raise"}))
+    handle = _slurm(
+        base_config(
+            store,
+            world_size=2,
+            run_name="slurm-fail",
+            fault={"rank": 1, "step": 3, "kind": "raise"},
+        )
+    )
     with pytest.raises(RunFailedError) as err:
         handle.wait(timeout_s=180)
     assert err.value.rank == 1 and "InjectedFault" in err.value.exception
@@ -67,9 +78,15 @@ def test_failing_rank_is_reported_with_its_error(slurm_cluster, store) -> None:
 
 
 def test_cancel_ends_the_job_and_the_store_says_cancelled(slurm_cluster, store) -> None:
-    config = base_config(store, world_size=2, run_name="slurm-cancel", model="tests.plugins:sleepy_mlp",
-                         dataset="tests.plugins:synthetic_like_mlp", model_options={"sleep_s": 0.2},
-                         epochs=20)
+    config = base_config(
+        store,
+        world_size=2,
+        run_name="slurm-cancel",
+        model="tests.plugins:sleepy_mlp",
+        dataset="tests.plugins:synthetic_like_mlp",
+        model_options={"sleep_s": 0.2},
+        epochs=20,
+    )
     handle = _slurm(config)
     deadline = time.monotonic() + 120
     while handle.status() != "running" and time.monotonic() < deadline:
@@ -85,20 +102,34 @@ def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, store, ddp
     # A 2-minute limit, warned 45 s before. Slurm may send the warning up to a minute early, so it
     # arrives 15 to 75 s in; the run (480 steps of 0.2 s sleep: 96 s) cannot finish first, so the
     # ranks stop together, checkpoint, requeue and resume (perhaps twice).
-    config = base_config(store, world_size=2, run_name="slurm-timelimit", model="tests.plugins:sleepy_mlp",
-                         dataset="tests.plugins:synthetic_like_mlp", model_options={"sleep_s": 0.2},
-                         epochs=60, timeout_min=2, signal_delay_s=45, stop_check_every_steps=1,
-                         checkpoint_every_steps=0)
+    config = base_config(
+        store,
+        world_size=2,
+        run_name="slurm-timelimit",
+        model="tests.plugins:sleepy_mlp",
+        dataset="tests.plugins:synthetic_like_mlp",
+        model_options={"sleep_s": 0.2},
+        epochs=60,
+        timeout_min=2,
+        signal_delay_s=45,
+        stop_check_every_steps=1,
+        checkpoint_every_steps=0,
+    )
     handle = _slurm(config)
     assert handle.wait(timeout_s=420) == "completed"
     steps = handle.traces()
     assert steps["attempt"].max() >= 1, "the job was requeued at least once"
     for rank in (0, 1):
         assert sorted(steps[steps["rank"] == rank]["step"]) == list(range(1, 481))
-    uninterrupted = launch(config.replace(run_name="timelimit-reference", model_options={"sleep_s": 0.0},
-                                          timeout_min=10))
+    uninterrupted = launch(
+        config.replace(
+            run_name="timelimit-reference", model_options={"sleep_s": 0.0}, timeout_min=10
+        )
+    )
     assert uninterrupted.wait(timeout_s=120) == "completed"
-    assert [s["param_sha256"] for s in handle.result()] == [s["param_sha256"] for s in uninterrupted.result()]
+    assert [s["param_sha256"] for s in handle.result()] == [
+        s["param_sha256"] for s in uninterrupted.result()
+    ]
 
 
 def test_attach_from_another_session(slurm_runs) -> None:
@@ -110,22 +141,45 @@ def test_attach_from_another_session(slurm_runs) -> None:
 
 def test_sbatch_script_dry_run(tmp_path: Path) -> None:
     config = base_config(tmp_path, nodes=2, tasks_per_node=4, run_name="dry", timeout_min=90)
-    text = sbatch_script(config, partition="gpu", account="proj", gpus_per_node=4,
-                         setup=["module load cuda/12.4"], env={"NCCL_DEBUG": "INFO"},
-                         sbatch_args={"reservation": "r1"})
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=90",
-                 "#SBATCH --signal=USR2@60", "#SBATCH --reservation=r1", "module load cuda/12.4",
-                 "export NCCL_DEBUG=INFO", "--kill-on-bad-exit=1"):
+    text = sbatch_script(
+        config,
+        partition="gpu",
+        account="proj",
+        gpus_per_node=4,
+        setup=["module load cuda/12.4"],
+        env={"NCCL_DEBUG": "INFO"},
+        sbatch_args={"reservation": "r1"},
+    )
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --time=90",
+        "#SBATCH --signal=USR2@60",
+        "#SBATCH --reservation=r1",
+        "module load cuda/12.4",
+        "export NCCL_DEBUG=INFO",
+        "--kill-on-bad-exit=1",
+    ):
         assert line in text, line
     assert not (tmp_path / "it" / "dry").exists(), "a dry run writes nothing"
 
 
 def test_job_array_runs_every_point_with_a_concurrency_limit(slurm_cluster, tmp_path: Path) -> None:
-    configs = [base_config(tmp_path, world_size=2, run_name=f"point{i}", sweep="array", epochs=1,
-                           learning_rate=lr) for i, lr in enumerate((0.01, 0.02, 0.05))]
-    handles = launch_array(configs, partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
-                           array_parallelism=2, poll_s=2.0)
+    configs = [
+        base_config(
+            tmp_path, world_size=2, run_name=f"point{i}", sweep="array", epochs=1, learning_rate=lr
+        )
+        for i, lr in enumerate((0.01, 0.02, 0.05))
+    ]
+    handles = launch_array(
+        configs,
+        partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
+        array_parallelism=2,
+        poll_s=2.0,
+    )
     array_ids = {h.job_id.split("_")[0] for h in handles}
     assert len(array_ids) == 1, "one submission for the whole sweep"
     assert sorted(h.job_id.split("_")[1] for h in handles) == ["0", "1", "2"]

@@ -29,7 +29,9 @@ def _final_params(handle) -> dict[str, torch.Tensor]:
 def parquet_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("parquet")
     train = parquet_data.make_parquet_dataset(folder / "train.parquet", 512, rows_per_group=128)
-    evals = parquet_data.make_parquet_dataset(folder / "eval.parquet", 200, seed=1, rows_per_group=100)
+    evals = parquet_data.make_parquet_dataset(
+        folder / "eval.parquet", 200, seed=1, rows_per_group=100
+    )
     return train, evals
 
 
@@ -39,15 +41,30 @@ def runs(store, parquet_files):
     train, evals = parquet_files
     configs = {
         "accum": base_config(store, world_size=2, run_name="accum", gradient_accumulation_steps=2),
-        "fp16": base_config(store, world_size=2, run_name="hook-fp16", comm_hook="fp16",
-                            lr_scaling="linear", lr_warmup_steps=4),
-        "bf16": base_config(store, world_size=2, run_name="hook-bf16", comm_hook="bf16", lr_scaling="sqrt"),
-        "powersgd": base_config(store, world_size=2, run_name="hook-powersgd", comm_hook="powersgd",
-                                powersgd_rank=2),
+        "fp16": base_config(
+            store,
+            world_size=2,
+            run_name="hook-fp16",
+            comm_hook="fp16",
+            lr_scaling="linear",
+            lr_warmup_steps=4,
+        ),
+        "bf16": base_config(
+            store, world_size=2, run_name="hook-bf16", comm_hook="bf16", lr_scaling="sqrt"
+        ),
+        "powersgd": base_config(
+            store, world_size=2, run_name="hook-powersgd", comm_hook="powersgd", powersgd_rank=2
+        ),
         "rank0": base_config(store, world_size=2, run_name="eval-rank0", eval_on="rank0"),
-        "parquet": base_config(store, world_size=2, run_name="parquet", dataset="parquet",
-                               dataset_options={"train": str(train), "eval": str(evals)},
-                               learning_rate=0.2, epochs=4),
+        "parquet": base_config(
+            store,
+            world_size=2,
+            run_name="parquet",
+            dataset="parquet",
+            dataset_options={"train": str(train), "eval": str(evals)},
+            learning_rate=0.2,
+            epochs=4,
+        ),
         "single": base_config(store, world_size=1, run_name="single", strategy="single"),
     }
     handles = {name: launch(config) for name, config in configs.items()}
@@ -68,8 +85,12 @@ def test_each_comm_hook_runs_and_changes_traced_bytes(runs) -> None:
     assert (runs["fp16"].traces()["comm_bytes"] == FULL // 2).all(), "fp16 halves the bytes"
     assert (runs["bf16"].traces()["comm_bytes"] == FULL // 2).all()
     powersgd = runs["powersgd"].traces()
-    assert (powersgd[powersgd["step"] == 1]["comm_bytes"] == FULL).all(), "plain allreduce before it starts"
-    assert (powersgd[powersgd["step"] >= 3]["comm_bytes"] < FULL / 2).all(), "low-rank factors after"
+    assert (powersgd[powersgd["step"] == 1]["comm_bytes"] == FULL).all(), (
+        "plain allreduce before it starts"
+    )
+    assert (powersgd[powersgd["step"] >= 3]["comm_bytes"] < FULL / 2).all(), (
+        "low-rank factors after"
+    )
     for name in ("fp16", "bf16", "powersgd"):
         assert runs[name].traces("eval")["metric_value"].iloc[-1] > 0.4, f"{name} still learns"
 
@@ -100,7 +121,9 @@ def test_parquet_row_groups_shard_the_data(runs) -> None:
     by_step = steps.groupby("step")["loss"].mean()
     assert by_step.tail(8).mean() < by_step.head(8).mean(), "the Parquet data carries a signal"
     evals = runs["parquet"].traces("eval")
-    assert (evals.groupby("step")["samples"].sum() == 200).all(), "each evaluation covers the eval file"
+    assert (evals.groupby("step")["samples"].sum() == 200).all(), (
+        "each evaluation covers the eval file"
+    )
 
 
 def test_single_strategy_has_no_communication(runs) -> None:
@@ -111,8 +134,13 @@ def test_single_strategy_has_no_communication(runs) -> None:
 def test_partition_check_rejects_3_groups_on_2_ranks_with_the_fix(tmp_path) -> None:
     train = parquet_data.make_parquet_dataset(tmp_path / "t.parquet", 300, rows_per_group=100)
     evals = parquet_data.make_parquet_dataset(tmp_path / "e.parquet", 100, seed=1)
-    config = base_config(tmp_path, world_size=2, train_samples=256, dataset="parquet",
-                         dataset_options={"train": str(train), "eval": str(evals)})
+    config = base_config(
+        tmp_path,
+        world_size=2,
+        train_samples=256,
+        dataset="parquet",
+        dataset_options={"train": str(train), "eval": str(evals)},
+    )
     with pytest.raises(PreflightError) as err:
         launch(config)
     assert "has 3 row groups, not a multiple of the 2 processes" in str(err.value)

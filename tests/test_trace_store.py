@@ -15,14 +15,37 @@ from workbench.trace import PhaseClock, Tracer, consolidate, read_jsonl, trim_fo
 
 
 def _tracer(tmp_path: Path, rank: int = 0, flush_s: float = 60.0) -> Tracer:
-    return Tracer(tmp_path / "traces", run_id="r", rank=rank, local_rank=rank, host="h", world_size=2,
-                  attempt=0, flush_s=flush_s, device=torch.device("cpu"))
+    return Tracer(
+        tmp_path / "traces",
+        run_id="r",
+        rank=rank,
+        local_rank=rank,
+        host="h",
+        world_size=2,
+        attempt=0,
+        flush_s=flush_s,
+        device=torch.device("cpu"),
+    )
 
 
 def _step(tracer: Tracer, step: int, **extra) -> None:
-    fields = dict(epoch=0, step=step, warmup=step <= 1, t_start_s=0.01 * step, data_s=0.001,
-                  forward_s=0.002, backward_s=0.003, optimizer_s=0.001, step_s=0.008, comm_s=0.002,
-                  comm_bytes=100, comm_buckets=1, samples=4, loss=1.0 / step, lr=0.1)
+    fields = dict(
+        epoch=0,
+        step=step,
+        warmup=step <= 1,
+        t_start_s=0.01 * step,
+        data_s=0.001,
+        forward_s=0.002,
+        backward_s=0.003,
+        optimizer_s=0.001,
+        step_s=0.008,
+        comm_s=0.002,
+        comm_bytes=100,
+        comm_buckets=1,
+        samples=4,
+        loss=1.0 / step,
+        lr=0.1,
+    )
     tracer.step(**{**fields, **extra})
 
 
@@ -51,9 +74,20 @@ def test_consolidate_writes_parquet_with_schema_and_removes_jsonl(tmp_path: Path
     with _tracer(tmp_path) as tracer:
         for step in (1, 2, 3):
             _step(tracer, step)
-        tracer.evaluation(epoch=0, step=3, t_start_s=0.1, predict_s=0.1, gather_s=0.01, metric_s=0.001,
-                          broadcast_s=0.001, eval_s=0.112, samples=10, metric_name="accuracy",
-                          metric_value=0.5, loss=1.2)
+        tracer.evaluation(
+            epoch=0,
+            step=3,
+            t_start_s=0.1,
+            predict_s=0.1,
+            gather_s=0.01,
+            metric_s=0.001,
+            broadcast_s=0.001,
+            eval_s=0.112,
+            samples=10,
+            metric_name="accuracy",
+            metric_value=0.5,
+            loss=1.2,
+        )
     consolidate(tmp_path / "traces", 0)
     names = sorted(p.name for p in (tmp_path / "traces").iterdir())
     assert names == ["eval-rank00000.parquet", "steps-rank00000.parquet"]

@@ -45,16 +45,29 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run_dir: Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer,
-         scaler: torch.amp.GradScaler, rank: int) -> Path:
+def save(
+    run_dir: Path,
+    step: int,
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    rank: int,
+) -> Path:
     """Collective: every rank calls it at the same step."""
     final = _dir(run_dir, step)
     partial = final.with_name(final.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
     torch.save(_rng_state(), partial / f"rng-rank{rank:05d}.pt")
     if rank == 0:
-        torch.save({"step": step, "model": module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict()}, partial / "train.pt")
+        torch.save(
+            {
+                "step": step,
+                "model": module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(),
+            },
+            partial / "train.pt",
+        )
     distributed.barrier()
     if rank == 0:
         if final.exists():
@@ -66,7 +79,11 @@ def save(run_dir: Path, step: int, module: nn.Module, optimizer: torch.optim.Opt
 
 def latest(run_dir: Path) -> Path | None:
     """The newest complete checkpoint folder of a run."""
-    folders = [p for p in (run_dir / schema.CHECKPOINTS_DIR).glob("step-*") if not p.name.endswith(".partial")]
+    folders = [
+        p
+        for p in (run_dir / schema.CHECKPOINTS_DIR).glob("step-*")
+        if not p.name.endswith(".partial")
+    ]
     return max(folders, key=lambda p: p.name) if folders else None
 
 
@@ -81,9 +98,10 @@ def load_latest(run_dir: Path, module: nn.Module, rank: int) -> dict[str, Any] |
     return {**state, "folder": folder}
 
 
-def restore_training(state: dict[str, Any], optimizer: torch.optim.Optimizer,
-                     scaler: torch.amp.GradScaler, rank: int) -> int:
-    """Optimizer, scaler and this rank's RNG states; returns the step the checkpoint was taken at."""
+def restore_training(
+    state: dict[str, Any], optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, rank: int
+) -> int:
+    """Restore optimizer, scaler and this rank's RNG states; returns the checkpoint's step."""
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     rng = state["folder"] / f"rng-rank{rank:05d}.pt"

@@ -57,8 +57,11 @@ class FaultInjection:
 
     rank: int = _doc("global rank that misbehaves", 0)
     step: int = _doc("global step (from 1) at whose start it misbehaves", 1)
-    kind: str = _doc("raise: an exception; exit: os._exit(3); hang: sleep forever; kill: SIGKILL; "
-                     "preempt: the scheduler's preemption signal to this rank", "raise")
+    kind: str = _doc(
+        "raise: an exception; exit: os._exit(3); hang: sleep forever; kill: SIGKILL; "
+        "preempt: the scheduler's preemption signal to this rank",
+        "raise",
+    )
     attempt: int = _doc("only on this attempt (0 = first launch), so a resumed run runs clean", 0)
 
 
@@ -79,7 +82,9 @@ class RunConfig:
     model_options: Mapping[str, Any] = _doc(
         "keyword arguments for the model factory (sizes); see MODEL_OPTIONS", default_factory=dict
     )
-    dataset: str = _doc("'synthetic' (made locally from the seed) or 'package.module:factory'", "synthetic")
+    dataset: str = _doc(
+        "'synthetic' (made locally from the seed) or 'package.module:factory'", "synthetic"
+    )
     dataset_options: Mapping[str, Any] = _doc(
         "keyword arguments for a plug-in dataset factory", default_factory=dict
     )
@@ -90,29 +95,47 @@ class RunConfig:
     nodes: int = _doc("number of nodes (machines)", 1)
     tasks_per_node: int | None = _doc("ranks (devices) per node")
     device: str = _doc("auto (cuda when present, else cpu), cpu or cuda", "auto")
-    backend: str = _doc("torch.distributed backend: auto (nccl on CUDA, gloo on CPU), gloo, nccl", "auto")
+    backend: str = _doc(
+        "torch.distributed backend: auto (nccl on CUDA, gloo on CPU), gloo, nccl", "auto"
+    )
     threads_per_rank: int = _doc("torch intra-op threads per rank on CPU", 1)
     # -- batch and schedule
     per_device_batch_size: int | None = _doc("samples per rank per micro-step")
     global_batch_size: int | None = _doc(
         "samples per optimizer step over all ranks = per_device x world_size x accumulation"
     )
-    gradient_accumulation_steps: int = _doc("micro-steps per optimizer step (no_sync on all but last)", 1)
+    gradient_accumulation_steps: int = _doc(
+        "micro-steps per optimizer step (no_sync on all but last)", 1
+    )
     # -- parallelism strategy and the DDP knobs that change scaling
-    strategy: str = _doc("ddp (one process per device), dp (DataParallel: one process drives all local "
-                         "GPUs; the batch is the total) or single (one device, no wrapper)", "ddp")
-    find_unused_parameters: bool = _doc("DDP: tolerate parameters that get no gradient (slower)", False)
+    strategy: str = _doc(
+        "ddp (one process per device), dp (DataParallel: one process drives all local "
+        "GPUs; the batch is the total) or single (one device, no wrapper)",
+        "ddp",
+    )
+    find_unused_parameters: bool = _doc(
+        "DDP: tolerate parameters that get no gradient (slower)", False
+    )
     bucket_cap_mb: float = _doc("DDP gradient bucket size in MiB", 25.0)
-    gradient_as_bucket_view: bool = _doc("DDP: gradients are views into the buckets (saves a copy)", False)
-    static_graph: bool = _doc("DDP: the graph is the same every step (enables optimisations)", False)
+    gradient_as_bucket_view: bool = _doc(
+        "DDP: gradients are views into the buckets (saves a copy)", False
+    )
+    static_graph: bool = _doc(
+        "DDP: the graph is the same every step (enables optimisations)", False
+    )
     sync_batchnorm: bool = _doc("convert BatchNorm layers to SyncBatchNorm", False)
-    comm_hook: str = _doc("gradient communication: allreduce, fp16 or bf16 (compressed), powersgd",
-                          "allreduce")
+    comm_hook: str = _doc(
+        "gradient communication: allreduce, fp16 or bf16 (compressed), powersgd", "allreduce"
+    )
     powersgd_rank: int = _doc("PowerSGD matrix approximation rank", 1)
-    lr_scaling: str = _doc("learning rate vs batch: none, linear or sqrt in global batch over "
-                           "lr_reference_batch", "none")
-    lr_reference_batch: int | None = _doc("batch at which learning_rate is right (default: the "
-                                          "per-device batch x accumulation, i.e. one device)")
+    lr_scaling: str = _doc(
+        "learning rate vs batch: none, linear or sqrt in global batch over lr_reference_batch",
+        "none",
+    )
+    lr_reference_batch: int | None = _doc(
+        "batch at which learning_rate is right (default: the "
+        "per-device batch x accumulation, i.e. one device)"
+    )
     lr_warmup_steps: int = _doc("linear learning-rate warm-up from 0 over this many steps", 0)
     epochs: int | None = _doc("passes over the training set (1 when neither epochs nor max_steps)")
     max_steps: int | None = _doc("stop after this many optimizer steps")
@@ -121,28 +144,40 @@ class RunConfig:
     learning_rate: float = _doc("learning rate", 0.05)
     momentum: float = _doc("SGD momentum", 0.9)
     weight_decay: float = _doc("weight decay", 0.0)
-    precision: str = _doc("fp32, fp16 (CUDA only, with a GradScaler) or bf16 (autocast, CPU too)", "fp32")
+    precision: str = _doc(
+        "fp32, fp16 (CUDA only, with a GradScaler) or bf16 (autocast, CPU too)", "fp32"
+    )
     seed: int = _doc("seed for data, model initialisation and shuffling", 0)
     # -- evaluation
     eval_every_epochs: int = _doc("evaluate after every N epochs (0: only at the end)", 1)
     eval_at_end: bool = _doc("evaluate once more after the last step if not just done", True)
     eval_batch_size: int = _doc("evaluation samples per rank per batch", 256)
-    eval_on: str = _doc("all: every rank predicts its shard and rank 0 gathers; rank0: rank 0 "
-                        "predicts everything while the others wait", "all")
+    eval_on: str = _doc(
+        "all: every rank predicts its shard and rank 0 gathers; rank0: rank 0 "
+        "predicts everything while the others wait",
+        "all",
+    )
     eval_timeout_s: float = _doc("how long ranks may wait for an evaluation on rank 0", 3600.0)
     # -- checkpoints, timeouts, tracing
     checkpoint_every_steps: int = _doc("save a checkpoint every N steps (0: never)", 0)
-    collective_timeout_s: float = _doc("process-group timeout: a hung rank fails its peers after it", 120.0)
-    timeout_min: float = _doc("job time limit in minutes (submitit's own default is 2 locally)", 60.0)
+    collective_timeout_s: float = _doc(
+        "process-group timeout: a hung rank fails its peers after it", 120.0
+    )
+    timeout_min: float = _doc(
+        "job time limit in minutes (submitit's own default is 2 locally)", 60.0
+    )
     master_port: int | None = _doc("rendezvous port; a free one is picked locally when omitted")
-    signal_delay_s: int = _doc("seconds before the time limit at which ranks are told to checkpoint "
-                               "and requeue", 60)
+    signal_delay_s: int = _doc(
+        "seconds before the time limit at which ranks are told to checkpoint and requeue", 60
+    )
     stop_check_every_steps: int = _doc(
-        "how often (steps) the ranks agree whether a preemption signal arrived (0: never)", 10)
+        "how often (steps) the ranks agree whether a preemption signal arrived (0: never)", 10
+    )
     trace_flush_s: float = _doc("flush trace rows to disk at least this often (seconds)", 2.0)
     trace_sample_ids: bool = _doc("also record which dataset indices each rank consumed", False)
     profile_steps: tuple[int, int] | None = _doc(
-        "record torch.profiler traces for steps first..last (inclusive), one file per rank")
+        "record torch.profiler traces for steps first..last (inclusive), one file per rank"
+    )
     fault: FaultInjection | None = _doc("fault injection for tests")
 
     derived: tuple[str, ...] = field(default=(), init=False, metadata={"help": "fields filled in"})
@@ -198,7 +233,9 @@ class RunConfig:
         (linear), or its square root (sqrt)."""
         if self.lr_scaling == "none":
             return 1.0
-        reference = self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[operator]
+        reference = (
+            self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps
+        )  # type: ignore[operator]
         ratio = self.global_batch_size / reference  # type: ignore[operator]
         return ratio if self.lr_scaling == "linear" else ratio**0.5
 
@@ -236,7 +273,10 @@ class RunConfig:
         unknown = sorted(set(data) - set(init_field_names()))
         if unknown:
             raise ConfigError(
-                [Problem(k, data[k], f"unknown field; valid: {', '.join(init_field_names())}") for k in unknown]
+                [
+                    Problem(k, data[k], f"unknown field; valid: {', '.join(init_field_names())}")
+                    for k in unknown
+                ]
             )
         return cls(**data)
 
@@ -272,7 +312,9 @@ def _fault_from_dict(data: Mapping[str, Any]) -> FaultInjection:
     valid = [f.name for f in dataclasses.fields(FaultInjection)]
     unknown = sorted(set(data) - set(valid))
     if unknown:
-        raise ConfigError([Problem(f"fault.{k}", data[k], f"unknown; valid: {', '.join(valid)}") for k in unknown])
+        raise ConfigError(
+            [Problem(f"fault.{k}", data[k], f"unknown; valid: {', '.join(valid)}") for k in unknown]
+        )
     return FaultInjection(**data)
 
 
@@ -302,7 +344,9 @@ def _validate(c: RunConfig) -> list[Problem]:
         if not isinstance(c.sweep, str) or not _NAME.match(c.sweep):
             p.append(Problem(name, c.sweep, "a folder name: letters, digits, '_', '-', '.', '+'"))
     if c.run_name is not None and (not isinstance(c.run_name, str) or not _NAME.match(c.run_name)):
-        p.append(Problem("run_name", c.run_name, "a folder name: letters, digits, '_', '-', '.', '+'"))
+        p.append(
+            Problem("run_name", c.run_name, "a folder name: letters, digits, '_', '-', '.', '+'")
+        )
     if not isinstance(c.output_dir, str) or not c.output_dir:
         p.append(Problem("output_dir", c.output_dir, "a folder path"))
 
@@ -310,19 +354,37 @@ def _validate(c: RunConfig) -> list[Problem]:
     if c.model in MODEL_OPTIONS:
         unknown = sorted(set(c.model_options) - set(MODEL_OPTIONS[c.model]))
         for k in unknown:
-            p.append(Problem(f"model_options.{k}", c.model_options[k],
-                             f"unknown option of model {c.model!r}; valid: {', '.join(MODEL_OPTIONS[c.model])}"))
+            p.append(
+                Problem(
+                    f"model_options.{k}",
+                    c.model_options[k],
+                    f"unknown option of model {c.model!r}; "
+                    f"valid: {', '.join(MODEL_OPTIONS[c.model])}",
+                )
+            )
         for k, v in c.model_options.items():
             if k in MODEL_OPTIONS[c.model] and (not _is_int(v) or v < 1):
                 p.append(Problem(f"model_options.{k}", v, "must be an integer >= 1"))
         opts = c.model_kwargs
         if c.model in ("transformer", "gpt") and opts["d_model"] % opts["num_heads"]:
-            p.append(Problem("model_options.d_model", opts["d_model"],
-                             f"must be divisible by num_heads={opts['num_heads']}"))
+            p.append(
+                Problem(
+                    "model_options.d_model",
+                    opts["d_model"],
+                    f"must be divisible by num_heads={opts['num_heads']}",
+                )
+            )
     elif not (isinstance(c.model, str) and _PLUGIN.match(c.model)):
-        p.append(Problem("model", c.model,
-                         f"a built-in model ({', '.join(MODEL_OPTIONS)}) or 'package.module:factory'"))
-    if c.dataset not in BUILTIN_DATASETS and not (isinstance(c.dataset, str) and _PLUGIN.match(c.dataset)):
+        p.append(
+            Problem(
+                "model",
+                c.model,
+                f"a built-in model ({', '.join(MODEL_OPTIONS)}) or 'package.module:factory'",
+            )
+        )
+    if c.dataset not in BUILTIN_DATASETS and not (
+        isinstance(c.dataset, str) and _PLUGIN.match(c.dataset)
+    ):
         p.append(Problem("dataset", c.dataset, "'synthetic' or 'package.module:factory'"))
     sizes_ok = positive("train_samples") & positive("eval_samples")
 
@@ -330,14 +392,25 @@ def _validate(c: RunConfig) -> list[Problem]:
     one_of("device", DEVICES)
     one_of("backend", BACKENDS)
     if c.backend == "nccl" and c.device == "cpu":
-        p.append(Problem("backend", c.backend, "nccl needs device='cuda' (or 'auto'); use gloo on CPU"))
+        p.append(
+            Problem("backend", c.backend, "nccl needs device='cuda' (or 'auto'); use gloo on CPU")
+        )
     positive("threads_per_rank")
-    layout_ok = positive("nodes") & positive("world_size", optional=True) & positive("tasks_per_node", optional=True)
+    layout_ok = (
+        positive("nodes")
+        & positive("world_size", optional=True)
+        & positive("tasks_per_node", optional=True)
+    )
     if layout_ok:
         if c.world_size is not None and c.tasks_per_node is not None:
             if c.world_size != c.nodes * c.tasks_per_node:
-                p.append(Problem("world_size", c.world_size,
-                                 f"must equal nodes x tasks_per_node = {c.nodes} x {c.tasks_per_node}"))
+                p.append(
+                    Problem(
+                        "world_size",
+                        c.world_size,
+                        f"must equal nodes x tasks_per_node = {c.nodes} x {c.tasks_per_node}",
+                    )
+                )
         elif c.world_size is not None and c.world_size % c.nodes:
             p.append(Problem("world_size", c.world_size, f"must be a multiple of nodes={c.nodes}"))
 
@@ -345,9 +418,13 @@ def _validate(c: RunConfig) -> list[Problem]:
     batch_ok = positive("gradient_accumulation_steps")
     given = [n for n in ("per_device_batch_size", "global_batch_size") if getattr(c, n) is not None]
     if len(given) != 1:
-        p.append(Problem("per_device_batch_size" if not given else "global_batch_size",
-                         {n: getattr(c, n) for n in ("per_device_batch_size", "global_batch_size")},
-                         "give exactly one of per_device_batch_size and global_batch_size"))
+        p.append(
+            Problem(
+                "per_device_batch_size" if not given else "global_batch_size",
+                {n: getattr(c, n) for n in ("per_device_batch_size", "global_batch_size")},
+                "give exactly one of per_device_batch_size and global_batch_size",
+            )
+        )
         batch_ok = False
     else:
         batch_ok &= positive(given[0])
@@ -355,14 +432,24 @@ def _validate(c: RunConfig) -> list[Problem]:
         world = c.world_size or c.nodes * (c.tasks_per_node or 1)
         per_step = world * c.gradient_accumulation_steps
         if c.global_batch_size is not None and c.global_batch_size % per_step:
-            p.append(Problem("global_batch_size", c.global_batch_size,
-                             f"must be divisible by world_size x gradient_accumulation_steps = {per_step}"))
+            p.append(
+                Problem(
+                    "global_batch_size",
+                    c.global_batch_size,
+                    f"must be divisible by world_size x gradient_accumulation_steps = {per_step}",
+                )
+            )
         elif sizes_ok:
             global_batch = c.global_batch_size or c.per_device_batch_size * per_step
             if c.train_samples < global_batch:
-                p.append(Problem("train_samples", c.train_samples,
-                                 f"smaller than one global batch ({global_batch}); "
-                                 "use more samples or a smaller batch"))
+                p.append(
+                    Problem(
+                        "train_samples",
+                        c.train_samples,
+                        f"smaller than one global batch ({global_batch}); "
+                        "use more samples or a smaller batch",
+                    )
+                )
     positive("epochs", optional=True)
     positive("max_steps", optional=True)
     positive("warmup_steps", zero_ok=True)
@@ -375,19 +462,42 @@ def _validate(c: RunConfig) -> list[Problem]:
     positive("lr_reference_batch", optional=True)
     positive("lr_warmup_steps", zero_ok=True)
     if c.strategy != "ddp" and c.comm_hook != "allreduce":
-        p.append(Problem("comm_hook", c.comm_hook, f"communication hooks need strategy='ddp', not {c.strategy!r}"))
+        p.append(
+            Problem(
+                "comm_hook",
+                c.comm_hook,
+                f"communication hooks need strategy='ddp', not {c.strategy!r}",
+            )
+        )
     if c.strategy == "single" and c.world_size not in (None, 1):
-        p.append(Problem("world_size", c.world_size, "strategy='single' runs on one device: use world_size=1"))
+        p.append(
+            Problem(
+                "world_size", c.world_size, "strategy='single' runs on one device: use world_size=1"
+            )
+        )
     if c.strategy == "dp" and c.device == "cpu":
-        p.append(Problem("strategy", c.strategy, "DataParallel splits batches over CUDA devices; on CPU "
-                         "use 'ddp' (one process per rank) or 'single'"))
+        p.append(
+            Problem(
+                "strategy",
+                c.strategy,
+                "DataParallel splits batches over CUDA devices; on CPU "
+                "use 'ddp' (one process per rank) or 'single'",
+            )
+        )
     if c.strategy == "dp" and c.nodes != 1:
-        p.append(Problem("nodes", c.nodes, "strategy='dp' drives the GPUs of one node: use nodes=1"))
+        p.append(
+            Problem("nodes", c.nodes, "strategy='dp' drives the GPUs of one node: use nodes=1")
+        )
     if c.dataset == "parquet":
         for key in ("train", "eval"):
             if not isinstance(c.dataset_options.get(key), str):
-                p.append(Problem(f"dataset_options.{key}", c.dataset_options.get(key),
-                                 "dataset='parquet' needs the path of a Parquet file"))
+                p.append(
+                    Problem(
+                        f"dataset_options.{key}",
+                        c.dataset_options.get(key),
+                        "dataset='parquet' needs the path of a Parquet file",
+                    )
+                )
     for name in ("bucket_cap_mb", "eval_timeout_s"):
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
@@ -402,8 +512,13 @@ def _validate(c: RunConfig) -> list[Problem]:
             p.append(Problem(name, v, "must be a number >= 0"))
     one_of("precision", PRECISIONS)
     if c.precision == "fp16" and c.device == "cpu":
-        p.append(Problem("precision", c.precision,
-                         "fp16 needs CUDA (GradScaler); on device='cpu' use fp32 or bf16"))
+        p.append(
+            Problem(
+                "precision",
+                c.precision,
+                "fp16 needs CUDA (GradScaler); on device='cpu' use fp32 or bf16",
+            )
+        )
     if not _is_int(c.seed):
         p.append(Problem("seed", c.seed, "must be an integer"))
 
@@ -413,19 +528,30 @@ def _validate(c: RunConfig) -> list[Problem]:
     positive("checkpoint_every_steps", zero_ok=True)
     positive("stop_check_every_steps", zero_ok=True)
     positive("signal_delay_s")
-    if c.master_port is not None and (not _is_int(c.master_port) or not 1024 <= c.master_port <= 65535):
+    if c.master_port is not None and (
+        not _is_int(c.master_port) or not 1024 <= c.master_port <= 65535
+    ):
         p.append(Problem("master_port", c.master_port, "must be an integer in 1024..65535"))
     if c.profile_steps is not None:
         w = c.profile_steps
-        if not (isinstance(w, tuple) and len(w) == 2 and all(_is_int(x) for x in w) and 1 <= w[0] <= w[1]):
+        if not (
+            isinstance(w, tuple)
+            and len(w) == 2
+            and all(_is_int(x) for x in w)
+            and 1 <= w[0] <= w[1]
+        ):
             p.append(Problem("profile_steps", w, "two steps (first, last) with 1 <= first <= last"))
     if c.fault is not None:
         if not isinstance(c.fault, FaultInjection):
             p.append(Problem("fault", c.fault, "a FaultInjection or a dict with rank, step, kind"))
         else:
             if c.fault.kind not in FAULT_KINDS:
-                p.append(Problem("fault.kind", c.fault.kind, f"must be one of {', '.join(FAULT_KINDS)}"))
-            world = c.world_size or (c.nodes * c.tasks_per_node if layout_ok and c.tasks_per_node else 1)
+                p.append(
+                    Problem("fault.kind", c.fault.kind, f"must be one of {', '.join(FAULT_KINDS)}")
+                )
+            world = c.world_size or (
+                c.nodes * c.tasks_per_node if layout_ok and c.tasks_per_node else 1
+            )
             if not _is_int(c.fault.rank) or not 0 <= c.fault.rank < world:
                 p.append(Problem("fault.rank", c.fault.rank, f"must be a rank in 0..{world - 1}"))
     return p

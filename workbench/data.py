@@ -37,7 +37,9 @@ def _teacher_labels(features: torch.Tensor, num_classes: int, gen: torch.Generat
     return (torch.tanh(features @ hidden) @ out).argmax(dim=1)
 
 
-def _synthetic(model: str, opts: dict[str, Any], n: int, seed: int, split: int) -> TensorPairDataset:
+def _synthetic(
+    model: str, opts: dict[str, Any], n: int, seed: int, split: int
+) -> TensorPairDataset:
     teacher = torch.Generator().manual_seed(seed * 7919 + 17)  # same teacher for both splits
     gen = torch.Generator().manual_seed(seed * 7919 + 1000 + split)
     if model == "mlp":
@@ -62,7 +64,9 @@ def _synthetic(model: str, opts: dict[str, Any], n: int, seed: int, split: int) 
             pick = torch.randint(4, (n,), generator=gen)
             seq[:, i + 1] = successors[seq[:, i], pick]
         return TensorPairDataset(seq[:, :-1].contiguous(), seq[:, 1:].contiguous())
-    raise ValueError(f"dataset='synthetic' has no generator for model={model!r}; give a dataset plug-in")
+    raise ValueError(
+        f"dataset='synthetic' has no generator for model={model!r}; give a dataset plug-in"
+    )
 
 
 def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tuple[Dataset, Dataset]:
@@ -72,8 +76,10 @@ def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tupl
         from . import parquet_data
 
         opts = config.dataset_options
-        return (parquet_data.load(opts["train"], rank, processes),
-                parquet_data.load(opts["eval"], all_groups=True))
+        return (
+            parquet_data.load(opts["train"], rank, processes),
+            parquet_data.load(opts["eval"], all_groups=True),
+        )
     if config.dataset == "synthetic":
         opts = config.model_kwargs
         return (
@@ -81,10 +87,16 @@ def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tupl
             _synthetic(config.model, opts, config.eval_samples, config.seed, split=1),
         )
     factory = load_plugin(config.dataset, "dataset")
-    result = factory(train_samples=config.train_samples, eval_samples=config.eval_samples,
-                     seed=config.seed, **config.dataset_options)
+    result = factory(
+        train_samples=config.train_samples,
+        eval_samples=config.eval_samples,
+        seed=config.seed,
+        **config.dataset_options,
+    )
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise ValueError(f"dataset={config.dataset!r}: the factory must return (train_dataset, eval_dataset)")
+        raise ValueError(
+            f"dataset={config.dataset!r}: the factory must return (train_dataset, eval_dataset)"
+        )
     return result
 
 
@@ -111,15 +123,18 @@ def train_batches(
         g = torch.Generator().manual_seed(seed + epoch)
         indices = torch.randperm(len(dataset), generator=g).tolist()
     else:
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                     seed=seed, drop_last=True)
+        sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
         sampler.set_epoch(epoch)
         indices = list(sampler)
     usable = len(indices) - len(indices) % batch_size
     return [indices[i : i + batch_size] for i in range(0, usable, batch_size)]
 
 
-def eval_shard(dataset: Dataset, rank: int, world_size: int, batch_size: int) -> Iterator[list[int]]:
+def eval_shard(
+    dataset: Dataset, rank: int, world_size: int, batch_size: int
+) -> Iterator[list[int]]:
     """This rank's evaluation batches. The sampler pads by repeating samples so every rank runs
     the same number of collectives; the gather on rank 0 removes the repeats by index."""
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)

@@ -55,7 +55,7 @@ class RankEnv:
         )
 
     def export(self) -> None:
-        """Environment variables for ``init_method='env://'`` (and for user code that reads them)."""
+        """Set the variables of ``init_method='env://'`` (user code may read them too)."""
         os.environ.update(
             MASTER_ADDR=self.master_addr,
             MASTER_PORT=str(self.master_port),
@@ -78,8 +78,9 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout_s: float,
-                       dump_dir: str | None = None) -> str:
+def init_process_group(
+    env: RankEnv, backend: str, device: torch.device, timeout_s: float, dump_dir: str | None = None
+) -> str:
     """Join the job's process group; returns the backend used. On NCCL, PyTorch's flight recorder
     is on by default (a bounded ring of the last collectives, dumped on a timeout into
     ``dump_dir``), so a hang shows the last collective each rank entered."""
@@ -89,7 +90,9 @@ def init_process_group(env: RankEnv, backend: str, device: torch.device, timeout
         os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
         os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
         if dump_dir:
-            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_"))
+            os.environ.setdefault(
+                "TORCH_FR_DUMP_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_")
+            )
     env.export()
     dist.init_process_group(
         backend=backend,
@@ -142,7 +145,8 @@ class CommMeter:
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
             self._powersgd = powerSGD_hook.PowerSGDState(
-                process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=2)
+                process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=2
+            )
 
     def _record(self, start: float, nbytes: int) -> None:
         self._seconds += time.perf_counter() - start

@@ -27,10 +27,21 @@ def git_revision(cwd: str | Path | None = None) -> str | None:
     """The code's revision, with ``+dirty`` when the work tree has changes (None outside git)."""
     here = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return rev + ("+dirty" if dirty else "")
@@ -58,6 +69,8 @@ def collect() -> dict[str, Any]:
         env["cuda"] = torch.version.cuda
         env["cuda_available"] = bool(torch.cuda.is_available())
         if torch.cuda.is_available():
-            env["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            env["gpu_names"] = [
+                torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+            ]
             env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     return env

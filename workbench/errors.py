@@ -82,8 +82,10 @@ class NonFiniteLossError(FloatingPointError):
 
     def __init__(self, rank: int, step: int, loss: float) -> None:
         self.rank, self.step, self.loss = rank, step, loss
-        super().__init__(f"loss is {loss} at step {step} on rank {rank}: lower the learning rate, "
-                         "use fp32 or bf16 instead of fp16, or add warm-up")
+        super().__init__(
+            f"loss is {loss} at step {step} on rank {rank}: lower the learning rate, "
+            "use fp32 or bf16 instead of fp16, or add warm-up"
+        )
 
 
 class UnusedParametersError(RuntimeError):
@@ -92,6 +94,8 @@ class UnusedParametersError(RuntimeError):
     def __init__(self, names: list[str]) -> None:
         self.names = names
         shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
-        super().__init__(f"{len(names)} parameter(s) got no gradient in the first step ({shown}); "
-                         "DDP would fail at the next step. Remove them from the model, or set "
-                         "find_unused_parameters=True (slower: an extra pass over the graph per step)")
+        super().__init__(
+            f"{len(names)} parameter(s) got no gradient in the first step ({shown}); "
+            "DDP would fail at the next step. Remove them from the model, or set "
+            "find_unused_parameters=True (slower: an extra pass over the graph per step)"
+        )

@@ -33,9 +33,17 @@ FAILURE_GRACE_S = 10.0
 #: Free disk space below which a launch is refused (traces and checkpoints need room).
 MIN_FREE_BYTES = 50 * 2**20
 # Errors a rank sees because of another rank (its peer died, hung or closed the connection).
-_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                "NCCL communicator was aborted", "DistBackendError", "pair closure", "Timed out",
-                "timed out", "Connection refused")
+_PEER_ERRORS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "DistBackendError",
+    "pair closure",
+    "Timed out",
+    "timed out",
+    "Connection refused",
+)
 
 
 def _port_free(port: int) -> bool:
@@ -68,43 +76,83 @@ def _writable_dir(path: Path) -> str | None:
     return None
 
 
-def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume: bool = False) -> Path:
+def preflight(
+    config: RunConfig, executor: str, options: dict[str, Any], resume: bool = False
+) -> Path:
     """Everything that can be checked on this machine before a process starts; raises one
     PreflightError listing every problem. Returns the run folder."""
     problems: list[Problem] = []
     if executor not in EXECUTORS:
-        raise PreflightError([Problem("executor", executor, f"must be one of {', '.join(EXECUTORS)}")])
+        raise PreflightError(
+            [Problem("executor", executor, f"must be one of {', '.join(EXECUTORS)}")]
+        )
     valid = EXECUTOR_OPTIONS[executor]
     if executor == "slurm":
         problems += slurm.check_options(options)
     else:
         for name in sorted(set(options) - set(valid)):
-            problems.append(Problem(name, options[name], f"not an option of the {executor} executor; "
-                                    f"valid: {', '.join(valid) or '(none)'}"))
+            problems.append(
+                Problem(
+                    name,
+                    options[name],
+                    f"not an option of the {executor} executor; "
+                    f"valid: {', '.join(valid) or '(none)'}",
+                )
+            )
     if executor == "debug" and config.world_size != 1:
-        problems.append(Problem("world_size", config.world_size,
-                                "the debug executor runs one task in this process: use world_size=1, "
-                                "or executor='local' for more ranks"))
+        problems.append(
+            Problem(
+                "world_size",
+                config.world_size,
+                "the debug executor runs one task in this process: use world_size=1, "
+                "or executor='local' for more ranks",
+            )
+        )
     if executor == "local" and config.nodes != 1:
-        problems.append(Problem("nodes", config.nodes, "the local executor runs on one node; use nodes=1 "
-                                "(or a Slurm executor for several nodes)"))
+        problems.append(
+            Problem(
+                "nodes",
+                config.nodes,
+                "the local executor runs on one node; use nodes=1 "
+                "(or a Slurm executor for several nodes)",
+            )
+        )
     if config.device != "cpu" and executor != "slurm":  # Slurm's nodes are not this machine
         import torch
 
         gpus = torch.cuda.device_count()
         wants_cuda = config.device == "cuda" or gpus > 0
         if config.device == "cuda" and gpus == 0:
-            problems.append(Problem("device", config.device, "no CUDA device is visible here; use 'cpu' or 'auto'"))
+            problems.append(
+                Problem(
+                    "device", config.device, "no CUDA device is visible here; use 'cpu' or 'auto'"
+                )
+            )
         elif wants_cuda and config.tasks_per_node > gpus:  # type: ignore[operator]
-            problems.append(Problem("tasks_per_node", config.tasks_per_node,
-                                    f"more devices per node than present: this node has {gpus} GPU(s)"))
+            problems.append(
+                Problem(
+                    "tasks_per_node",
+                    config.tasks_per_node,
+                    f"more devices per node than present: this node has {gpus} GPU(s)",
+                )
+            )
         if wants_cuda and torch.cuda.is_initialized():
-            problems.append(Problem("device", config.device,
-                                    "this kernel already created a CUDA context (it holds GPU memory and "
-                                    "skews the measurements); restart the kernel and launch before using CUDA"))
+            problems.append(
+                Problem(
+                    "device",
+                    config.device,
+                    "this kernel already created a CUDA context (it holds GPU memory and "
+                    "skews the measurements); restart the kernel and launch before using CUDA",
+                )
+            )
         if not wants_cuda and config.precision == "fp16":
-            problems.append(Problem("precision", config.precision,
-                                    "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU"))
+            problems.append(
+                Problem(
+                    "precision",
+                    config.precision,
+                    "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU",
+                )
+            )
         if not wants_cuda and config.backend == "nccl":
             problems.append(Problem("backend", config.backend, "nccl needs CUDA; use gloo or auto"))
     if config.strategy == "dp" and executor != "slurm":
@@ -112,9 +160,15 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
 
         gpus = torch.cuda.device_count()
         if gpus < 2 or gpus < config.world_size:  # type: ignore[operator]
-            problems.append(Problem("strategy", "dp", f"DataParallel over world_size={config.world_size} "
-                                    f"GPUs needs that many CUDA devices; this machine has {gpus}. "
-                                    "Use strategy='ddp' (or 'single') here"))
+            problems.append(
+                Problem(
+                    "strategy",
+                    "dp",
+                    f"DataParallel over world_size={config.world_size} "
+                    f"GPUs needs that many CUDA devices; this machine has {gpus}. "
+                    "Use strategy='ddp' (or 'single') here",
+                )
+            )
     if config.dataset == "parquet":
         problems += _parquet_problems(config)
     for field_name in ("model", "dataset"):
@@ -126,9 +180,18 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
                 load_plugin(spec, field_name)
             except ValueError as exc:
                 problems.append(Problem(field_name, spec, str(exc).split(": ", 1)[1]))
-    if config.master_port is not None and executor == "local" and not _port_free(config.master_port):
-        problems.append(Problem("master_port", config.master_port, "already in use on this machine; "
-                                "pick another or omit it to get a free one"))
+    if (
+        config.master_port is not None
+        and executor == "local"
+        and not _port_free(config.master_port)
+    ):
+        problems.append(
+            Problem(
+                "master_port",
+                config.master_port,
+                "already in use on this machine; pick another or omit it to get a free one",
+            )
+        )
     run_path = _run_dir(config.output_dir, config.sweep, config.run_name or "x")
     why = _writable_dir(Path(config.output_dir))
     if why:
@@ -136,10 +199,17 @@ def preflight(config: RunConfig, executor: str, options: dict[str, Any], resume:
     elif config.run_name is not None:
         exists = (run_path / schema.RUN_FILE).exists()
         if resume and not exists:
-            problems.append(Problem("run_name", config.run_name, f"resume=True but no run at {run_path}"))
+            problems.append(
+                Problem("run_name", config.run_name, f"resume=True but no run at {run_path}")
+            )
         if not resume and exists:
-            problems.append(Problem("run_name", config.run_name,
-                                    f"a run already exists at {run_path}; pick another name or resume=True"))
+            problems.append(
+                Problem(
+                    "run_name",
+                    config.run_name,
+                    f"a run already exists at {run_path}; pick another name or resume=True",
+                )
+            )
     if problems:
         raise PreflightError(problems)
     return run_path
@@ -163,11 +233,16 @@ def _parquet_problems(config: RunConfig) -> list[Problem]:
 
     meta = pq.ParquetFile(train).metadata
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    per_rank = min(sum(sizes[r::config.processes]) for r in range(config.processes))
+    per_rank = min(sum(sizes[r :: config.processes]) for r in range(config.processes))
     if config.train_samples > per_rank * config.processes:
-        problems.append(Problem("train_samples", config.train_samples,
-                                f"the Parquet shards hold {per_rank} rows per rank: use train_samples <= "
-                                f"{per_rank * config.processes}"))
+        problems.append(
+            Problem(
+                "train_samples",
+                config.train_samples,
+                f"the Parquet shards hold {per_rank} rows per rank: use train_samples <= "
+                f"{per_rank * config.processes}",
+            )
+        )
     return problems
 
 
@@ -176,8 +251,9 @@ def _new_run_id(config: RunConfig) -> str:
     return f"{config.model.split(':')[-1]}-w{config.world_size}-{stamp}-{secrets.token_hex(2)}"
 
 
-def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
-           **executor_options: Any) -> RunHandle:
+def launch(
+    config: RunConfig, executor: str = "local", *, resume: bool = False, **executor_options: Any
+) -> RunHandle:
     """Start a run and return its handle.
 
     ``executor``: ``"local"`` (one subprocess per rank on this machine), ``"debug"`` (world size 1,
@@ -195,10 +271,13 @@ def launch(config: RunConfig, executor: str = "local", *, resume: bool = False,
     else:
         ex = _detached_local_executor(logs)
         ex.update_parameters(
-            tasks_per_node=config.processes, nodes=1, timeout_min=config.timeout_min,
+            tasks_per_node=config.processes,
+            nodes=1,
+            timeout_min=config.timeout_min,
             gpus_per_node=config.tasks_per_node if _uses_cuda(config) else 0,
             signal_delay_s=config.signal_delay_s,
-            **({"setup": executor_options["setup"]} if "setup" in executor_options else {}))
+            **({"setup": executor_options["setup"]} if "setup" in executor_options else {}),
+        )
     job = ex.submit(task)
     update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     return RunHandle(run_path, config, job, executor, poll_s=executor_options.get("poll_s", 30.0))
@@ -242,24 +321,39 @@ def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[Run
     prepared = [_prepare(c, "slurm", slurm_options, resume=False) for c in configs]
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (c, _, _) in enumerate(prepared):
-        key = (c.nodes, c.tasks_per_node, c.timeout_min, c.signal_delay_s, c.threads_per_rank, c.device)
+        key = (
+            c.nodes,
+            c.tasks_per_node,
+            c.timeout_min,
+            c.signal_delay_s,
+            c.threads_per_rank,
+            c.device,
+        )
         groups.setdefault(key, []).append(i)
     handles: list[RunHandle | None] = [None] * len(prepared)
     for members in groups.values():
         first_config, first_path, _ = prepared[members[0]]
         logs = first_path.parent / ".slurm-arrays"  # one folder per sweep for the array's logs
-        ex = slurm.executor(first_config, logs, {**slurm_options, "job_name": first_config.sweep},
-                            _uses_cuda(first_config, remote=True))
+        ex = slurm.executor(
+            first_config,
+            logs,
+            {**slurm_options, "job_name": first_config.sweep},
+            _uses_cuda(first_config, remote=True),
+        )
         with ex.batch():
             jobs = [ex.submit(prepared[i][2]) for i in members]
-        for i, job in zip(members, jobs):
+        for i, job in zip(members, jobs, strict=True):
             config, run_path, _ = prepared[i]
             update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
-            handles[i] = RunHandle(run_path, config, job, "slurm", poll_s=slurm_options.get("poll_s", 30.0))
+            handles[i] = RunHandle(
+                run_path, config, job, "slurm", poll_s=slurm_options.get("poll_s", 30.0)
+            )
     return [h for h in handles if h is not None]
 
 
-def _prepare(config: RunConfig, executor: str, options: dict[str, Any], resume: bool) -> tuple[RunConfig, Path, Any]:
+def _prepare(
+    config: RunConfig, executor: str, options: dict[str, Any], resume: bool
+) -> tuple[RunConfig, Path, Any]:
     """Name the run, check it, write its config and pending record; the task submitit runs."""
     from .train import RankTask
 
@@ -274,12 +368,27 @@ def _prepare(config: RunConfig, executor: str, options: dict[str, Any], resume: 
     # Locally a free port is picked here; on Slurm submitit derives one from the job id.
     port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
     write_json(run_path / schema.CONFIG_FILE, config.to_dict())
-    update_run(run_path, run_id=config.run_name, sweep=config.sweep, status="pending", attempt=attempt,
-               config=config.to_dict(), executor=executor, submitted_at=time.time(),
-               environment=environment.collect(), trace_schema=schema.TRACE_SCHEMA_VERSION,
-               failure=None, ended_at=None)
-    task = RankTask(config=config, run_dir=str(run_path), run_id=str(config.run_name), master_port=port,
-                    attempt=attempt)
+    update_run(
+        run_path,
+        run_id=config.run_name,
+        sweep=config.sweep,
+        status="pending",
+        attempt=attempt,
+        config=config.to_dict(),
+        executor=executor,
+        submitted_at=time.time(),
+        environment=environment.collect(),
+        trace_schema=schema.TRACE_SCHEMA_VERSION,
+        failure=None,
+        ended_at=None,
+    )
+    task = RankTask(
+        config=config,
+        run_dir=str(run_path),
+        run_id=str(config.run_name),
+        master_port=port,
+        attempt=attempt,
+    )
     return config, run_path, task
 
 
@@ -294,7 +403,9 @@ def sbatch_script(config: RunConfig, **slurm_options: Any) -> str:
     logs = _run_dir(config.output_dir, config.sweep, config.run_name) / schema.LOGS_DIR  # type: ignore[arg-type]
     import submitit  # noqa: F401  (the executor below needs it)
 
-    return slurm.sbatch_script(slurm.executor(config, logs, slurm_options, _uses_cuda(config, remote=True)))
+    return slurm.sbatch_script(
+        slurm.executor(config, logs, slurm_options, _uses_cuda(config, remote=True))
+    )
 
 
 def attach(run_path: str | Path) -> "RunHandle":
@@ -302,8 +413,13 @@ def attach(run_path: str | Path) -> "RunHandle":
     cancel and traces work from the store (and the scheduler, for Slurm jobs)."""
     path = Path(run_path)
     run = read_json(path / schema.RUN_FILE)
-    return RunHandle(path, RunConfig.from_dict(run["config"]), None, run.get("executor", "local"),
-                     job_id=run.get("job_id"))
+    return RunHandle(
+        path,
+        RunConfig.from_dict(run["config"]),
+        None,
+        run.get("executor", "local"),
+        job_id=run.get("job_id"),
+    )
 
 
 def _uses_cuda(config: RunConfig, remote: bool = False) -> bool:
@@ -335,8 +451,15 @@ def _crashed_at_exit(log_tail: str | None) -> bool:
 class RunHandle:
     """A launched run: status, wait, cancel, per-rank results and logs, traces."""
 
-    def __init__(self, run_path: Path, config: RunConfig, job: Any, executor: str = "local",
-                 job_id: str | None = None, poll_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        run_path: Path,
+        config: RunConfig,
+        job: Any,
+        executor: str = "local",
+        job_id: str | None = None,
+        poll_s: float = 30.0,
+    ) -> None:
         self.path = run_path
         self.config = config
         self.job = job
@@ -357,7 +480,8 @@ class RunHandle:
         if self._squeue is not None:
             states = self.rank_states()
             if len(states) == self.config.processes and all(
-                    s["status"] == "completed" for s in states.values()):
+                s["status"] == "completed" for s in states.values()
+            ):
                 return False  # every rank reported: no need to ask the scheduler
             return self._squeue.active()
         if self.job is not None:
@@ -370,8 +494,11 @@ class RunHandle:
         ``died`` (killed by a signal or ``os._exit``)."""
         states = read_rank_states(self.path)
         for state in states.values():
-            if state["status"] == "running" and state.get("host") == socket.gethostname() \
-                    and not _alive(int(state["pid"])):
+            if (
+                state["status"] == "running"
+                and state.get("host") == socket.gethostname()
+                and not _alive(int(state["pid"]))
+            ):
                 state["status"] = "died"
         return states
 
@@ -385,14 +512,18 @@ class RunHandle:
             return "failed"
         if any(s["status"] == "preempted" for s in states.values()):
             return "preempted"  # until the requeued attempt's ranks report running again
-        if len(states) == self.config.processes and all(s["status"] == "completed" for s in states.values()):
+        if len(states) == self.config.processes and all(
+            s["status"] == "completed" for s in states.values()
+        ):
             return "completed"
         if states:
             return "running"
         return "pending"
 
     # -- control
-    def wait(self, timeout_s: float | None = None, poll_s: float = 0.5, raise_on_failure: bool = True) -> str:
+    def wait(
+        self, timeout_s: float | None = None, poll_s: float = 0.5, raise_on_failure: bool = True
+    ) -> str:
         """Block until the run ends (or ``timeout_s`` passes: TimeoutError, the run goes on).
         When one rank fails, its peers get ``FAILURE_GRACE_S`` to end on their own, then the job
         is killed, so a hung peer never holds the caller. Returns the final status; raises
@@ -431,9 +562,13 @@ class RunHandle:
 
     def _stuck_ranks(self) -> list[int]:
         """Ranks still running (alive, on this host) while a peer has failed: hung ones."""
-        return [rank for rank, s in read_rank_states(self.path).items()
-                if s["status"] == "running" and s.get("host") == socket.gethostname()
-                and _alive(int(s["pid"]))]
+        return [
+            rank
+            for rank, s in read_rank_states(self.path).items()
+            if s["status"] == "running"
+            and s.get("host") == socket.gethostname()
+            and _alive(int(s["pid"]))
+        ]
 
     def _dump_stuck_ranks(self) -> None:
         """Ask each hung rank for its stack traces (SIGUSR1, see train.RankTask) before it is
@@ -486,12 +621,32 @@ class RunHandle:
                 candidates.append((2 if peer else 0, s.get("ended_at", 0), rank, s))
             elif rank in self._hung:
                 timeout = self.config.collective_timeout_s
-                candidates.append((1, 0, rank, {**s, "exception": "the rank hung: it was still running "
-                                                f"when its peers gave up waiting for it ({timeout:g} s "
-                                                "collective timeout); its stack is in the log"}))
+                candidates.append(
+                    (
+                        1,
+                        0,
+                        rank,
+                        {
+                            **s,
+                            "exception": "the rank hung: it was still running "
+                            f"when its peers gave up waiting for it ({timeout:g} s "
+                            "collective timeout); its stack is in the log",
+                        },
+                    )
+                )
             elif s["status"] in ("died", "running"):
-                candidates.append((1, 0, rank, {**s, "exception": "the rank's process ended without "
-                                                "reporting (killed by a signal or exited)"}))
+                candidates.append(
+                    (
+                        1,
+                        0,
+                        rank,
+                        {
+                            **s,
+                            "exception": "the rank's process ended without "
+                            "reporting (killed by a signal or exited)",
+                        },
+                    )
+                )
         missing = set(range(self.config.processes)) - set(self.rank_states())
         for rank in missing:
             candidates.append((1, 0, rank, {"rank": rank, "exception": "the rank never started"}))
@@ -499,30 +654,45 @@ class RunHandle:
             return None
         _, _, rank, s = min(candidates, key=lambda c: (c[0], c[1], c[2]))
         log_path = self._log_path(rank)
-        return {"rank": rank, "exception": s.get("exception"), "traceback": s.get("traceback"),
-                "log_path": str(log_path) if log_path else None,
-                "log_tail": self._tail(log_path, 40 if rank in self._hung else 20)}
+        return {
+            "rank": rank,
+            "exception": s.get("exception"),
+            "traceback": s.get("traceback"),
+            "log_path": str(log_path) if log_path else None,
+            "log_tail": self._tail(log_path, 40 if rank in self._hung else 20),
+        }
 
     def failure_error(self) -> RunFailedError:
         f = read_json(self.path / schema.RUN_FILE).get("failure") or self._failure() or {}
-        return RunFailedError(self.run_id, self.status(), rank=f.get("rank"), exception=f.get("exception"),
-                              traceback=f.get("traceback"), log_tail=f.get("log_tail"),
-                              log_path=f.get("log_path"))
+        return RunFailedError(
+            self.run_id,
+            self.status(),
+            rank=f.get("rank"),
+            exception=f.get("exception"),
+            traceback=f.get("traceback"),
+            log_tail=f.get("log_tail"),
+            log_path=f.get("log_path"),
+        )
 
     def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
         states = self.rank_states()
         completed = len(states) == self.config.processes and all(
-            s["status"] == "completed" for s in states.values())
+            s["status"] == "completed" for s in states.values()
+        )
         if status is None:
             if completed:
                 status = "completed"
             elif any(s["status"] == "preempted" for s in states.values()) and not any(
-                    s["status"] in ("failed", "died") for s in states.values()):
+                s["status"] in ("failed", "died") for s in states.values()
+            ):
                 status = "preempted"  # stopped cleanly and was not requeued: resume=True continues
             else:
                 status = "failed"
-        fields: dict[str, Any] = {"status": status, "ended_at": time.time(),
-                                  "hosts": sorted({s.get("host", "") for s in states.values()})}
+        fields: dict[str, Any] = {
+            "status": status,
+            "ended_at": time.time(),
+            "hosts": sorted({s.get("host", "") for s in states.values()}),
+        }
         if status == "failed":
             fields["failure"] = failure or self._failure()
         # A rank can finish its work and then crash while the interpreter exits (seen with gloo
@@ -542,7 +712,7 @@ class RunHandle:
         update_run(self.path, **fields)
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """Wait, then return each rank's summary (index = rank); raises RunFailedError on failure."""
+        """Wait, then return each rank's summary (index = rank); RunFailedError on failure."""
         self.wait(timeout_s)
         states = self.rank_states()
         return [states[r].get("summary", {}) for r in range(self.config.processes)]

@@ -23,7 +23,9 @@ def load_plugin(spec: str, field_name: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{field_name}={spec!r}: cannot import module {module_name!r}: {exc}") from exc
+        raise ValueError(
+            f"{field_name}={spec!r}: cannot import module {module_name!r}: {exc}"
+        ) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ValueError(f"{field_name}={spec!r}: module {module_name!r} has no callable {attr!r}")
@@ -65,7 +67,9 @@ class SmallResNet(nn.Module):
 
     task = "classification"
 
-    def __init__(self, image_size: int, channels: int, width: int, blocks: int, num_classes: int) -> None:
+    def __init__(
+        self, image_size: int, channels: int, width: int, blocks: int, num_classes: int
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
@@ -79,8 +83,15 @@ class SmallResNet(nn.Module):
 
 
 class _Encoder(nn.Module):
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int,
-                 num_layers: int, ffn_dim: int) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        ffn_dim: int,
+    ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, d_model)
         self.positions = nn.Embedding(seq_len, d_model)
@@ -101,8 +112,16 @@ class TransformerClassifier(nn.Module):
 
     task = "classification"
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int,
-                 num_layers: int, ffn_dim: int, num_classes: int) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        num_heads: int,
+        num_layers: int,
+        ffn_dim: int,
+        num_classes: int,
+    ) -> None:
         super().__init__()
         self.encoder = _Encoder(vocab_size, seq_len, d_model, num_heads, num_layers, ffn_dim)
         self.head = nn.Linear(d_model, num_classes)
@@ -116,7 +135,9 @@ class GPT(nn.Module):
 
     task = "lm"
 
-    def __init__(self, vocab_size: int, seq_len: int, d_model: int, num_heads: int, num_layers: int) -> None:
+    def __init__(
+        self, vocab_size: int, seq_len: int, d_model: int, num_heads: int, num_layers: int
+    ) -> None:
         super().__init__()
         self.encoder = _Encoder(vocab_size, seq_len, d_model, num_heads, num_layers, 4 * d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -141,7 +162,9 @@ def build_model(name: str, options: dict[str, Any]) -> nn.Module:
         return BUILTIN[name](**{**MODEL_OPTIONS[name], **options})
     model = load_plugin(name, "model")(**options)
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model={name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+        raise ValueError(
+            f"model={name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
+        )
     return model
 
 

@@ -18,8 +18,14 @@ import pyarrow.parquet as pq
 from .store import atomic_write_bytes
 
 
-def make_parquet_dataset(path: str | Path, samples: int, features: int = 32, classes: int = 4,
-                         seed: int = 0, rows_per_group: int = 256) -> Path:
+def make_parquet_dataset(
+    path: str | Path,
+    samples: int,
+    features: int = 32,
+    classes: int = 4,
+    seed: int = 0,
+    rows_per_group: int = 256,
+) -> Path:
     """Write a classification dataset with a learnable signal (labels from a fixed random
     teacher) as Parquet with row groups of ``rows_per_group`` rows."""
     rng = np.random.default_rng(seed)
@@ -41,8 +47,13 @@ def row_groups(path: str | Path) -> int:
     return pq.ParquetFile(path).num_row_groups
 
 
-def repartition(src: str | Path, dst: str | Path | None = None, *, row_groups_count: int | None = None,
-                rows_per_group: int | None = None) -> Path:
+def repartition(
+    src: str | Path,
+    dst: str | Path | None = None,
+    *,
+    row_groups_count: int | None = None,
+    rows_per_group: int | None = None,
+) -> Path:
     """Rewrite ``src`` (in place when ``dst`` is None) with ``row_groups_count`` row groups of equal
     size (the last may be smaller) or with ``rows_per_group`` rows each."""
     if (row_groups_count is None) == (rows_per_group is None):
@@ -50,7 +61,9 @@ def repartition(src: str | Path, dst: str | Path | None = None, *, row_groups_co
     table = pq.read_table(src)
     if row_groups_count is not None:
         if row_groups_count < 1 or row_groups_count > table.num_rows:
-            raise ValueError(f"row_groups_count={row_groups_count}: must be in 1..{table.num_rows} (the rows)")
+            raise ValueError(
+                f"row_groups_count={row_groups_count}: must be in 1..{table.num_rows} (the rows)"
+            )
         rows_per_group = -(-table.num_rows // row_groups_count)
     assert rows_per_group is not None
     if rows_per_group < 1:
@@ -64,8 +77,10 @@ def partition_problem(path: str | Path, processes: int) -> str | None:
     if groups % processes == 0:
         return None
     fix = processes * max(1, round(groups / processes))
-    return (f"has {groups} row groups, not a multiple of the {processes} processes; rewrite it with "
-            f"`workbench repartition {path} --row-groups {fix}` (or any multiple of {processes})")
+    return (
+        f"has {groups} row groups, not a multiple of the {processes} processes; rewrite it with "
+        f"`workbench repartition {path} --row-groups {fix}` (or any multiple of {processes})"
+    )
 
 
 def load(path: str | Path, rank: int = 0, world_size: int = 1, all_groups: bool = False) -> Any:

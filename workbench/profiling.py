@@ -21,8 +21,9 @@ class _NoProfiler:
 
 
 @contextlib.contextmanager
-def step_profiler(window: tuple[int, int] | None, done_steps: int, out_dir: Path, rank: int,
-                  device: torch.device) -> Iterator[Any]:
+def step_profiler(
+    window: tuple[int, int] | None, done_steps: int, out_dir: Path, rank: int, device: torch.device
+) -> Iterator[Any]:
     """A profiler whose ``step()`` the loop calls after every step; it records only the steps of
     ``window`` (global, from 1), so the rest of the run pays nothing."""
     if window is None or window[1] <= done_steps:
@@ -36,11 +37,15 @@ def step_profiler(window: tuple[int, int] | None, done_steps: int, out_dir: Path
     # The schedule sees the profiler's step counter, which starts at the run's next step, so its
     # numbers (and the ProfilerStep#N markers) are the run's own. One warm-up step if there is room.
     warmup = 1 if first - 1 > done_steps else 0
-    schedule = torch.profiler.schedule(skip_first=first - warmup, wait=0, warmup=warmup,
-                                       active=last - first + 1, repeat=1)
+    schedule = torch.profiler.schedule(
+        skip_first=first - warmup, wait=0, warmup=warmup, active=last - first + 1, repeat=1
+    )
     prof = torch.profiler.profile(
-        activities=activities, schedule=schedule,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(out_dir), worker_name=f"rank{rank:05d}"),
+        activities=activities,
+        schedule=schedule,
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(
+            str(out_dir), worker_name=f"rank{rank:05d}"
+        ),
     )
     prof.step_num = done_steps + 1
     with prof:

@@ -9,7 +9,8 @@ from __future__ import annotations
 TRACE_SCHEMA_VERSION = 1
 
 #: One row per rank per step. Times are seconds; ``t_start_s`` is measured from a t0 that all
-#: ranks agree on (taken right after a barrier). Memory columns are bytes; CUDA ones are null on CPU.
+#: ranks agree on (taken right after a barrier). Memory columns are bytes; CUDA ones are null
+#: on CPU.
 STEP_COLUMNS: dict[str, str] = {
     "run_id": "string",
     "rank": "int64",
@@ -35,7 +36,8 @@ STEP_COLUMNS: dict[str, str] = {
     "mem_alloc_bytes": "float64",  # CUDA allocator, null on CPU
     "mem_reserved_bytes": "float64",
     "mem_peak_bytes": "float64",
-    "mem_device_bytes": "float64",  # NVML: this process's memory on its GPU (context, NCCL buffers...)
+    # NVML: this process's memory on its GPU (CUDA context, NCCL buffers, ...)
+    "mem_device_bytes": "float64",
     "rss_bytes": "int64",  # process resident set size, always
 }
 
@@ -68,7 +70,9 @@ RUN_FILE = "run.json"
 TRACES_DIR = "traces"
 RANKS_DIR = "ranks"  # per-rank status files, each owned by its rank
 CHECKPOINTS_DIR = "checkpoints"
-PROFILES_DIR = "profiles"  # torch.profiler traces, one per rank (Holistic Trace Analysis, TensorBoard)
+PROFILES_DIR = (
+    "profiles"  # torch.profiler traces, one per rank (Holistic Trace Analysis, TensorBoard)
+)
 LOGS_DIR = "logs"
 
 

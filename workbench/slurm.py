@@ -36,15 +36,32 @@ SLURM_OPTIONS: dict[str, str] = {
 }
 #: Ask srun to kill every task when one exits badly, so a hung rank dies with its peers.
 DEFAULT_SRUN_ARGS = ("--kill-on-bad-exit=1",)
-ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
-                 "REQUEUE_FED", "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+ACTIVE_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SUSPENDED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+}
 
 
 def check_options(options: dict[str, Any]) -> list[Problem]:
     problems = []
     for name in sorted(set(options) - set(SLURM_OPTIONS)):
-        problems.append(Problem(name, options[name], "not an option of the slurm executor; valid: "
-                                + ", ".join(SLURM_OPTIONS)))
+        problems.append(
+            Problem(
+                name,
+                options[name],
+                "not an option of the slurm executor; valid: " + ", ".join(SLURM_OPTIONS),
+            )
+        )
     for name, kind in (("sbatch_args", dict), ("env", dict), ("srun_args", list), ("setup", list)):
         if name in options and not isinstance(options[name], kind):
             problems.append(Problem(name, options[name], f"must be a {kind.__name__}"))
@@ -102,8 +119,13 @@ class SqueuePoller:
             return self._active
         self._last = now
         try:
-            out = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True,
-                                 text=True, timeout=30, check=False)
+            out = subprocess.run(
+                ["squeue", "-h", "-j", self.job_id, "-o", "%T"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return self._active  # the scheduler is busy or away: keep the last answer
         if out.returncode != 0 and "Invalid job id" not in out.stderr:

@@ -37,7 +37,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+    atomic_write_bytes(
+        path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode()
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -76,7 +78,9 @@ def update_run(run_path: Path, **fields: Any) -> dict[str, Any]:
 # -- discovery and loading (pandas from here on)
 
 
-def iter_run_dirs(output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None) -> list[Path]:
+def iter_run_dirs(
+    output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
+) -> list[Path]:
     """Run folders in the store (those with a run.json), optionally limited to some sweeps."""
     root = Path(output_dir)
     if not root.exists():
@@ -114,7 +118,9 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
     return row
 
 
-def load_runs(output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None) -> pd.DataFrame:
+def load_runs(
+    output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
+) -> pd.DataFrame:
     """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``) and
     the summary figures."""
     import pandas as pd
@@ -126,7 +132,9 @@ def _trace_paths(run_path: Path, kind: str) -> list[Path]:
     """Per rank, the Parquet file if consolidated, else the live JSONL."""
     traces = run_path / schema.TRACES_DIR
     by_stem: dict[str, Path] = {}
-    for path in sorted(traces.glob(f"{kind}-rank*.jsonl")) + sorted(traces.glob(f"{kind}-rank*.parquet")):
+    for path in sorted(traces.glob(f"{kind}-rank*.jsonl")) + sorted(
+        traces.glob(f"{kind}-rank*.parquet")
+    ):
         by_stem[path.stem] = path  # parquet wins over jsonl
     return [by_stem[s] for s in sorted(by_stem)]
 
@@ -150,9 +158,7 @@ def _read_trace_file(path: Path, columns: dict[str, str]) -> pd.DataFrame | None
     return frame
 
 
-def load_traces(
-    runs: str | Path | Iterable[str | Path], kind: str = "steps"
-) -> pd.DataFrame:
+def load_traces(runs: str | Path | Iterable[str | Path], kind: str = "steps") -> pd.DataFrame:
     """All ranks' rows of one or more runs (run folders), as one DataFrame with the schema's
     columns in order. ``kind`` is ``"steps"`` or ``"eval"``."""
     import pandas as pd
@@ -170,4 +176,6 @@ def load_traces(
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
     frame = pd.concat(frames, ignore_index=True)
-    return frame[list(columns)].sort_values(["run_id", "rank", "step"], kind="stable", ignore_index=True)
+    return frame[list(columns)].sort_values(
+        ["run_id", "rank", "step"], kind="stable", ignore_index=True
+    )

@@ -17,7 +17,12 @@ def scaling_configs(config: RunConfig, world_sizes: Iterable[int]) -> list[RunCo
     studies do) unless the config fixed the global batch."""
     out = []
     for n in world_sizes:
-        changes: dict[str, Any] = {"world_size": n, "tasks_per_node": None, "nodes": 1, "run_name": None}
+        changes: dict[str, Any] = {
+            "world_size": n,
+            "tasks_per_node": None,
+            "nodes": 1,
+            "run_name": None,
+        }
         if "global_batch_size" in config.derived:
             changes["global_batch_size"] = None
         else:
@@ -26,9 +31,13 @@ def scaling_configs(config: RunConfig, world_sizes: Iterable[int]) -> list[RunCo
     return out
 
 
-def run_study(configs: Sequence[RunConfig], executor: str = "local", progress: bool = True,
-              **executor_options: Any) -> list[RunHandle]:
-    """Launch each config in turn and wait for it; a failed run is reported and the study goes on."""
+def run_study(
+    configs: Sequence[RunConfig],
+    executor: str = "local",
+    progress: bool = True,
+    **executor_options: Any,
+) -> list[RunHandle]:
+    """Launch each config in turn and wait for it; a failed run is reported, the study goes on."""
     from tqdm.auto import tqdm
 
     handles = []
@@ -44,8 +53,12 @@ def run_study(configs: Sequence[RunConfig], executor: str = "local", progress: b
     return handles
 
 
-def report_from_store(target: str | Path, output: str | Path, output_dir: str | Path = "experiments/results",
-                      title: str | None = None) -> Path:
+def report_from_store(
+    target: str | Path,
+    output: str | Path,
+    output_dir: str | Path = "experiments/results",
+    title: str | None = None,
+) -> Path:
     """Write the offline HTML report for a sweep name, a sweep folder or a run folder."""
     from .report import write_report
     from .store import iter_run_dirs, load_runs, load_traces
@@ -61,9 +74,16 @@ def report_from_store(target: str | Path, output: str | Path, output_dir: str | 
             sweep_root, sweeps = Path(output_dir), [str(target)]
         run_dirs = iter_run_dirs(sweep_root, sweeps)
     if not run_dirs:
-        raise ValueError(f"target={str(target)!r}: no runs found (looked in {sweep_root} for sweep "
-                         f"{sweeps[0]!r}); `workbench ls` lists what the store holds")
+        raise ValueError(
+            f"target={str(target)!r}: no runs found (looked in {sweep_root} for sweep "
+            f"{sweeps[0]!r}); `workbench ls` lists what the store holds"
+        )
     runs = load_runs(sweep_root, sweeps)
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    return write_report(runs, load_traces(run_dirs, "steps"), load_traces(run_dirs, "eval"), output,
-                        title=title or f"Scaling report: {target_path.name}")
+    return write_report(
+        runs,
+        load_traces(run_dirs, "steps"),
+        load_traces(run_dirs, "eval"),
+        output,
+        title=title or f"Scaling report: {target_path.name}",
+    )

@@ -22,9 +22,14 @@ def run_summary(run_path: Path) -> dict[str, Any]:
         end = (measured["t_start_s"] + measured["step_s"]).max()
         wall = float(end - start)
         samples = int(measured["samples"].sum())
-        out.update(measured_steps=int(measured["step"].nunique()), measured_wall_s=wall,
-                   samples_per_s=samples / wall if wall > 0 else None)
-        out["samples_per_s_per_device"] = (out["samples_per_s"] or 0) / int(measured["world_size"].iloc[0])
+        out.update(
+            measured_steps=int(measured["step"].nunique()),
+            measured_wall_s=wall,
+            samples_per_s=samples / wall if wall > 0 else None,
+        )
+        out["samples_per_s_per_device"] = (out["samples_per_s"] or 0) / int(
+            measured["world_size"].iloc[0]
+        )
         for phase in PHASES:
             out[f"mean_{phase}"] = float(measured[phase].mean())
     if len(steps):
@@ -36,7 +41,9 @@ def run_summary(run_path: Path) -> dict[str, Any]:
     if len(evals):
         last_eval = evals[evals["step"] == evals["step"].max()]
         out["final_metric_name"] = str(last_eval["metric_name"].iloc[0])
-        out["final_metric"] = float(last_eval[last_eval["rank"] == last_eval["rank"].min()]["metric_value"].iloc[0])
+        out["final_metric"] = float(
+            last_eval[last_eval["rank"] == last_eval["rank"].min()]["metric_value"].iloc[0]
+        )
         out["final_eval_loss"] = float(last_eval["loss"].iloc[0])
     return out
 

@@ -52,7 +52,8 @@ class DeviceMemory:
             pynvml.nvmlInit()
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             self._handle = pynvml.nvmlDeviceGetHandleByUUID(
-                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+            )
             self._nvml = pynvml
         except Exception:  # no NVML: the allocator's figures still stand
             self._handle = None
@@ -140,12 +141,28 @@ class Tracer:
     """Step and evaluation rows of one rank. Use as a context manager: rows written before an
     exception are flushed on the way out."""
 
-    def __init__(self, traces_dir: Path, *, run_id: str, rank: int, local_rank: int, host: str,
-                 world_size: int, attempt: int, flush_s: float, device: torch.device) -> None:
+    def __init__(
+        self,
+        traces_dir: Path,
+        *,
+        run_id: str,
+        rank: int,
+        local_rank: int,
+        host: str,
+        world_size: int,
+        attempt: int,
+        flush_s: float,
+        device: torch.device,
+    ) -> None:
         self.dir = traces_dir
         self.rank = rank
         self.device = device
-        self._common = {"run_id": run_id, "rank": rank, "world_size": world_size, "attempt": attempt}
+        self._common = {
+            "run_id": run_id,
+            "rank": rank,
+            "world_size": world_size,
+            "attempt": attempt,
+        }
         self._step_extra = {"local_rank": local_rank, "host": host}
         self.steps = TraceWriter(traces_dir / schema.steps_file(rank, "jsonl"), flush_s)
         self.evals = TraceWriter(traces_dir / schema.eval_file(rank, "jsonl"), flush_s)
@@ -171,8 +188,12 @@ class Tracer:
                 mem_device_bytes=self.device_memory.bytes(),
             )
         else:
-            mem.update(mem_alloc_bytes=None, mem_reserved_bytes=None, mem_peak_bytes=None,
-                       mem_device_bytes=None)
+            mem.update(
+                mem_alloc_bytes=None,
+                mem_reserved_bytes=None,
+                mem_peak_bytes=None,
+                mem_device_bytes=None,
+            )
         return mem
 
     def step(self, **fields: Any) -> None:
@@ -210,9 +231,16 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 def _arrow_schema(columns: dict[str, str]) -> Any:
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
-    return pa.schema([pa.field(name, types[kind]) for name, kind in columns.items()],
-                     metadata={"workbench_trace_schema": str(schema.TRACE_SCHEMA_VERSION)})
+    types = {
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "float64": pa.float64(),
+        "bool": pa.bool_(),
+    }
+    return pa.schema(
+        [pa.field(name, types[kind]) for name, kind in columns.items()],
+        metadata={"workbench_trace_schema": str(schema.TRACE_SCHEMA_VERSION)},
+    )
 
 
 def _read_rows(traces_dir: Path, stem: str) -> list[dict[str, Any]]:
@@ -231,8 +259,9 @@ def _write_parquet(rows: list[dict[str, Any]], columns: dict[str, str], path: Pa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows],
-                                 schema=_arrow_schema(columns))
+    table = pa.Table.from_pylist(
+        [{c: r.get(c) for c in columns} for r in rows], schema=_arrow_schema(columns)
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
@@ -240,7 +269,10 @@ def _write_parquet(rows: list[dict[str, Any]], columns: dict[str, str], path: Pa
 
 def consolidate(traces_dir: Path, rank: int) -> None:
     """Turn this rank's JSONL rows (and any earlier Parquet) into one Parquet file per kind."""
-    for stem_of, columns in ((schema.steps_file, schema.STEP_COLUMNS), (schema.eval_file, schema.EVAL_COLUMNS)):
+    for stem_of, columns in (
+        (schema.steps_file, schema.STEP_COLUMNS),
+        (schema.eval_file, schema.EVAL_COLUMNS),
+    ):
         stem = stem_of(rank, "x")[:-2]
         rows = _read_rows(traces_dir, stem)
         _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
@@ -250,7 +282,10 @@ def consolidate(traces_dir: Path, rank: int) -> None:
 def trim_for_resume(traces_dir: Path, rank: int, last_step: int) -> None:
     """Before a resumed attempt appends: keep only rows up to the checkpoint's step, so the steps
     it repeats are traced once, by the attempt that completes them."""
-    for stem_of, columns in ((schema.steps_file, schema.STEP_COLUMNS), (schema.eval_file, schema.EVAL_COLUMNS)):
+    for stem_of, columns in (
+        (schema.steps_file, schema.STEP_COLUMNS),
+        (schema.eval_file, schema.EVAL_COLUMNS),
+    ):
         stem = stem_of(rank, "x")[:-2]
         rows = [r for r in _read_rows(traces_dir, stem) if r["step"] <= last_step]
         if not rows and not (traces_dir / f"{stem}.parquet").exists():

@@ -1,4 +1,5 @@
-"""What one rank runs: process group, DDP model, precision, the traced loop, evaluation, checkpoints."""
+"""What one rank runs: process group, DDP model, precision, the traced loop, evaluation and
+checkpoints."""
 
 from __future__ import annotations
 
@@ -50,18 +51,35 @@ class RankTask:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         env = distributed.RankEnv.from_submitit(self.master_port)
         state_path = rank_file(Path(self.run_dir), env.rank)
-        base = {"rank": env.rank, "local_rank": env.local_rank, "host": env.host, "pid": os.getpid(),
-                "attempt": self.attempt, "job_id": env.job_id}
+        base = {
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "host": env.host,
+            "pid": os.getpid(),
+            "attempt": self.attempt,
+            "job_id": env.job_id,
+        }
         write_json(state_path, {**base, "status": "running", "started_at": time.time()})
         try:
-            summary = run_rank(self.config, env, Path(self.run_dir), self.run_id, self.attempt, stop)
+            summary = run_rank(
+                self.config, env, Path(self.run_dir), self.run_id, self.attempt, stop
+            )
         except BaseException as exc:
-            write_json(state_path, {**base, "status": "failed", "ended_at": time.time(),
-                                    "exception": f"{type(exc).__name__}: {exc}",
-                                    "traceback": traceback.format_exc()})
+            write_json(
+                state_path,
+                {
+                    **base,
+                    "status": "failed",
+                    "ended_at": time.time(),
+                    "exception": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                },
+            )
             raise
         status = "preempted" if summary["preempted"] else "completed"
-        write_json(state_path, {**base, "status": status, "ended_at": time.time(), "summary": summary})
+        write_json(
+            state_path, {**base, "status": status, "ended_at": time.time(), "summary": summary}
+        )
         if summary["preempted"] and env.rank == 0:
             stop.requeue()  # submitit: checkpoint() below, requeue, exit
         return summary
@@ -72,7 +90,9 @@ class RankTask:
         from submitit.helpers import DelayedSubmission
 
         # Runs on global rank 0, which is on the master host: a port free here is free there.
-        return DelayedSubmission(dataclasses.replace(self, attempt=self.attempt + 1, master_port=_free_port()))
+        return DelayedSubmission(
+            dataclasses.replace(self, attempt=self.attempt + 1, master_port=_free_port())
+        )
 
 
 def _free_port() -> int:
@@ -112,13 +132,24 @@ def _inject_fault(config: RunConfig, rank: int, step: int, attempt: int) -> None
             time.sleep(3600)
 
 
-def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id: str, attempt: int,
-             stop: PreemptionSignal | None = None) -> dict[str, Any]:
+def run_rank(
+    config: RunConfig,
+    env: distributed.RankEnv,
+    run_dir: Path,
+    run_id: str,
+    attempt: int,
+    stop: PreemptionSignal | None = None,
+) -> dict[str, Any]:
     """Train on this rank and return its summary. Runs in a fresh process per rank."""
     torch.set_num_threads(config.threads_per_rank)
     device = distributed.pick_device(config.device, env.local_rank)
-    distributed.init_process_group(env, config.backend, device, config.collective_timeout_s,
-                                   dump_dir=str(run_dir / schema.LOGS_DIR))
+    distributed.init_process_group(
+        env,
+        config.backend,
+        device,
+        config.collective_timeout_s,
+        dump_dir=str(run_dir / schema.LOGS_DIR),
+    )
     summary = _train(config, env, device, run_dir, run_id, attempt, stop or PreemptionSignal())
     # Only a rank that finished tears down with a barrier. A failing rank leaves without one: its
     # peers may be inside another collective, and its exit closes the sockets, which fails them
@@ -129,16 +160,26 @@ def run_rank(config: RunConfig, env: distributed.RankEnv, run_dir: Path, run_id:
 
 def _make_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
+        return torch.optim.SGD(
+            params,
+            lr=config.learning_rate,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
     return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
 class _Trainer:
     """The state of one rank's training: model, DDP wrapper, optimizer, scaler, comm meter."""
 
-    def __init__(self, config: RunConfig, env: distributed.RankEnv, device: torch.device,
-                 run_dir: Path, attempt: int) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        env: distributed.RankEnv,
+        device: torch.device,
+        run_dir: Path,
+        attempt: int,
+    ) -> None:
         self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
         _seed_everything(config.seed)
         self.module = build_model(config.model, dict(config.model_options)).to(device)
@@ -148,14 +189,18 @@ class _Trainer:
             self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
         self.comm = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
         self.ddp = self._wrap(self.module)
-        self.eval_group = distributed.new_eval_group(max(config.eval_timeout_s, config.collective_timeout_s))
+        self.eval_group = distributed.new_eval_group(
+            max(config.eval_timeout_s, config.collective_timeout_s)
+        )
         self.optimizer = _make_optimizer(config, self.ddp.parameters())
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.done_steps = 0
         self.checked_unused = False
         if start is not None:
-            self.done_steps = checkpoint.restore_training(start, self.optimizer, self.scaler, env.rank)
+            self.done_steps = checkpoint.restore_training(
+                start, self.optimizer, self.scaler, env.rank
+            )
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         """The strategy: DDP with its knobs and the tracing comm hook, DataParallel over this
@@ -165,10 +210,14 @@ class _Trainer:
             return module
         if config.strategy == "dp":
             return nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
-        ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                  find_unused_parameters=config.find_unused_parameters,
-                  bucket_cap_mb=config.bucket_cap_mb, gradient_as_bucket_view=config.gradient_as_bucket_view,
-                  static_graph=config.static_graph)
+        ddp = DDP(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=config.find_unused_parameters,
+            bucket_cap_mb=config.bucket_cap_mb,
+            gradient_as_bucket_view=config.gradient_as_bucket_view,
+            static_graph=config.static_graph,
+        )
         ddp.register_comm_hook(None, self.comm.hook)
         return ddp
 
@@ -217,10 +266,18 @@ class _Trainer:
         d = clock.durations()  # per micro-step: data, forward, backward; then the optimizer
         comm_s, comm_bytes, comm_buckets = self.comm.take()
         return dict(
-            data_s=sum(d[0:-1:3]), forward_s=sum(d[1:-1:3]), backward_s=sum(d[2:-1:3]),
-            optimizer_s=d[-1], step_s=sum(d), comm_s=comm_s, comm_bytes=comm_bytes,
-            comm_buckets=comm_buckets, samples=sum(len(b) for b in micro_batches),
-            loss=float(loss_sum), lr=self.optimizer.param_groups[0]["lr"])
+            data_s=sum(d[0:-1:3]),
+            forward_s=sum(d[1:-1:3]),
+            backward_s=sum(d[2:-1:3]),
+            optimizer_s=d[-1],
+            step_s=sum(d),
+            comm_s=comm_s,
+            comm_bytes=comm_bytes,
+            comm_buckets=comm_buckets,
+            samples=sum(len(b) for b in micro_batches),
+            loss=float(loss_sum),
+            lr=self.optimizer.param_groups[0]["lr"],
+        )
 
     def _check_unused_parameters(self) -> None:
         """After the first backward: DDP's own error about unused parameters comes one step
@@ -228,58 +285,113 @@ class _Trainer:
         self.checked_unused = True
         if self.config.find_unused_parameters:
             return
-        unused = [n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None]
+        unused = [
+            n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None
+        ]
         if unused:
             raise UnusedParametersError(unused)
 
     def evaluate(self, tracer: Tracer, epoch: int, step: int) -> float:
-        return evaluate(self.ddp, self.module, self.eval_set, self.config, self.env, self.device, tracer,
-                        epoch, step, self.autocast, self.eval_group)
+        return evaluate(
+            self.ddp,
+            self.module,
+            self.eval_set,
+            self.config,
+            self.env,
+            self.device,
+            tracer,
+            epoch,
+            step,
+            self.autocast,
+            self.eval_group,
+        )
 
 
-def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, run_dir: Path,
-           run_id: str, attempt: int, stop: PreemptionSignal) -> dict[str, Any]:
+def _train(
+    config: RunConfig,
+    env: distributed.RankEnv,
+    device: torch.device,
+    run_dir: Path,
+    run_id: str,
+    attempt: int,
+    stop: PreemptionSignal,
+) -> dict[str, Any]:
     t = _Trainer(config, env, device, run_dir, attempt)
     traces = run_dir / schema.TRACES_DIR
     traces.mkdir(parents=True, exist_ok=True)
     if t.done_steps:
         trim_for_resume(traces, env.rank, t.done_steps)
-    spe, total, accum = config.steps_per_epoch, config.total_steps, config.gradient_accumulation_steps
+    spe, total, accum = (
+        config.steps_per_epoch,
+        config.total_steps,
+        config.gradient_accumulation_steps,
+    )
     ckpt_every = config.checkpoint_every_steps
-    sample_log = open(traces / f"samples-rank{env.rank:05d}.jsonl", "a") if config.trace_sample_ids else None
+    sample_log = (
+        open(traces / f"samples-rank{env.rank:05d}.jsonl", "a") if config.trace_sample_ids else None
+    )
     step = last_eval_step = t.done_steps
     preempted = False
 
     def agreed_stop() -> bool:
         """Every few steps, all ranks learn whether any of them got the preemption signal."""
         every = config.stop_check_every_steps
-        return bool(every) and step % every == 0 and step < total and \
-            distributed.any_rank_flag(stop.requested, device)
-    with Tracer(traces, run_id=run_id, rank=env.rank, local_rank=env.local_rank, host=env.host,
-                world_size=env.world_size, attempt=attempt, flush_s=config.trace_flush_s,
-                device=device) as tracer, \
-            step_profiler(config.profile_steps, t.done_steps, run_dir / schema.PROFILES_DIR, env.rank,
-                          device) as profiler:
+        return (
+            bool(every)
+            and step % every == 0
+            and step < total
+            and distributed.any_rank_flag(stop.requested, device)
+        )
+
+    with (
+        Tracer(
+            traces,
+            run_id=run_id,
+            rank=env.rank,
+            local_rank=env.local_rank,
+            host=env.host,
+            world_size=env.world_size,
+            attempt=attempt,
+            flush_s=config.trace_flush_s,
+            device=device,
+        ) as tracer,
+        step_profiler(
+            config.profile_steps, t.done_steps, run_dir / schema.PROFILES_DIR, env.rank, device
+        ) as profiler,
+    ):
         clock = PhaseClock(device)
         distributed.barrier()
         tracer.set_t0()
         epoch = step // spe
         while step < total:
-            batches = train_batches(t.train_set, env.rank, env.world_size, config.per_process_batch_size,
-                                    config.seed, epoch)
+            batches = train_batches(
+                t.train_set,
+                env.rank,
+                env.world_size,
+                config.per_process_batch_size,
+                config.seed,
+                epoch,
+            )
             t.ddp.train()
             for s in range(step % spe, spe):
                 step += 1
                 _inject_fault(config, env.rank, step, attempt)
-                micro = batches[s * accum:(s + 1) * accum]
+                micro = batches[s * accum : (s + 1) * accum]
                 if sample_log is not None:
-                    sample_log.write(json.dumps({"epoch": epoch, "step": step, "indices": sum(micro, [])}) + "\n")
+                    sample_log.write(
+                        json.dumps({"epoch": epoch, "step": step, "indices": sum(micro, [])}) + "\n"
+                    )
                 t.set_lr(step)
                 fields = t.step(micro, clock)
                 if not math.isfinite(fields["loss"]):
                     raise NonFiniteLossError(env.rank, step, fields["loss"])
-                tracer.step(epoch=epoch, step=step, warmup=step <= config.warmup_steps,
-                            t_start_s=tracer.since_t0(clock.started_at), **fields)
+                tracer.step(
+                    epoch=epoch,
+                    step=step,
+                    warmup=step <= config.warmup_steps,
+                    t_start_s=tracer.since_t0(clock.started_at),
+                    **fields,
+                )
                 profiler.step()
                 if step >= total:
                     break
@@ -317,9 +429,19 @@ def _train(config: RunConfig, env: distributed.RankEnv, device: torch.device, ru
 
 
 @torch.no_grad()
-def evaluate(wrapped: nn.Module, module: nn.Module, dataset: Any, config: RunConfig,
-             env: distributed.RankEnv, device: torch.device, tracer: Tracer, epoch: int, step: int,
-             autocast: Any, eval_group: Any) -> float:
+def evaluate(
+    wrapped: nn.Module,
+    module: nn.Module,
+    dataset: Any,
+    config: RunConfig,
+    env: distributed.RankEnv,
+    device: torch.device,
+    tracer: Tracer,
+    epoch: int,
+    step: int,
+    autocast: Any,
+    eval_group: Any,
+) -> float:
     """Predict, gather on rank 0, metric on rank 0, broadcast it; each timed. With
     ``eval_on="all"`` every rank predicts its shard; with ``"rank0"`` rank 0 predicts everything
     and the others wait for the broadcast (on a side group whose timeout allows it).
@@ -327,6 +449,7 @@ def evaluate(wrapped: nn.Module, module: nn.Module, dataset: Any, config: RunCon
     Rows gathered per sample: (index, correct, count, loss sum); ``count`` is 1 for a classifier
     and the number of tokens for a language model, so the metric is accuracy over samples or
     tokens. Returns the metric every rank received."""
+
     def now() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -347,7 +470,9 @@ def evaluate(wrapped: nn.Module, module: nn.Module, dataset: Any, config: RunCon
             logits = module(inputs)
         logits = logits.float()
         if model_task(module) == "lm":
-            loss = nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1)
+            loss = nn.functional.cross_entropy(
+                logits.transpose(1, 2), targets, reduction="none"
+            ).sum(1)
             correct = (logits.argmax(-1) == targets).sum(1).double()
             count = torch.full_like(correct, targets.shape[1])
         else:
@@ -375,20 +500,39 @@ def evaluate(wrapped: nn.Module, module: nn.Module, dataset: Any, config: RunCon
     t3 = now()
     metric, loss_mean = distributed.broadcast_floats([metric, loss_mean], eval_group)
     t4 = now()
-    tracer.evaluation(epoch=epoch, step=step, t_start_s=tracer.since_t0(t0), predict_s=t1 - t0,
-                      gather_s=t2 - t1, metric_s=t3 - t2, broadcast_s=t4 - t3, eval_s=t4 - t0,
-                      samples=len(local), metric_name="accuracy", metric_value=metric, loss=loss_mean)
+    tracer.evaluation(
+        epoch=epoch,
+        step=step,
+        t_start_s=tracer.since_t0(t0),
+        predict_s=t1 - t0,
+        gather_s=t2 - t1,
+        metric_s=t3 - t2,
+        broadcast_s=t4 - t3,
+        eval_s=t4 - t0,
+        samples=len(local),
+        metric_name="accuracy",
+        metric_value=metric,
+        loss=loss_mean,
+    )
     wrapped.train()
     return metric
 
 
-def _summary(module: nn.Module, env: distributed.RankEnv, device: torch.device, step: int,
-             tracer: Tracer) -> dict[str, Any]:
+def _summary(
+    module: nn.Module, env: distributed.RankEnv, device: torch.device, step: int, tracer: Tracer
+) -> dict[str, Any]:
     """What this rank returns to the caller: where it ended and a fingerprint of its parameters."""
     digest = hashlib.sha256()
     for p in module.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"rank": env.rank, "host": env.host, "device": str(device), "device_name": device_name,
-            "steps": step, "param_sha256": digest.hexdigest(), "rss_bytes": tracer.memory()["rss_bytes"],
-            "t0_unix": tracer.t0_unix}
+    return {
+        "rank": env.rank,
+        "host": env.host,
+        "device": str(device),
+        "device_name": device_name,
+        "steps": step,
+        "param_sha256": digest.hexdigest(),
+        "rss_bytes": tracer.memory()["rss_bytes"],
+        "t0_unix": tracer.t0_unix,
+    }
