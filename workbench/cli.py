@@ -211,6 +211,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         line = f"  {outcome.index:>3}  {outcome.run_id}  {outcome.status}"
         print(line + (f": {outcome.error}" if outcome.error else ""))
     print(result)
+    if result.other_runs:
+        print(f"note: {len(result.other_runs)} run(s) in {result.sweep_dir} are not points of this "
+              "spec (an earlier version of it?); the summary and report include them")
     if result.summary_error:
         print(f"error: summary not written: {result.summary_error}", file=sys.stderr)
     if result.summary_path:

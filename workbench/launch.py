@@ -593,6 +593,8 @@ class RunHandle:
                 self.job.cancel()
             except Exception:
                 pass
+        elif self.executor == "slurm" and self.job_id:  # re-attached: no submitit job object
+            slurm.cancel(self.job_id)
         deadline = time.monotonic() + 5
         process = getattr(self.job, "_process", None)
         while process is not None and process.poll() is None and time.monotonic() < deadline:

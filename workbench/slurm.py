@@ -134,3 +134,11 @@ class SqueuePoller:
         self.state = ",".join(sorted(states)) or None
         self._active = bool(states & ACTIVE_STATES)
         return self._active
+
+
+def cancel(job_id: str) -> None:
+    """scancel a job (for handles re-attached from the store, which hold no submitit job)."""
+    try:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        pass

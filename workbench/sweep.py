@@ -326,11 +326,25 @@ def _label(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "no grid"
 
 
+def _defaults() -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return json.loads(json.dumps(out, default=str))
+
+
 def _hash_config(config: RunConfig) -> str:
-    """A short hash of everything that defines the run, but not where it is stored."""
-    data = config.to_dict()
+    """A short hash of the run's full config (derived values included), but not of where it is
+    stored. Fields at their default are left out: a field added to RunConfig later must not
+    change every id, or a re-run would no longer find the points it completed."""
+    data = json.loads(config.to_json())
+    defaults = _defaults()
     for key in (*RESERVED_FIELDS, "derived"):
         data.pop(key, None)
+    data = {k: v for k, v in data.items() if k not in defaults or v != defaults[k]}
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -425,6 +439,9 @@ class SweepResult:
     summary_path: Path | None
     report_path: Path | None
     summary_error: str | None = None
+    other_runs: list[str] = field(default_factory=list)
+    """runs in the sweep's folder that are not points of this spec (an older version of it,
+    say); the summary and report include them"""
 
     def _ids(self, status: str) -> list[str]:
         return [o.run_id for o in self.outcomes if o.status == status]
@@ -624,8 +641,8 @@ def _describe(exc: Exception) -> str:
     # papermill's own message is a whole traceback; the cell's exception is what to show.
     if hasattr(exc, "ename") and hasattr(exc, "evalue"):
         return f"{exc.ename}: {exc.evalue}".strip()
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
+    lines = str(exc).strip().splitlines()  # a timeout's first line says it; then the cell
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def point_state_after_run(path: Path) -> str | None:
@@ -701,6 +718,12 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
         summary, report = write_summary(spec)
     except Exception as exc:  # the points' results stand even when the summary cannot be made
         summary_error = f"{type(exc).__name__}: {exc}"
+    from .store import iter_run_dirs
+
+    ids = {p.run_id for p in points}
+    others = [
+        d.name for d in iter_run_dirs(spec.sweep_dir.parent, [spec.name]) if d.name not in ids
+    ]
     return SweepResult(
         name=spec.name,
         sweep_dir=spec.sweep_dir,
@@ -708,6 +731,7 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
         summary_path=summary,
         report_path=report,
         summary_error=summary_error,
+        other_runs=others,
     )
 
 
