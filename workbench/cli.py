@@ -189,6 +189,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     try:
         spec = SweepSpec.from_yaml(args.spec)
+        if args.output_dir:
+            spec = dataclasses.replace(spec, output_dir=args.output_dir)
         check_notebook(spec.notebook_path())
     except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -220,6 +222,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         print(f"summary: {result.summary_path}")
         print(f"report: {result.report_path}")
     return 0 if result.ok and not result.summary_error else 1
+
+
+def _cmd_repartition(args: argparse.Namespace) -> int:
+    from .parquet_data import make_parquet_dataset, repartition, row_groups
+
+    try:
+        if args.make:
+            make_parquet_dataset(args.path, args.make, rows_per_group=args.rows_per_group or 256)
+        else:
+            repartition(args.path, args.output, row_groups_count=args.row_groups,
+                        rows_per_group=args.rows_per_group)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = args.output or args.path
+    print(f"{out}: {row_groups(out)} row groups")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,7 +300,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="list the points, their run ids and what would run; run nothing",
     )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--output-dir", help="root of the result store (default: the spec's)")
     sweep.set_defaults(func=_cmd_sweep)
+
+    rep = sub.add_parser(
+        "repartition",
+        help="rewrite a Parquet file with another row-group layout",
+        description="Rewrite a Parquet training file so its row groups shard evenly over the "
+        "ranks (their number must be a multiple of the processes), or make a synthetic one.",
+    )
+    rep.add_argument("path", help="the Parquet file")
+    rep.add_argument("-o", "--output", help="write here instead of in place")
+    rep.add_argument("--row-groups", type=int, help="this many row groups of equal size")
+    rep.add_argument("--rows-per-group", type=int, help="this many rows per row group")
+    rep.add_argument("--make", type=int, metavar="ROWS",
+                     help="instead, write a synthetic classification dataset of ROWS rows")
+    rep.set_defaults(func=_cmd_repartition)
 
     report = sub.add_parser(
         "report",

@@ -129,14 +129,10 @@ def load_runs(
 
 
 def _trace_paths(run_path: Path, kind: str) -> list[Path]:
-    """Per rank, the Parquet file if consolidated, else the live JSONL."""
+    """Every rank's trace files: Parquet (consolidated, or earlier attempts of a resumed run)
+    and JSONL (live rows)."""
     traces = run_path / schema.TRACES_DIR
-    by_stem: dict[str, Path] = {}
-    for path in sorted(traces.glob(f"{kind}-rank*.jsonl")) + sorted(
-        traces.glob(f"{kind}-rank*.parquet")
-    ):
-        by_stem[path.stem] = path  # parquet wins over jsonl
-    return [by_stem[s] for s in sorted(by_stem)]
+    return sorted(traces.glob(f"{kind}-rank*.parquet")) + sorted(traces.glob(f"{kind}-rank*.jsonl"))
 
 
 def _read_trace_file(path: Path, columns: dict[str, str]) -> pd.DataFrame | None:
@@ -176,6 +172,8 @@ def load_traces(runs: str | Path | Iterable[str | Path], kind: str = "steps") ->
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
     frame = pd.concat(frames, ignore_index=True)
+    # A row can be in both files for the moment a rank consolidates its JSONL into Parquet.
+    frame = frame.drop_duplicates(["run_id", "rank", "attempt", "step"], keep="first")
     return frame[list(columns)].sort_values(
         ["run_id", "rank", "step"], kind="stable", ignore_index=True
     )

@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import math
 import os
 import re
 import shutil
@@ -100,6 +99,9 @@ class SweepSpec:
     """RunConfig field -> list of values"""
     fixed: Mapping[str, Any] = field(default_factory=dict)
     """RunConfig fields shared by every point"""
+    include: Sequence[Mapping[str, Any]] = ()
+    """extra points after the grid's, each a mapping of RunConfig fields (for comparisons that
+    are not a full product, e.g. single device at 1 rank next to DDP at 1 and 2)"""
     notebook: str = DEFAULT_NOTEBOOK
     """the notebook executed per point (relative: to the current folder, else to the spec file's
     folder or one of its parents)"""
@@ -124,11 +126,13 @@ class SweepSpec:
             {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in dict(self.grid).items()},
         )
         object.__setattr__(self, "fixed", dict(self.fixed))
+        object.__setattr__(self, "include", [dict(e) if isinstance(e, Mapping) else e for e in self.include])
         object.__setattr__(self, "executor_options", dict(self.executor_options))
         problems = self._problems()
         # Points are only worth building when their field names are right (else every point
         # repeats the same unknown name); then their problems join the others in one error.
-        if not any(pr.field.split(".")[0] in ("name", "fixed", "grid") for pr in problems):
+        if not any(pr.field.split(".")[0].split("[")[0] in ("name", "fixed", "grid", "include")
+                   for pr in problems):
             try:
                 self.points()
             except ConfigError as exc:
@@ -148,13 +152,19 @@ class SweepSpec:
                 Problem("name", self.name, "a folder name: letters, digits, '_', '-', '.', '+'")
             )
         valid = [n for n in init_field_names() if n not in RESERVED_FIELDS]
-        for section in ("fixed", "grid"):
-            for key in getattr(self, section):
+        sections: list[tuple[str, Mapping[str, Any]]] = [("fixed", self.fixed), ("grid", self.grid)]
+        for i, entry in enumerate(self.include):
+            if isinstance(entry, Mapping):
+                sections.append((f"include[{i}]", entry))
+            else:
+                p.append(Problem(f"include[{i}]", entry, "a mapping of RunConfig fields"))
+        for section, mapping in sections:
+            for key in mapping:
                 if key in RESERVED_FIELDS:
                     p.append(
                         Problem(
                             f"{section}.{key}",
-                            getattr(self, section)[key],
+                            mapping[key],
                             "set by the sweep itself (use the top-level name / output_dir; "
                             "run ids are generated)",
                         )
@@ -163,7 +173,7 @@ class SweepSpec:
                     p.append(
                         Problem(
                             f"{section}.{key}",
-                            getattr(self, section)[key],
+                            mapping[key],
                             f"unknown RunConfig field; valid: {', '.join(valid)}",
                         )
                     )
@@ -257,11 +267,13 @@ class SweepSpec:
         """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
         each bad point and its problems."""
         keys = list(self.grid)
-        combos = list(itertools.product(*(self.grid[k] for k in keys)))
+        combos = [dict(zip(keys, c, strict=True)) for c in itertools.product(*(self.grid[k] for k in keys))]
+        if self.include and not keys:
+            combos = []  # only the listed points, not the one point of `fixed` alone
+        combos += [dict(entry) for entry in self.include]
         out: list[SweepPoint] = []
         problems: list[Problem] = []
-        for index, combo in enumerate(combos):
-            values = dict(zip(keys, combo, strict=True))
+        for index, values in enumerate(combos):
             label = f"point {index} ({_label(values)})"
             try:
                 base = RunConfig.from_dict(
@@ -560,7 +572,7 @@ def _record_point(spec: SweepSpec, point: SweepPoint, notebook: Path) -> None:
         {
             "sweep": spec.name,
             "index": point.index,
-            "points": math.prod(len(v) for v in spec.grid.values()),
+            "points": len(spec.points()),
             "run_id": point.run_id,
             "values": point.values,
             "spec": spec.to_dict(),

@@ -115,7 +115,13 @@ class Dashboard(widgets.VBox):
         self.refresh_button = widgets.Button(description="reload", icon="refresh")
         self.message = widgets.HTML()
         self.table = widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
-        self.figure = go.FigureWidget(message_figure("loading..."))
+        self._fill_sweeps(list(sweeps) if sweeps is not None else None)
+        self._fill_runs(redraw=False)
+        # Created with the first figure's data and layout: a widget's later updates travel as
+        # messages, so a saved notebook (papermill, static export) keeps only what it began with.
+        fig, table = self._build_or_explain()
+        self.figure = go.FigureWidget(data=fig.data, layout=fig.layout)
+        self._show_table(table)
         controls = widgets.HBox(
             [
                 widgets.VBox([self.sweeps, self.runs]),
@@ -125,12 +131,10 @@ class Dashboard(widgets.VBox):
             ]
         )
         super().__init__([controls, self.message, self.figure, self.table])
-        self._fill_sweeps(list(sweeps) if sweeps is not None else None)
         self.sweeps.observe(self._on_sweeps, "value")
         for control in (self.runs, self.group_by, self.figure_kind, self.focus_run):
             control.observe(self._on_control, "value")
         self.refresh_button.on_click(lambda _: self.refresh())
-        self._fill_runs()
 
     # -- data
     def _sweep_data(self, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -172,7 +176,7 @@ class Dashboard(widgets.VBox):
             note += f"No runs in {self.output_dir} yet."
         self.message.value = html.escape(note)
 
-    def _fill_runs(self) -> None:
+    def _fill_runs(self, redraw: bool = True) -> None:
         frames = [self._sweep_data(s)[0] for s in self.sweeps.value]
         runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         options = []
@@ -191,7 +195,8 @@ class Dashboard(widgets.VBox):
             self._fill_focus(runs)
         finally:
             self._busy = False
-        self._redraw()
+        if redraw:
+            self._redraw()
 
     def _fill_group_by(self, runs: pd.DataFrame) -> None:
         default = analysis.default_group_by(runs) if len(runs) else []
@@ -238,18 +243,24 @@ class Dashboard(widgets.VBox):
         self._fill_runs()
 
     # -- drawing
-    def _redraw(self) -> None:
+    def _build_or_explain(self) -> tuple[go.Figure, pd.DataFrame | None]:
         self.focus_run.disabled = self.figure_kind.value not in _ONE_RUN_FIGURES
         try:
-            fig, table = self.build()
+            return self.build()
         except ValueError as exc:  # e.g. a grouping that the selected runs cannot form
-            fig, table = message_figure(f"cannot draw this: {exc}"), None
-        replace_figure(self.figure, fig)
+            return message_figure(f"cannot draw this: {exc}"), None
+
+    def _show_table(self, table: pd.DataFrame | None) -> None:
         self.table.value = (
             _table_html(table)
             if table is not None and len(table)
             else "<i>No completed run with measured steps selected: no scaling table.</i>"
         )
+
+    def _redraw(self) -> None:
+        fig, table = self._build_or_explain()
+        replace_figure(self.figure, fig)
+        self._show_table(table)
 
     def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
         """The selected figure and the scaling table for the current controls."""
