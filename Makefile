@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
-	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -24,8 +24,7 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 demo: setup
-	$(VENV)/bin/workbench scale --model mlp --world-sizes 1,2 --steps 60 --per-device-batch-size 64 \
-		--train-samples 8192 --sweep quickstart --report experiments/results/quickstart/report.html
+	$(VENV)/bin/workbench sweep experiments/sweeps/quickstart.yaml
 
 test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
