@@ -134,3 +134,12 @@ def test_profiled_window_writes_one_trace_per_rank_with_step_markers(tmp_path: P
     }
     assert steps == {"ProfilerStep#3", "ProfilerStep#4"}
     assert trace["distributedInfo"]["rank"] == 0
+
+
+def test_comm_tracing_can_be_turned_off(tmp_path: Path) -> None:
+    config = _config(tmp_path, world_size=1, max_steps=3, trace_comm=False, run_name="nocomm")
+    handle = launch(config, executor="debug")
+    assert handle.wait() == "completed"
+    steps = handle.traces()
+    assert steps["comm_s"].isna().all() and steps["comm_bytes"].isna().all()
+    assert steps["step_s"].notna().all()

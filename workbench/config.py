@@ -171,10 +171,15 @@ class RunConfig:
         "seconds before the time limit at which ranks are told to checkpoint and requeue", 60
     )
     stop_check_every_steps: int = _doc(
-        "how often (steps) the ranks agree whether a preemption signal arrived (0: never)", 10
+        "how often (steps) the ranks agree whether a preemption signal arrived (0: never)", 100
     )
     trace_flush_s: float = _doc("flush trace rows to disk at least this often (seconds)", 2.0)
     trace_sample_ids: bool = _doc("also record which dataset indices each rank consumed", False)
+    trace_comm: bool = _doc(
+        "time each gradient bucket's allreduce with a Python comm hook (about 0.1 ms per bucket on "
+        "CPU, see BENCHMARKS.md); False: DDP's built-in allreduce, comm columns left empty",
+        True,
+    )
     profile_steps: tuple[int, int] | None = _doc(
         "record torch.profiler traces for steps first..last (inclusive), one file per rank"
     )

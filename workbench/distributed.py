@@ -137,6 +137,7 @@ class CommMeter:
 
     def __init__(self, kind: str = "allreduce", powersgd_rank: int = 1) -> None:
         self.kind = kind
+        self.active = False  # set once DDP runs the hook: without it there is nothing to report
         self._seconds = 0.0
         self._bytes = 0
         self._buckets = 0
@@ -202,7 +203,9 @@ class CommMeter:
             total += ((n + m) * r if compress else n * m) * size
         return total
 
-    def take(self) -> tuple[float, int, int]:
+    def take(self) -> tuple[float | None, int | None, int | None]:
+        if not self.active:
+            return None, None, None
         out = (self._seconds, self._bytes, self._buckets)
         self._seconds, self._bytes, self._buckets = 0.0, 0, 0
         return out

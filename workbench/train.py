@@ -207,6 +207,7 @@ class _Trainer:
         node's GPUs, or the bare module on one device."""
         config, device = self.config, self.device
         if config.strategy == "single":
+            self.comm.active = True  # nothing is communicated: zeros are the measurement
             return module
         if config.strategy == "dp":
             return nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
@@ -218,7 +219,9 @@ class _Trainer:
             gradient_as_bucket_view=config.gradient_as_bucket_view,
             static_graph=config.static_graph,
         )
-        ddp.register_comm_hook(None, self.comm.hook)
+        if config.trace_comm or config.comm_hook != "allreduce":
+            ddp.register_comm_hook(None, self.comm.hook)
+            self.comm.active = True
         return ddp
 
     def set_lr(self, step: int) -> None:
@@ -533,6 +536,6 @@ def _summary(
         "device_name": device_name,
         "steps": step,
         "param_sha256": digest.hexdigest(),
-        "rss_bytes": tracer.memory()["rss_bytes"],
+        "rss_bytes": tracer.memory(fresh=True)["rss_bytes"],
         "t0_unix": tracer.t0_unix,
     }

@@ -1,0 +1,167 @@
+"""Run every benchmark (each in its own process, one after the other) and print one table of
+figures against their targets.
+
+Usage: ``python benchmarks/run_all.py [--quick] [--only tracing,fidelity,latency,analysis,memory]
+[--out results.json]``. ``--quick`` is a smoke run (about 3 minutes): the figures it prints are not
+resolvable to 1 %. Each benchmark also runs alone: ``python benchmarks/<name>.py --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import machine  # noqa: E402
+
+BENCHMARKS = {
+    "tracing": ("tracing_overhead.py", []),
+    "fidelity": ("scaling_fidelity.py", []),
+    "latency": ("launch_latency.py", []),
+    "analysis": ("analysis_scale.py", []),
+    "memory": ("tracer_memory.py", []),
+}
+QUICK_ANALYSIS = ["--runs", "2", "--ranks", "8", "--steps", "500", "--repeat", "1"]
+
+
+def run(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
+    """One benchmark in a fresh process; its JSON result (analysis_scale: parsed from stdout,
+    since it is not ours to change)."""
+    script, extra = BENCHMARKS[name]
+    cmd = [sys.executable, str(HERE / script), *extra]
+    out_json = tmp / f"{name}.json"
+    if name == "analysis":
+        cmd += QUICK_ANALYSIS if quick else []
+    else:
+        cmd += ["--json", str(out_json)] + (["--quick"] if quick else [])
+    start = time.perf_counter()
+    print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+    # Stream the benchmark's progress (it takes minutes); stderr (torch's and kineto's chatter)
+    # goes to a file, shown only if the benchmark fails.
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            print("   " + line.rstrip(), flush=True)
+        returncode = proc.wait()
+        err.seek(0)
+        stderr = err.read()
+    stdout = "".join(lines)
+    if returncode != 0:
+        print(stderr[-3000:], file=sys.stderr)
+        return {"error": f"exit {returncode}", "seconds": time.perf_counter() - start}
+    if name == "analysis":
+        m = re.search(r"pyarrow alone: ([\d.]+) s; workbench total: ([\d.]+) s; ratio", stdout)
+        rows = re.search(r"^([\d,]+) step rows", stdout, re.M)
+        result: dict[str, Any] = {"pyarrow_s": float(m.group(1)), "workbench_s": float(m.group(2)),
+                                  "rows": rows.group(1) if rows else "?"} if m else {}
+    else:
+        result = json.loads(out_json.read_text())
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def verdict(s: dict[str, float], limit: float, upper: bool) -> str:
+    """Met only if the whole bootstrap CI of the median is on the right side of the target;
+    "unresolved" when the CI straddles it (the noise is larger than the margin)."""
+    lo, hi = s["ci95_lo"], s["ci95_hi"]
+    good, bad = (hi <= limit, lo > limit) if upper else (lo >= limit, hi < limit)
+    return "yes" if good else "no" if bad else "unresolved"
+
+
+def table(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(figure, value with spread, target, met) rows."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def spread(s: dict[str, float]) -> str:
+        return (f"{s['median']:.3f} (IQR {s['p25']:.3f}-{s['p75']:.3f}, "
+                f"CI95 {s['ci95_lo']:.3f}-{s['ci95_hi']:.3f}, n={s['n']})")
+
+    r = results.get("tracing", {})
+    for row in r.get("rows", []):
+        label = f"tracing {row['model']} {row['world_size']}r"
+        rows.append((f"{label}: traced/untraced end to end", spread(row["traced"]), "<= 1.01",
+                     verdict(row["traced"], 1.01, upper=True)))
+        rows.append((f"{label}: 1 + tracer calls / step (direct)", f"{row['direct_ratio']:.4f}",
+                     "<= 1.01", "yes" if row["direct_ratio"] <= 1.01 else "no"))
+        rows.append((f"{label}: comm hook only/untraced", spread(row["hook_only"]), "", ""))
+        rows.append((f"{label}: torch.profiler/untraced", spread(row["profiler"]), "(contrast)",
+                     ""))
+    if "direct" in r:
+        d, h = r["direct"], r["hook"]
+        rows.append(("tracer calls (us): PhaseClock / Tracer.step / hook per bucket",
+                     f"{d['phaseclock_us_per_step']:.1f} / {d['tracer_step_us']:.1f} / "
+                     f"{h['commmeter_extra_us_per_bucket']:.0f}", "", ""))
+    for row in results.get("fidelity", {}).get("rows", []):
+        for key, label in (("throughput_1", "throughput 1r"), ("throughput_2", "throughput 2r"),
+                           ("speedup", "speedup 2r/1r")):
+            s = row[key]
+            rows.append((f"fidelity {row['model']}: workbench/torchrun {label}", spread(s),
+                         ">= 0.98", verdict(s, 0.98, upper=False)))
+    r = results.get("latency", {})
+    for key, label in (("to_first_step_all_s", "first step on all ranks"),
+                       ("to_result_s", "result")):
+        if key in r:
+            s = r[key]
+            rows.append((f"launch latency to {label}: workbench/torchrun",
+                         f"{spread(s['ratio'])}; {s['workbench_median_s']:.1f} s vs "
+                         f"{s['torchrun_median_s']:.1f} s", "<= 1.5",
+                         verdict(s["ratio"], 1.5, upper=True)))
+    r = results.get("analysis", {})
+    if "pyarrow_s" in r:
+        ratio = r["workbench_s"] / r["pyarrow_s"]
+        rows.append((f"analysis of {r['rows']} rows: workbench/pyarrow", f"{ratio:.2f}", "<= 3",
+                     "yes" if ratio <= 3 else "no"))
+    r = results.get("memory", {})
+    for mode in ("rss", "tracemalloc"):
+        if mode in r:
+            s = r[mode]["samples"]
+            rows.append((f"tracer memory ({mode}) growth, steps {s[1][0]:,}-{s[-1][0]:,}",
+                         f"{r[mode]['growth_from_first_sample_bytes'] / 1024:+.0f} KiB", "flat",
+                         ""))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of everything")
+    parser.add_argument("--only", default=",".join(BENCHMARKS),
+                        help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
+    parser.add_argument("--out", help="write every result (JSON) here")
+    a = parser.parse_args()
+    names = a.only.split(",")
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; valid: {', '.join(BENCHMARKS)}")
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="wb-bench-all-") as tmp:
+        for name in names:
+            results[name] = run(name, a.quick, Path(tmp))
+    m = machine()
+    print(f"\n{m['cpu_model']}, {m['cores']} cores, torch {m['torch']}, Python {m['python']}, "
+          f"load average now {m['loadavg'][0]:.1f}"
+          + (" (--quick: smoke figures)" if a.quick else ""))
+    rows = table(results)
+    widths = [max(len(r[i]) for r in rows + [("figure", "value", "target", "met")])
+              for i in range(4)]
+    for r in [("figure", "value", "target", "met"), tuple("-" * w for w in widths)] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    for name, r in results.items():
+        error = f"  ERROR {r['error']}" if "error" in r else ""
+        print(f"{name}: {r.get('seconds', 0):.0f} s{error}")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"machine": m, **results}, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()
