@@ -53,13 +53,9 @@ def fmt_ratio(s: dict[str, float], digits: int = 3) -> str:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from workbench.environment import cpu_model as model
+
+    return model()
 
 
 def load_average() -> tuple[float, float, float]:

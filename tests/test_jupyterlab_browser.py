@@ -18,40 +18,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
 
+from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
+
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 #: Every host name but the loopback one fails to resolve in this browser.
 BLOCK_DNS = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
 NOTEBOOK = "01_quickstart.ipynb"
 STEPS = 16
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.access(CHROMIUM, os.X_OK),
-        reason=f"{CHROMIUM} missing: apt-get install -y --no-install-recommends chromium",
-    ),
-]
-
-
-def local(url: str) -> bool:
-    parts = urlparse(url)
-    return parts.scheme in ("data", "blob", "about") or parts.hostname in ("localhost", "127.0.0.1")
+pytestmark = MARKS
 
 
 def free_port() -> int:
@@ -193,7 +171,7 @@ def test_quickstart_runs_and_its_dashboard_reacts(lab: tuple[str, str, Path]) ->
 
             # Recorded here (no round trip per request, Lab loads hundreds of files); the
             # resolver rule in BLOCK_DNS makes sure nothing could leave anyway.
-            page.on("request", lambda r: None if local(r.url) else outside.append(r.url))
+            page.on("request", lambda r: None if is_local(r.url) else outside.append(r.url))
             page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}", wait_until="load")
             # Generous limits: Lab's first load and a kernel start take long on a busy machine.
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)

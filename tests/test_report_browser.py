@@ -2,45 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pandas as pd
 import pytest
 
 from workbench.report import build_figures, write_report
 
+from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
 from .frames import ddp_steps, make_runs, scaling_sweep
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.access(CHROMIUM, os.X_OK),
-        reason=f"{CHROMIUM} missing: apt-get install -y --no-install-recommends chromium",
-    ),
-]
-
-
-def local(url: str) -> bool:
-    parts = urlparse(url)
-    return parts.scheme in ("file", "data", "blob", "about") or parts.hostname in (
-        "localhost",
-        "127.0.0.1",
-    )
+pytestmark = MARKS
 
 
 def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
@@ -68,7 +40,7 @@ def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
 
             def route(r: object) -> None:
                 request = r.request  # type: ignore[attr-defined]
-                if local(request.url):
+                if is_local(request.url, files=True):
                     r.continue_()  # type: ignore[attr-defined]
                 else:
                     outside.append(request.url)
@@ -97,3 +69,4 @@ def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
     assert outside == []
     assert drawn == n_figures
     assert all(count > 0 for count in traces), traces
+

@@ -13,7 +13,8 @@ from typing import Any
 _PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "submitit", "plotly", "papermill", "workbench")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where it exists)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -60,7 +61,7 @@ def collect() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "host": socket.gethostname(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "packages": versions,
         "git_revision": git_revision(),
     }
