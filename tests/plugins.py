@@ -39,22 +39,23 @@ class _Sleepy(nn.Module):
 
     task = "classification"
 
-    def __init__(self, sleep_s: float) -> None:
+    def __init__(self, sleep_s: float, eval_sleep_s: float) -> None:
         super().__init__()
         from workbench.models import MLP
 
         self.net = MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
         self.sleep_s = sleep_s
+        self.eval_sleep_s = eval_sleep_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import time
 
-        time.sleep(self.sleep_s)
+        time.sleep(self.sleep_s if self.training else self.eval_sleep_s)
         return self.net(x)
 
 
-def sleepy_mlp(sleep_s: float = 0.0) -> nn.Module:
-    return _Sleepy(sleep_s)
+def sleepy_mlp(sleep_s: float = 0.0, eval_sleep_s: float = 0.0) -> nn.Module:
+    return _Sleepy(sleep_s, eval_sleep_s)
 
 
 def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tuple[Dataset, Dataset]:

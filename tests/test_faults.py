@@ -136,3 +136,25 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
     assert again.status() == "running"
     assert again.wait(timeout_s=180) == "completed"
     assert sorted(again.traces()["step"].unique()) == list(range(1, 321))
+
+
+def test_long_rank0_evaluation_does_not_trip_the_collective_timeout(store) -> None:
+    # Rank 0 evaluates alone for about 6 s; the other rank waits far past the 3 s collective
+    # timeout, on the evaluation side group whose own timeout allows it.
+    config = base_config(
+        store,
+        world_size=2,
+        run_name="slow-eval",
+        eval_on="rank0",
+        epochs=1,
+        collective_timeout_s=3,
+        eval_batch_size=8,
+        model="tests.plugins:sleepy_mlp",
+        dataset="tests.plugins:synthetic_like_mlp",
+        model_options={"eval_sleep_s": 0.25},
+    )
+    handle = launch(config)
+    assert handle.wait(timeout_s=120) == "completed"
+    evals = handle.traces("eval")
+    waiting = evals[evals["rank"] == 1]["broadcast_s"].iloc[0]
+    assert waiting > 3, f"rank 1 waited {waiting:.1f} s, longer than the collective timeout"
