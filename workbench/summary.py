@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from .analysis import measured_window
 from .store import load_traces
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
@@ -18,17 +21,16 @@ def run_summary(run_path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"traced_steps": int(steps["step"].nunique()) if len(steps) else 0}
     measured = steps[~steps["warmup"].astype(bool)] if len(steps) else steps
     if len(measured):
-        start = measured["t_start_s"].min()
-        end = (measured["t_start_s"] + measured["step_s"]).max()
-        wall = float(end - start)
-        samples = int(measured["samples"].sum())
+        # The analysis's own window: a resumed run adds its attempts' windows, not the gap.
+        window = measured_window(steps).iloc[0]
+        rate = window["samples_per_s"]
         out.update(
-            measured_steps=int(measured["step"].nunique()),
-            measured_wall_s=wall,
-            samples_per_s=samples / wall if wall > 0 else None,
-        )
-        out["samples_per_s_per_device"] = (out["samples_per_s"] or 0) / int(
-            measured["world_size"].iloc[0]
+            measured_steps=int(window["steps"]),
+            measured_wall_s=float(window["measured_s"]),
+            samples_per_s=None if pd.isna(rate) else float(rate),
+            samples_per_s_per_device=None
+            if pd.isna(rate)
+            else float(rate) / int(window["world_size"]),
         )
         for phase in PHASES:
             out[f"mean_{phase}"] = float(measured[phase].mean())
