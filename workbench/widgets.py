@@ -453,7 +453,14 @@ class RunMonitor(widgets.VBox):
 
     @property
     def ended(self) -> bool:
-        return self.status in FINAL_STATUSES
+        return self._final(self.status)
+
+    def _final(self, status: str) -> bool:
+        """Whether the run is over. "preempted" is final only once the run's record says it
+        ended; until then the job is being requeued and will report "running" again."""
+        if status != "preempted":
+            return status in FINAL_STATUSES
+        return read_json(self.path / schema.RUN_FILE).get("ended_at") is not None
 
     def refresh(self) -> str:
         """Read the store once and update the widgets; returns the status."""
@@ -511,7 +518,7 @@ class RunMonitor(widgets.VBox):
         refresh a last time. Returns the final status."""
         self.stop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.refresh() not in FINAL_STATUSES:
+        while not self._final(self.refresh()):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.path.name} still {self.status} after {timeout_s} s")
             time.sleep(self.poll_s)
@@ -527,7 +534,7 @@ class RunMonitor(widgets.VBox):
         def loop() -> None:
             while not self._stop.is_set():
                 try:
-                    if self.refresh() in FINAL_STATUSES:
+                    if self._final(self.refresh()):
                         self._finish()
                         return
                 except Exception as exc:  # a torn file or a vanished folder: show, keep polling
