@@ -17,7 +17,12 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = ROOT / "experiments" / "sweeps"
-CPU_SWEEPS = ["seed000_strategies", "seed002_batch_precision", "seed002_learning_rate", "comm_hooks"]
+CPU_SWEEPS = [
+    "seed000_strategies",
+    "seed002_batch_precision",
+    "seed002_learning_rate",
+    "comm_hooks",
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +31,21 @@ def swept(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess
     out = tmp_path_factory.mktemp("examples")
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "workbench.cli", "sweep", str(SWEEPS / f"{name}.yaml"),
-             "--output-dir", str(out), "--no-progress"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "workbench.cli",
+                "sweep",
+                str(SWEEPS / f"{name}.yaml"),
+                "--output-dir",
+                str(out),
+                "--no-progress",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for name in CPU_SWEEPS + ["seed000_dataparallel_gpu"]
     }
     done = {}
@@ -50,7 +67,11 @@ def _sweep(swept, name: str, sweep: str):
 
 def test_strategies_single_vs_ddp(swept) -> None:
     runs, steps = _sweep(swept, "seed000_strategies", "seed000-strategies")
-    assert sorted(zip(runs["strategy"], runs["world_size"])) == [("ddp", 1), ("ddp", 2), ("single", 1)]
+    assert sorted(zip(runs["strategy"], runs["world_size"], strict=True)) == [
+        ("ddp", 1),
+        ("ddp", 2),
+        ("single", 1),
+    ]
     single = runs[runs["strategy"] == "single"]["run_id"].iloc[0]
     assert (steps[steps["run_id"] == single]["comm_bytes"] == 0).all()
     assert (steps[steps["run_id"] != single]["comm_bytes"] > 0).all()
@@ -58,8 +79,12 @@ def test_strategies_single_vs_ddp(swept) -> None:
 
 def test_batch_precision_grid(swept) -> None:
     runs, _ = _sweep(swept, "seed002_batch_precision", "seed002-batch-precision")
-    assert sorted(zip(runs["world_size"], runs["precision"])) == [
-        (1, "bf16"), (1, "fp32"), (2, "bf16"), (2, "fp32")]
+    assert sorted(zip(runs["world_size"], runs["precision"], strict=True)) == [
+        (1, "bf16"),
+        (1, "fp32"),
+        (2, "bf16"),
+        (2, "fp32"),
+    ]
 
 
 def test_learning_rate_rule_sweep(swept) -> None:
@@ -73,7 +98,9 @@ def test_learning_rate_rule_sweep(swept) -> None:
 def test_comm_hooks_sweep(swept) -> None:
     runs, steps = _sweep(swept, "comm_hooks", "comm-hooks")
     full = gradient_bytes(build_model("transformer", {}))
-    bytes_by_hook = {r.comm_hook: steps[steps["run_id"] == r.run_id]["comm_bytes"] for r in runs.itertuples()}
+    bytes_by_hook = {
+        r.comm_hook: steps[steps["run_id"] == r.run_id]["comm_bytes"] for r in runs.itertuples()
+    }
     assert (bytes_by_hook["allreduce"] == full).all()
     assert (bytes_by_hook["fp16"] == full // 2).all() and (bytes_by_hook["bf16"] == full // 2).all()
     assert bytes_by_hook["powersgd"].iloc[-1] < full / 2
@@ -83,5 +110,7 @@ def test_comm_hooks_sweep(swept) -> None:
 def test_gpu_only_sweep_fails_clearly_on_cpu(swept) -> None:
     out, proc = swept["seed000_dataparallel_gpu"]
     assert proc.returncode == 1
-    assert "needs that many CUDA devices" in proc.stdout or "no CUDA device is visible" in proc.stdout
+    assert (
+        "needs that many CUDA devices" in proc.stdout or "no CUDA device is visible" in proc.stdout
+    )
     assert "Traceback" not in proc.stdout

@@ -41,7 +41,7 @@ def _json(text: str) -> Any:
 
 
 def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One option per RunConfig field, with the field's own help, so the CLI never lags the config."""
+    """One option per RunConfig field, with the field's own help: the CLI never lags the config."""
     helps = field_help()
     group = parser.add_argument_group("run configuration (RunConfig fields)")
     for f in dataclasses.fields(RunConfig):
@@ -107,12 +107,10 @@ def _print_summary(run_path: Path) -> None:
             for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
         )
     )
-    print(
-        f"peak memory: RSS {fmt('peak_rss_bytes', ' MiB', 2**-20)}, CUDA {fmt('peak_cuda_bytes', ' MiB', 2**-20)}"
-    )
-    print(
-        f"final loss {fmt('final_loss')}; {s.get('final_metric_name', 'metric')} {fmt('final_metric')}"
-    )
+    rss, cuda = fmt("peak_rss_bytes", " MiB", 2**-20), fmt("peak_cuda_bytes", " MiB", 2**-20)
+    print(f"peak memory: RSS {rss}, CUDA {cuda}")
+    metric = s.get("final_metric_name", "metric")
+    print(f"final loss {fmt('final_loss')}; {metric} {fmt('final_metric')}")
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -206,16 +204,21 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         result = run_sweep(spec, force=args.force, progress=not args.no_progress)
     except KeyboardInterrupt:
         # Completed points are kept; the interrupted one never looks complete.
-        print(f"interrupted; completed points are kept in {spec.sweep_dir}; run the same command "
-              "again to go on", file=sys.stderr)
+        print(
+            f"interrupted; completed points are kept in {spec.sweep_dir}; run the same command "
+            "again to go on",
+            file=sys.stderr,
+        )
         return 130
     for outcome in result.outcomes:
         line = f"  {outcome.index:>3}  {outcome.run_id}  {outcome.status}"
         print(line + (f": {outcome.error}" if outcome.error else ""))
     print(result)
     if result.other_runs:
-        print(f"note: {len(result.other_runs)} run(s) in {result.sweep_dir} are not points of this "
-              "spec (an earlier version of it?); the summary and report include them")
+        print(
+            f"note: {len(result.other_runs)} run(s) in {result.sweep_dir} are not points of this "
+            "spec (an earlier version of it?); the summary and report include them"
+        )
     if result.summary_error:
         print(f"error: summary not written: {result.summary_error}", file=sys.stderr)
     if result.summary_path:
@@ -231,8 +234,12 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
         if args.make:
             make_parquet_dataset(args.path, args.make, rows_per_group=args.rows_per_group or 256)
         else:
-            repartition(args.path, args.output, row_groups_count=args.row_groups,
-                        rows_per_group=args.rows_per_group)
+            repartition(
+                args.path,
+                args.output,
+                row_groups_count=args.row_groups,
+                rows_per_group=args.rows_per_group,
+            )
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -271,12 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
     ls.set_defaults(func=_cmd_ls)
 
-    scale = sub.add_parser("scale", help="one config at several world sizes, then a report",
-                           description="Run one config at several world sizes (one after another), "
-                           "then write the sweep's offline HTML report.")
-    scale.add_argument("--world-sizes", default="1,2", help="comma-separated world sizes (default: 1,2)")
+    scale = sub.add_parser(
+        "scale",
+        help="one config at several world sizes, then a report",
+        description="Run one config at several world sizes (one after another), "
+        "then write the sweep's offline HTML report.",
+    )
+    scale.add_argument(
+        "--world-sizes", default="1,2", help="comma-separated world sizes (default: 1,2)"
+    )
     scale.add_argument("--executor", default="local", choices=["local"], help="where the ranks run")
-    scale.add_argument("--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)")
+    scale.add_argument(
+        "--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)"
+    )
     _add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
     scale.set_defaults(func=_cmd_scale)
 
@@ -313,8 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("-o", "--output", help="write here instead of in place")
     rep.add_argument("--row-groups", type=int, help="this many row groups of equal size")
     rep.add_argument("--rows-per-group", type=int, help="this many rows per row group")
-    rep.add_argument("--make", type=int, metavar="ROWS",
-                     help="instead, write a synthetic classification dataset of ROWS rows")
+    rep.add_argument(
+        "--make",
+        type=int,
+        metavar="ROWS",
+        help="instead, write a synthetic classification dataset of ROWS rows",
+    )
     rep.set_defaults(func=_cmd_repartition)
 
     report = sub.add_parser(

@@ -214,7 +214,7 @@ class RunConfig:
         if self.global_batch_size is None:
             put("global_batch_size", self.per_device_batch_size * per_step)  # type: ignore[operator]
         if self.per_device_batch_size is None:
-            put("per_device_batch_size", self.global_batch_size // per_step)
+            put("per_device_batch_size", self.global_batch_size // per_step)  # type: ignore[operator]
         if self.epochs is None and self.max_steps is None:
             put("epochs", 1)
         object.__setattr__(self, "derived", tuple(derived))
@@ -239,7 +239,7 @@ class RunConfig:
         if self.lr_scaling == "none":
             return 1.0
         reference = (
-            self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps
+            self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[operator]
         )  # type: ignore[operator]
         ratio = self.global_batch_size / reference  # type: ignore[operator]
         return ratio if self.lr_scaling == "linear" else ratio**0.5
@@ -445,7 +445,7 @@ def _validate(c: RunConfig) -> list[Problem]:
                 )
             )
         elif sizes_ok:
-            global_batch = c.global_batch_size or c.per_device_batch_size * per_step
+            global_batch = c.global_batch_size or c.per_device_batch_size * per_step  # type: ignore[operator]
             if c.train_samples < global_batch:
                 p.append(
                     Problem(

@@ -121,9 +121,9 @@ def train_batches(
     """
     if getattr(dataset, "local_shard", False):
         g = torch.Generator().manual_seed(seed + epoch)
-        indices = torch.randperm(len(dataset), generator=g).tolist()
+        indices = torch.randperm(len(dataset), generator=g).tolist()  # type: ignore[arg-type]
     else:
-        sampler = DistributedSampler(
+        sampler: DistributedSampler[int] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
         sampler.set_epoch(epoch)
@@ -137,7 +137,9 @@ def eval_shard(
 ) -> Iterator[list[int]]:
     """This rank's evaluation batches. The sampler pads by repeating samples so every rank runs
     the same number of collectives; the gather on rank 0 removes the repeats by index."""
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=False
+    )
     indices = list(sampler)
     for i in range(0, len(indices), batch_size):
         yield indices[i : i + batch_size]

@@ -51,7 +51,7 @@ def git_revision(cwd: str | Path | None = None) -> str | None:
 def collect() -> dict[str, Any]:
     """The launching side's environment. Torch facts are read only if torch is already imported,
     so that recording them never costs an import."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
             versions[name] = metadata.version(name)

@@ -97,5 +97,6 @@ def load(path: str | Path, rank: int = 0, world_size: int = 1, all_groups: bool 
     x = np.stack([table.column(c).to_numpy() for c in names], axis=1).astype(np.float32)
     y = table.column("label").to_numpy().astype(np.int64)
     dataset = TensorPairDataset(torch.from_numpy(x), torch.from_numpy(y))
-    dataset.local_shard = not all_groups  # type: ignore[attr-defined]  (already this rank's data)
+    # Already this rank's data: train_batches only reshuffles it.
+    dataset.local_shard = not all_groups  # type: ignore[attr-defined]
     return dataset

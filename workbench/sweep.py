@@ -126,13 +126,17 @@ class SweepSpec:
             {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in dict(self.grid).items()},
         )
         object.__setattr__(self, "fixed", dict(self.fixed))
-        object.__setattr__(self, "include", [dict(e) if isinstance(e, Mapping) else e for e in self.include])
+        object.__setattr__(
+            self, "include", [dict(e) if isinstance(e, Mapping) else e for e in self.include]
+        )
         object.__setattr__(self, "executor_options", dict(self.executor_options))
         problems = self._problems()
         # Points are only worth building when their field names are right (else every point
         # repeats the same unknown name); then their problems join the others in one error.
-        if not any(pr.field.split(".")[0].split("[")[0] in ("name", "fixed", "grid", "include")
-                   for pr in problems):
+        if not any(
+            pr.field.split(".")[0].split("[")[0] in ("name", "fixed", "grid", "include")
+            for pr in problems
+        ):
             try:
                 self.points()
             except ConfigError as exc:
@@ -267,7 +271,10 @@ class SweepSpec:
         """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
         each bad point and its problems."""
         keys = list(self.grid)
-        combos = [dict(zip(keys, c, strict=True)) for c in itertools.product(*(self.grid[k] for k in keys))]
+        combos = [
+            dict(zip(keys, c, strict=True))
+            for c in itertools.product(*(self.grid[k] for k in keys))
+        ]
         if self.include and not keys:
             combos = []  # only the listed points, not the one point of `fixed` alone
         combos += [dict(entry) for entry in self.include]

@@ -253,7 +253,8 @@ class _Trainer:
             targets = targets.to(self.device, non_blocking=True)
             clock.mark()
             no_sync = m < accum - 1 and isinstance(self.ddp, DDP)
-            with self.ddp.no_sync() if no_sync else contextlib.nullcontext():
+            sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
+            with sync:
                 with self.autocast():
                     loss = _loss(self.module, self.ddp(inputs), targets) / accum
                 clock.mark()
