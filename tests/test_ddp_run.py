@@ -119,4 +119,5 @@ def test_run_record_has_status_environment_and_summary(ddp2) -> None:
 
 
 def test_logs_are_per_rank(ddp2) -> None:
-    assert ddp2.logs(0) is not None and isinstance(ddp2.logs(1), str)
+    assert "global_rank=0(2)" in ddp2.logs(0) and "global_rank=1(2)" not in ddp2.logs(0)
+    assert "global_rank=1(2)" in ddp2.logs(1)
