@@ -116,6 +116,7 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
     trainer = _Trainer(config, env, device, workdir, attempt=0)  # registers the CommMeter hook
     plain = _PlainStep(config, trainer.train_set)
     meter = distributed.CommMeter()
+    meter.active = True  # registered by hand below, as _Trainer does
     hooked = _PlainStep(config, trainer.train_set, hook=meter.hook)
     batches = train_batches(trainer.train_set, env.rank, env.world_size, batch, config.seed, 0)
     clock = PhaseClock(device)
@@ -301,6 +302,7 @@ def measure_hook_cost(rounds: int, block: int) -> dict[str, float]:
         return ddp
 
     meter = distributed.CommMeter()
+    meter.active = True  # registered by hand below, as _Trainer does
     models = {"builtin": build(None), "python_default": build(default_hooks.allreduce_hook),
               "commmeter": build(meter.hook)}
     x = torch.randn(8, 32)
