@@ -84,6 +84,23 @@ def _devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:
     fig.update_xaxes(title_text="devices (world size)", tickvals=ticks, **where)
 
 
+def _group_line(
+    rows: pd.DataFrame, y: str, label: str, color: str, hover: str, showlegend: bool = True
+) -> go.Scatter:
+    """One configuration group's line against devices, with its spread as error bars."""
+    return go.Scatter(
+        x=rows["world_size"],
+        y=rows[y],
+        error_y=_std(rows, y),
+        mode="lines+markers",
+        name=label,
+        legendgroup=label,
+        showlegend=showlegend,
+        line={"color": color},
+        hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
+    )
+
+
 def _line_per_group(
     table: pd.DataFrame,
     y: str,
@@ -95,17 +112,7 @@ def _line_per_group(
     check_columns(table, ["world_size", y], "table")
     fig = go.Figure()
     for label, color, rows in _groups(table, group_by):
-        fig.add_trace(
-            go.Scatter(
-                x=rows["world_size"],
-                y=rows[y],
-                error_y=_std(rows, y),
-                mode="lines+markers",
-                name=label,
-                line={"color": color},
-                hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
-            )
-        )
+        fig.add_trace(_group_line(rows, y, label, color, hover))
     fig.update_layout(title=title, yaxis_title=y_title, **_LAYOUT)
     _devices_axis(fig, table)
     return fig
@@ -431,17 +438,7 @@ def quality_vs_devices_figure(
     for col_i, (col, unit) in enumerate(panels, start=1):
         for label, color, rows in _groups(table, group_by):
             fig.add_trace(
-                go.Scatter(
-                    x=rows["world_size"],
-                    y=rows[col],
-                    error_y=_std(rows, col),
-                    mode="lines+markers",
-                    name=label,
-                    legendgroup=label,
-                    showlegend=col_i == 1,
-                    line={"color": color},
-                    hovertemplate=f"{label}<br>%{{x}} devices<br>{unit} %{{y:.4g}}<extra></extra>",
-                ),
+                _group_line(rows, col, label, color, f"{unit} %{{y:.4g}}", col_i == 1),
                 row=1,
                 col=col_i,
             )
@@ -460,21 +457,7 @@ def tradeoff_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) 
         for col_i, (col, hover) in enumerate(
             (("final_metric", f"{metric} %{{y:.4g}}"), ("speedup", "speedup %{y:.3g}x")), start=1
         ):
-            fig.add_trace(
-                go.Scatter(
-                    x=rows["world_size"],
-                    y=rows[col],
-                    error_y=_std(rows, col),
-                    mode="lines+markers",
-                    name=label,
-                    legendgroup=label,
-                    showlegend=col_i == 1,
-                    line={"color": color},
-                    hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
-                ),
-                row=1,
-                col=col_i,
-            )
+            fig.add_trace(_group_line(rows, col, label, color, hover, col_i == 1), row=1, col=col_i)
     fig.update_yaxes(title_text=metric, row=1, col=1)
     fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
     for col_i in (1, 2):
