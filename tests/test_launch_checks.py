@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from workbench import ports
 from workbench.config import RunConfig
 from workbench.errors import PreflightError
 from workbench.launch import launch, preflight
@@ -34,6 +35,20 @@ def test_master_port_in_use_is_refused(tmp_path: Path) -> None:
         with pytest.raises(PreflightError, match=f"master_port={port}: already in use"):
             preflight(_config(tmp_path, master_port=port), "local", {})
     assert not list(tmp_path.iterdir()), "nothing was written"
+
+
+def test_picked_ports_avoid_the_ephemeral_range_and_each_other() -> None:
+    # Runs launched together once failed with EADDRINUSE: a port picked from the ephemeral
+    # range was taken by another run's gloo connections before rank 0 bound it.
+    low, high = ports.ephemeral_range()
+    picked = [ports.free_port() for _ in range(50)]
+    assert len(set(picked)) == len(picked)
+    assert all(not low <= port <= high for port in picked)
+    assert all(ports.port_free(port) for port in picked)
+    with socket.socket() as s:
+        s.bind(("", picked[0]))
+        s.listen()
+        assert not ports.port_free(picked[0])
 
 
 def test_unknown_executor_and_options_list_valid_names(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import datetime as _dt
 import os
 import secrets
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,6 +18,7 @@ from . import environment, schema, slurm
 from .config import RunConfig
 from .errors import PreflightError, Problem
 from .handle import RunHandle, attach  # noqa: F401  (attach: re-exported)
+from .ports import free_port, port_free
 from .store import read_json, update_run, write_json
 from .store import run_dir as _run_dir
 
@@ -30,21 +30,6 @@ EXECUTOR_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 #: Free disk space below which a launch is refused (traces and checkpoints need room).
 MIN_FREE_BYTES = 50 * 2**20
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _writable_dir(path: Path) -> str | None:
@@ -169,7 +154,7 @@ def preflight(
     if (
         config.master_port is not None
         and executor == "local"
-        and not _port_free(config.master_port)
+        and not port_free(config.master_port)
     ):
         problems.append(
             Problem(
@@ -352,7 +337,7 @@ def _prepare(
         for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
             path.unlink()  # the new attempt's ranks report afresh
     # Locally a free port is picked here; on Slurm submitit derives one from the job id.
-    port = config.master_port or (_free_port() if executor in ("local", "debug") else None)
+    port = config.master_port or (free_port() if executor in ("local", "debug") else None)
     write_json(run_path / schema.CONFIG_FILE, config.to_dict())
     update_run(
         run_path,

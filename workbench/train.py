@@ -12,7 +12,6 @@ import math
 import os
 import random
 import signal
-import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from .config import RunConfig
 from .data import build_datasets, eval_shard, fetch_batch, train_batches
 from .errors import InjectedFault, NonFiniteLossError, UnusedParametersError
 from .models import build_model, model_task
+from .ports import free_port
 from .preemption import PreemptionSignal
 from .profiling import step_profiler
 from .store import rank_file, write_json
@@ -91,14 +91,8 @@ class RankTask:
 
         # Runs on global rank 0, which is on the master host: a port free here is free there.
         return DelayedSubmission(
-            dataclasses.replace(self, attempt=self.attempt + 1, master_port=_free_port())
+            dataclasses.replace(self, attempt=self.attempt + 1, master_port=free_port())
         )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def _seed_everything(seed: int) -> None:
