@@ -83,8 +83,3 @@ def write_result(path: str | None, name: str, result: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=float) + "\n")
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, free_port  # noqa: E402
+from _common import ROOT  # noqa: E402
+
+from workbench.ports import free_port  # noqa: E402
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 PLAIN = Path(__file__).resolve().with_name("plain_ddp.py")

@@ -94,14 +94,16 @@ def table(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]
                      verdict(row["traced"], 1.01, upper=True)))
         rows.append((f"{label}: 1 + tracer calls / step (direct)", f"{row['direct_ratio']:.4f}",
                      "<= 1.01", "yes" if row["direct_ratio"] <= 1.01 else "no"))
-        rows.append((f"{label}: comm hook only/untraced", spread(row["hook_only"]), "", ""))
+        rows.append((f"{label}: trace_comm='hook' only/untraced", spread(row["hook_only"]), "", ""))
         rows.append((f"{label}: torch.profiler/untraced", spread(row["profiler"]), "(contrast)",
                      ""))
     if "direct" in r:
         d, h = r["direct"], r["hook"]
-        rows.append(("tracer calls (us): PhaseClock / Tracer.step / hook per bucket",
+        rows.append(("tracer calls (us): PhaseClock / Tracer.step / comm timer read / "
+                     "hook per bucket",
                      f"{d['phaseclock_us_per_step']:.1f} / {d['tracer_step_us']:.1f} / "
-                     f"{h['commmeter_extra_us_per_bucket']:.0f}", "", ""))
+                     f"{h['sampler_read_us']:.1f} / {h['commmeter_extra_us_per_bucket']:.0f}",
+                     "", ""))
     for row in results.get("fidelity", {}).get("rows", []):
         for key, label in (("throughput_1", "throughput 1r"), ("throughput_2", "throughput 2r"),
                            ("speedup", "speedup 2r/1r")):

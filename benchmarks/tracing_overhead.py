@@ -7,8 +7,12 @@ interleaved blocks of steps on the same batches:
 
 - ``untraced``: the workbench's step (fetch, forward, loss, backward, GradScaler calls, optimizer)
   on a DDP model without a comm hook and without any tracer call;
-- ``traced``: exactly what ``workbench.train._train`` does per step: ``_Trainer.step`` (PhaseClock
-  marks, the CommMeter comm hook, ``CommMeter.take``) then ``Tracer.step`` (RSS read, JSONL writer);
+- ``traced``: exactly what ``workbench.train._train`` does per step with the default
+  ``trace_comm="sampled"``: ``_Trainer.step`` (PhaseClock marks, ``DDPCommSampler.take``, which
+  reads DDP's own comm timer on the first 10 steps and every 10th) then ``Tracer.step`` (RSS
+  read, JSONL writer);
+- ``hook_only``: the untraced step with the ``trace_comm="hook"`` comm hook (CommMeter) and no
+  tracer call: what timing every bucket of every step would cost;
 - ``profiler``: the untraced step inside ``torch.profiler.profile`` recording CPU ops every step,
   for contrast.
 
@@ -19,8 +23,9 @@ median of those ratios with its IQR and a bootstrap CI.
 End-to-end noise here exceeds 1 %, so the tracer's calls are also timed in isolation, in
 microseconds: PhaseClock marks per step, ``Tracer.step`` (and its RSS read), and the comm hook's
 extra cost per gradient bucket against DDP's built-in allreduce (a DDP model with one bucket per
-parameter, so the per-bucket cost stands out of the step). Their sum over the untraced step time is
-the direct overhead estimate.
+parameter, so the per-bucket cost stands out of the step), and one read of DDP's comm timer.
+PhaseClock + ``Tracer.step`` + the timer read spread over its sampling interval, over the untraced
+step time, is the direct overhead estimate of the default tracing.
 
 Usage: ``python benchmarks/tracing_overhead.py [--models mlp,transformer] [--world-sizes 1,2]
 [--quick] [--json out.json]``.
@@ -47,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from _common import fmt_ratio, free_port, ratio_stats, write_result  # noqa: E402
+from _common import fmt_ratio, ratio_stats, write_result  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -55,6 +60,7 @@ from workbench import distributed  # noqa: E402
 from workbench.config import RunConfig  # noqa: E402
 from workbench.data import fetch_batch, train_batches  # noqa: E402
 from workbench.models import build_model  # noqa: E402
+from workbench.ports import free_port  # noqa: E402
 from workbench.profiling import _NoProfiler  # noqa: E402
 from workbench.trace import PhaseClock, Tracer, rss_bytes  # noqa: E402
 from workbench.train import _loss, _make_optimizer, _seed_everything, _Trainer  # noqa: E402
@@ -113,7 +119,7 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
     rounds as fit (more pairs, a tighter CI)."""
     device = torch.device("cpu")
     config = make_config(model, env.world_size, batch)
-    trainer = _Trainer(config, env, device, workdir, attempt=0)  # registers the CommMeter hook
+    trainer = _Trainer(config, env, device, workdir, attempt=0)  # trace_comm="sampled"
     plain = _PlainStep(config, trainer.train_set)
     meter = distributed.CommMeter()
     meter.active = True  # registered by hand below, as _Trainer does
@@ -210,6 +216,7 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
         "rounds": rounds,
         "untraced_step_ms": float(np.median(base) * 1e3),
         "buckets_per_step": counter["buckets"],
+        "comm_every_steps": config.trace_comm_every_steps,
         "traced": ratio_stats(np.array(medians["traced"]) / base),
         "hook_only": ratio_stats(np.array(medians["hook_only"]) / base),
         "profiler": ratio_stats(np.array(medians["profiler"]) / base),
@@ -331,9 +338,17 @@ def measure_hook_cost(rounds: int, block: int) -> dict[str, float]:
         for name in ("python_default", "commmeter"):
             diffs[name].append((t[name][0] - t["builtin"][0]) / buckets * 1e6)
         diffs["commmeter_cpu"].append((t["commmeter"][1] - t["builtin"][1]) / buckets * 1e6)
-    del models
+    sampler = distributed.DDPCommSampler(models["builtin"], every_steps=1)
+    reads = []
+    for _ in range(rounds):
+        models["builtin"](x).sum().backward()
+        start = time.perf_counter()
+        sampler.take()  # every_steps=1: every call reads DDP's timer and logging data
+        reads.append((time.perf_counter() - start) * 1e6)
+    del models, sampler
     dist.barrier()
     return {
+        "sampler_read_us": float(np.median(reads)),
         "buckets": buckets,
         "commmeter_extra_us_per_bucket": float(np.median(diffs["commmeter"])),
         "commmeter_extra_us_iqr": [float(np.percentile(diffs["commmeter"], q)) for q in (25, 75)],
@@ -379,9 +394,9 @@ def run_world(world_size: int, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def direct_ratio(row: dict[str, Any], direct: dict[str, float], hook: dict[str, float]) -> float:
-    """1 + (the tracer's calls per step) / untraced step time."""
+    """1 + (the default tracing's calls per step) / untraced step time."""
     us = (direct["phaseclock_us_per_step"] + direct["tracer_step_us"]
-          + row["buckets_per_step"] * hook["commmeter_extra_us_per_bucket"])
+          + hook["sampler_read_us"] / row["comm_every_steps"])
     return 1.0 + us / (row["untraced_step_ms"] * 1e3)
 
 
@@ -419,7 +434,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{row['direct_ratio']:>8.4f}"
               f"  {row['profiler']['median']:.3f} (+{row['profiler_exit_ms_per_step']:.2f} ms/step "
               "at exit)")
-        print(f"{'':<26}hook only (CommMeter, no tracer calls): {fmt_ratio(row['hook_only'])}")
+        print(f"{'':<26}trace_comm='hook' only, no tracer calls: "
+              f"{fmt_ratio(row['hook_only'])}")
     result = {"rows": rows, "direct": direct, "hook": hook, "args": args}
     write_result(a.json, "tracing_overhead", result)
     return result

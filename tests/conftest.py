@@ -44,7 +44,15 @@ def base_config(store: Path, **changes) -> RunConfig:
 @pytest.fixture(scope="session")
 def ddp2(store: Path):
     """A completed 2-rank run that also records which samples each rank consumed."""
-    handle = launch(base_config(store, world_size=2, run_name="ddp2", trace_sample_ids=True))
+    handle = launch(
+        base_config(
+            store,
+            world_size=2,
+            run_name="ddp2",
+            trace_sample_ids=True,
+            trace_comm_every_steps=4,
+        )
+    )
     assert handle.wait(timeout_s=180) == "completed"
     return handle
 

@@ -268,6 +268,33 @@ def test_planted_straggler_in_two_ranks_and_under_noise() -> None:
     assert found["ratio"].iloc[0] == pytest.approx(1.5, rel=0.05)
 
 
+def test_straggler_found_from_sampled_comm_times() -> None:
+    # trace_comm="sampled": comm_s only on steps 1-10 and every 10th; rows in any order.
+    steps = ddp_steps(slow_rank=5, slow_from=40)
+    sampled = (steps["step"] <= 10) | (steps["step"] % 10 == 0)
+    steps.loc[~sampled, "comm_s"] = np.nan
+    found = stragglers(steps.sample(frac=1.0, random_state=0))
+    assert found[["rank", "start_step", "end_step"]].values.tolist() == [[5, 40, 100]]
+    assert found["ratio"].iloc[0] == pytest.approx(1.5)
+
+
+def test_comm_filled_carries_each_ranks_samples_forward() -> None:
+    steps = pd.DataFrame(
+        {
+            "run_id": ["a"] * 6 + ["b"] * 2,
+            "rank": [0, 0, 0, 1, 1, 1, 0, 0],
+            "step": [3, 1, 2, 1, 2, 3, 1, 2],
+            "comm_s": [np.nan, np.nan, 0.5, 0.1, np.nan, np.nan, np.nan, np.nan],
+        },
+        index=[10, 11, 12, 13, 14, 15, 16, 17],
+    )
+    filled = analysis.comm_filled(steps)
+    assert filled.index.tolist() == steps.index.tolist()
+    assert filled.tolist() == pytest.approx(
+        [0.5, 0.5, 0.5, 0.1, 0.1, 0.1, np.nan, np.nan], nan_ok=True
+    )
+
+
 def test_transient_and_intermittent_slowness() -> None:
     found = stragglers(ddp_steps(slow_rank=3, slow_from=30, slow_until=49))
     assert found[["rank", "start_step", "end_step", "slow_steps"]].values.tolist() == [

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.ports import free_port
+
 from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,12 +31,6 @@ NOTEBOOK = "01_quickstart.ipynb"
 STEPS = 16
 
 pytestmark = MARKS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def api(base: str, token: str, path: str, method: str = "GET") -> object:

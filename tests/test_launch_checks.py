@@ -152,7 +152,7 @@ def test_profiled_window_writes_one_trace_per_rank_with_step_markers(tmp_path: P
 
 
 def test_comm_tracing_can_be_turned_off(tmp_path: Path) -> None:
-    config = _config(tmp_path, world_size=1, max_steps=3, trace_comm=False, run_name="nocomm")
+    config = _config(tmp_path, world_size=1, max_steps=3, trace_comm="off", run_name="nocomm")
     handle = launch(config, executor="debug")
     assert handle.wait() == "completed"
     steps = handle.traces()

@@ -69,4 +69,3 @@ def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
     assert outside == []
     assert drawn == n_figures
     assert all(count > 0 for count in traces), traces
-

@@ -55,7 +55,9 @@ def runs(store, parquet_files):
         "powersgd": base_config(
             store, world_size=2, run_name="hook-powersgd", comm_hook="powersgd", powersgd_rank=2
         ),
-        "rank0": base_config(store, world_size=2, run_name="eval-rank0", eval_on="rank0"),
+        "rank0": base_config(
+            store, world_size=2, run_name="eval-rank0", eval_on="rank0", trace_comm="hook"
+        ),
         "parquet": base_config(
             store,
             world_size=2,
@@ -79,6 +81,16 @@ def test_gradient_accumulation_equals_the_larger_batch(runs, ddp2) -> None:
         torch.testing.assert_close(accumulated[name], larger[name], rtol=1e-5, atol=1e-6)
     steps = runs["accum"].traces()
     assert (steps["samples"] == 32).all() and (steps["comm_bytes"] == FULL).all()
+    # DDP counts synchronised steps only, so the sampled comm timer still lands on steps 1-10.
+    timed = steps[steps["comm_s"].notna()]
+    assert timed.groupby("rank")["step"].apply(list).tolist() == [list(range(1, 11))] * 2
+
+
+def test_comm_hook_tracing_times_every_step(runs) -> None:
+    for name in ("rank0", "fp16"):  # trace_comm="hook"; a compression hook always times
+        steps = runs[name].traces()
+        assert len(steps) == 32 and (steps["comm_s"] > 0).all(), name
+    assert (runs["rank0"].traces()["comm_bytes"] == FULL).all()
 
 
 def test_each_comm_hook_runs_and_changes_traced_bytes(runs) -> None:

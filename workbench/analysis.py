@@ -60,6 +60,18 @@ def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) ->
     return out
 
 
+def comm_filled(steps: pd.DataFrame) -> pd.Series:
+    """``comm_s`` on every row. With ``trace_comm='sampled'`` communication is timed on sampled
+    steps only; in between, each rank's latest sample stands for the steps after it (its first
+    for the steps before). NaN for a rank with no sample at all."""
+    keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
+    ordered = steps[[*keys, "step", "comm_s"]].reset_index(drop=True)
+    ordered = ordered.sort_values([*keys, "step"], kind="stable")
+    filled = ordered.groupby(keys, sort=False)["comm_s"].ffill()
+    filled = filled.groupby([ordered[k] for k in keys], sort=False).bfill()
+    return pd.Series(filled.sort_index().to_numpy(), index=steps.index, name="comm_s")
+
+
 def lower_is_better(metric_name: str | None) -> bool:
     """Whether a smaller value of the named metric is better (loss, error, perplexity, ...)."""
     name = (metric_name or "").lower()
@@ -394,9 +406,10 @@ def communication(
 ) -> pd.DataFrame:
     """Per run and rank: communication share and an estimate of exposed communication.
 
-    ``comm_share = sum(comm_s) / sum(step_s)`` over measured steps: the allreduce's share of the
-    step, overlapped or not. ``comm_s`` sums each bucket's launch-to-completion time, so most of
-    it may be hidden behind the rest of the backward pass.
+    ``comm_share = mean(comm_s) / mean(step_s)`` over measured steps (``comm_s`` over the steps
+    where it was timed: with ``trace_comm="sampled"`` only some are): the allreduce's share of
+    the step, overlapped or not. ``comm_s`` runs from the first bucket's launch to the last
+    one's completion, so most of it may be hidden behind the rest of the backward pass.
 
     Exposed (not overlapped) communication per step. DDP's ``backward()`` returns only once
     every bucket's allreduce has finished, so a multi-rank ``backward_s`` is backward compute
@@ -554,7 +567,7 @@ def stragglers(
     check_columns(steps, ("world_size", *cols), "steps")
     m = measured_steps(steps, ["world_size", "host", *cols])
     if measure == "compute_s":
-        value = m["step_s"] - m["comm_s"].fillna(0)
+        value = m["step_s"] - comm_filled(m).fillna(0)
     else:
         value = m[measure]
     m = m.assign(_value=value.astype("float64"))

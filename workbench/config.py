@@ -34,6 +34,7 @@ MODEL_OPTIONS: dict[str, dict[str, Any]] = {
 BUILTIN_DATASETS = ("synthetic", "parquet")
 STRATEGIES = ("ddp", "dp", "single")
 COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
+COMM_TRACING = ("sampled", "hook", "off")
 LR_SCALINGS = ("none", "linear", "sqrt")
 EVAL_PLACEMENTS = ("all", "rank0")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -175,10 +176,17 @@ class RunConfig:
     )
     trace_flush_s: float = _doc("flush trace rows to disk at least this often (seconds)", 2.0)
     trace_sample_ids: bool = _doc("also record which dataset indices each rank consumed", False)
-    trace_comm: bool = _doc(
-        "time each gradient bucket's allreduce with a Python comm hook (about 0.1 ms per bucket on "
-        "CPU, see BENCHMARKS.md); False: DDP's built-in allreduce, comm columns left empty",
-        True,
+    trace_comm: str = _doc(
+        "how gradient communication is timed: 'sampled' reads DDP's own timer (no Python hook) "
+        "on the first 10 steps and every trace_comm_every_steps after, leaving comm_s empty in "
+        "between; 'hook' times every bucket of every step with a Python comm hook (about 0.1 ms "
+        "per bucket on CPU, see BENCHMARKS.md); 'off' records nothing. comm_bytes and "
+        "comm_buckets are recorded on every step unless 'off'. The compression hooks always time "
+        "every step: they are Python hooks anyway",
+        "sampled",
+    )
+    trace_comm_every_steps: int = _doc(
+        "with trace_comm='sampled': read DDP's communication timer every this many steps", 10
     )
     profile_steps: tuple[int, int] | None = _doc(
         "record torch.profiler traces for steps first..last (inclusive), one file per rank"
@@ -461,6 +469,8 @@ def _validate(c: RunConfig) -> list[Problem]:
     one_of("optimizer", OPTIMIZERS)
     one_of("strategy", STRATEGIES)
     one_of("comm_hook", COMM_HOOKS)
+    one_of("trace_comm", COMM_TRACING)
+    positive("trace_comm_every_steps")
     one_of("lr_scaling", LR_SCALINGS)
     one_of("eval_on", EVAL_PLACEMENTS)
     positive("powersgd_rank")

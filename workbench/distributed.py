@@ -211,6 +211,41 @@ class CommMeter:
         return out
 
 
+class DDPCommSampler:
+    """Communication timing from DDP's own reducer timer: no Python hook, so DDP keeps its C++
+    allreduce path. DDP times the first 10 iterations and every ``every_steps``-th after (the
+    rate is set here); on those steps ``take()`` reads the span from the first bucket's launch to
+    the last bucket's completion. Bytes and bucket count come from DDP's bucket sizes on every
+    step. ``take()`` must be called once per synchronised step, after ``backward``."""
+
+    def __init__(self, ddp: Any, every_steps: int) -> None:
+        self.ddp = ddp
+        self.every_steps = every_steps
+        self.iteration = 0  # DDP's count: forwards that synchronise gradients
+        self._bytes: int | None = None
+        self._buckets: int | None = None
+        ddp._set_ddp_runtime_logging_sample_rate(every_steps)
+
+    def _sampled(self) -> bool:
+        return self.iteration <= 10 or self.iteration % self.every_steps == 0
+
+    def take(self) -> tuple[float | None, int | None, int | None]:
+        self.iteration += 1
+        if not self._sampled():
+            return None, self._bytes, self._buckets
+        # DDP itself folds the timer into its logging data at the next forward; doing it now
+        # puts the figures on this step's row.
+        self.ddp.logger.set_runtime_stats_and_log()
+        data = self.ddp._get_ddp_logging_data()
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        if sizes:
+            counts = [int(size) for size in str(sizes).split(",")]
+            self._bytes, self._buckets = sum(counts), len(counts)
+        if data.get("iteration") != self.iteration or "backward_comm_time" not in data:
+            return None, self._bytes, self._buckets
+        return data["backward_comm_time"] / 1e9, self._bytes, self._buckets
+
+
 def new_eval_group(timeout_s: float) -> Any:
     """A gloo group with its own, long timeout for waiting on an evaluation that runs on rank 0
     alone: the training group's timeout stays short enough to catch a hung rank."""

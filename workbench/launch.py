@@ -151,11 +151,7 @@ def preflight(
                 load_plugin(spec, field_name)
             except ValueError as exc:
                 problems.append(Problem(field_name, spec, str(exc).split(": ", 1)[1]))
-    if (
-        config.master_port is not None
-        and executor == "local"
-        and not port_free(config.master_port)
-    ):
+    if config.master_port is not None and executor == "local" and not port_free(config.master_port):
         problems.append(
             Problem(
                 "master_port",

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import check_columns, measured_steps, run_table, scaling_table
+from workbench.analysis import (
+    check_columns,
+    comm_filled,
+    measured_steps,
+    run_table,
+    scaling_table,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +134,7 @@ def predict_scaling(
     m = measured_steps(steps, ["step_s", "comm_s", "comm_bytes", "comm_buckets", "samples"])
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
-    comm = m["comm_s"].fillna(0)
+    comm = comm_filled(m).fillna(0)
     compute_s = float(np.median(m["step_s"] - (1 - overlap) * comm))
     nbytes = (
         float(np.median(m["comm_bytes"].fillna(0))) if gradient_bytes is None else gradient_bytes

@@ -27,7 +27,10 @@ STEP_COLUMNS: dict[str, str] = {
     "backward_s": "float64",
     "optimizer_s": "float64",
     "step_s": "float64",
-    "comm_s": "float64",  # summed launch-to-completion time of the gradient allreduce buckets
+    # Gradient allreduce time: DDP's first-launch-to-last-completion span on sampled steps
+    # (trace_comm="sampled", null in between) or each bucket's launch-to-completion time summed
+    # (trace_comm="hook" and the compression hooks).
+    "comm_s": "float64",
     "comm_bytes": "int64",  # bytes handed to allreduce this step (all buckets)
     "comm_buckets": "int64",
     "samples": "int64",  # samples this rank consumed this step

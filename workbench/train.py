@@ -181,8 +181,7 @@ class _Trainer:
         start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
         if config.sync_batchnorm:
             self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
-        self.comm = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
-        self.ddp = self._wrap(self.module)
+        self.ddp, self.comm = self._wrap(self.module)
         self.eval_group = distributed.new_eval_group(
             max(config.eval_timeout_s, config.collective_timeout_s)
         )
@@ -196,15 +195,19 @@ class _Trainer:
                 start, self.optimizer, self.scaler, env.rank
             )
 
-    def _wrap(self, module: nn.Module) -> nn.Module:
-        """The strategy: DDP with its knobs and the tracing comm hook, DataParallel over this
-        node's GPUs, or the bare module on one device."""
+    def _wrap(
+        self, module: nn.Module
+    ) -> tuple[nn.Module, distributed.CommMeter | distributed.DDPCommSampler]:
+        """The strategy (DDP with its knobs, DataParallel over this node's GPUs, or the bare
+        module on one device) and what times its gradient communication."""
         config, device = self.config, self.device
+        meter = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
         if config.strategy == "single":
-            self.comm.active = True  # nothing is communicated: zeros are the measurement
-            return module
+            meter.active = True  # nothing is communicated: zeros are the measurement
+            return module, meter
         if config.strategy == "dp":
-            return nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
+            dp = nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
+            return dp, meter
         ddp = DDP(
             module,
             device_ids=[device.index] if device.type == "cuda" else None,
@@ -213,10 +216,12 @@ class _Trainer:
             gradient_as_bucket_view=config.gradient_as_bucket_view,
             static_graph=config.static_graph,
         )
-        if config.trace_comm or config.comm_hook != "allreduce":
-            ddp.register_comm_hook(None, self.comm.hook)
-            self.comm.active = True
-        return ddp
+        if config.trace_comm == "hook" or config.comm_hook != "allreduce":
+            ddp.register_comm_hook(None, meter.hook)
+            meter.active = True
+        elif config.trace_comm == "sampled":
+            return ddp, distributed.DDPCommSampler(ddp, config.trace_comm_every_steps)
+        return ddp, meter
 
     def set_lr(self, step: int) -> None:
         """The learning rate for ``step``: scaled by the batch rule, ramped up over warm-up."""
