@@ -64,6 +64,8 @@ def comm_filled(steps: pd.DataFrame) -> pd.Series:
     """``comm_s`` on every row. With ``trace_comm='sampled'`` communication is timed on sampled
     steps only; in between, each rank's latest sample stands for the steps after it (its first
     for the steps before). NaN for a rank with no sample at all."""
+    if steps["comm_s"].notna().all():  # timed on every step: nothing to carry
+        return steps["comm_s"]
     keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
     ordered = steps[[*keys, "step", "comm_s"]].reset_index(drop=True)
     ordered = ordered.sort_values([*keys, "step"], kind="stable")
