@@ -331,4 +331,5 @@ class Dashboard(widgets.VBox):
             return plots.predicted_vs_measured_figure(pvm, network=net.description)
         raise ValueError(f"unknown figure {kind!r}; valid names: {', '.join(FIGURES.values())}")
 
+
 __all__ = ["FIGURES", "Dashboard", "LaunchPanel", "RunMonitor", "message_figure", "replace_figure"]

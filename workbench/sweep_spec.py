@@ -1,0 +1,367 @@
+"""Sweep specs: a YAML grid of RunConfigs, validated before anything runs.
+
+A sweep spec (``experiments/sweeps/*.yaml``) names the sweep (its folder in the store), the
+notebook, the executor, the RunConfig fields every point shares (``fixed``) and the fields to vary
+(``grid``: the Cartesian product gives the points). A misspelled name is an error listing the
+valid names, and every point's RunConfig is built up front so that all problems are reported at
+once, each naming its point.
+
+Each point gets a deterministic run id: a readable part from its grid values (``w2_b64_bf16``:
+world size 2, per-device batch 64, bf16) and a short hash of its full configuration, so a re-run
+of the same spec finds its points. Running them is :mod:`workbench.sweep`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig, init_field_names
+from .errors import ConfigError, Problem
+
+DEFAULT_NOTEBOOK = "notebooks/02_scaling_sweep.ipynb"
+#: Fields the sweep sets itself: the store folder, the run id and the store root.
+RESERVED_FIELDS = ("sweep", "run_name", "output_dir")
+#: Short names used in run ids ("" means the value alone, e.g. ``bf16``); others use the full name.
+RUN_ID_ABBREVIATIONS = {
+    "world_size": "w",
+    "nodes": "n",
+    "tasks_per_node": "tpn",
+    "per_device_batch_size": "b",
+    "global_batch_size": "gb",
+    "gradient_accumulation_steps": "ga",
+    "learning_rate": "lr",
+    "max_steps": "steps",
+    "model": "",
+    "precision": "",
+    "optimizer": "",
+}
+_READABLE_MAX = 60
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def _spec_keys() -> list[str]:
+    return [f.name for f in dataclasses.fields(SweepSpec) if f.name != "source"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPoint:
+    """One grid point: its index in the grid, its grid values, its RunConfig and run folder."""
+
+    index: int
+    values: dict[str, Any]
+    config: RunConfig
+    run_id: str
+    path: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSpec:
+    """A sweep: RunConfig fields shared by every point (``fixed``) and the fields to vary
+    (``grid``: field -> list of values, the Cartesian product gives the points, the last field
+    varying fastest). Invalid specs raise one ConfigError listing every problem."""
+
+    name: str
+    """the sweep: a folder of the store, and every point's ``RunConfig.sweep``"""
+    grid: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    """RunConfig field -> list of values"""
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    """RunConfig fields shared by every point"""
+    include: Sequence[Mapping[str, Any]] = ()
+    """extra points after the grid's, each a mapping of RunConfig fields (for comparisons that
+    are not a full product, e.g. single device at 1 rank next to DDP at 1 and 2)"""
+    notebook: str = DEFAULT_NOTEBOOK
+    """the notebook executed per point (relative: to the current folder, else to the spec file's
+    folder or one of its parents)"""
+    executor: str = "local"
+    """``launch`` executor for every point"""
+    executor_options: Mapping[str, Any] = field(default_factory=dict)
+    """options of that executor"""
+    output_dir: str = "experiments/results"
+    """root of the result store (relative: to the current folder)"""
+    description: str = ""
+    """free text, shown in the report's title"""
+    cell_timeout_s: float | None = None
+    """per-cell time limit in seconds; default: the point's ``timeout_min`` plus 5 minutes (plus
+    a day of queueing on a scheduler)"""
+    source: str | None = None
+    """the YAML file this spec came from (not a spec key)"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "grid",
+            {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in dict(self.grid).items()},
+        )
+        object.__setattr__(self, "fixed", dict(self.fixed))
+        object.__setattr__(
+            self, "include", [dict(e) if isinstance(e, Mapping) else e for e in self.include]
+        )
+        object.__setattr__(self, "executor_options", dict(self.executor_options))
+        problems = self._problems()
+        # Points are only worth building when their field names are right (else every point
+        # repeats the same unknown name); then their problems join the others in one error.
+        if not any(
+            pr.field.split(".")[0].split("[")[0] in ("name", "fixed", "grid", "include")
+            for pr in problems
+        ):
+            try:
+                self.points()
+            except ConfigError as exc:
+                problems += exc.problems
+        if problems:
+            raise ConfigError(problems, what=self._what())
+
+    def _what(self) -> str:
+        return f"sweep spec {self.source or self.name!r}"
+
+    def _problems(self) -> list[Problem]:
+        from .launch import EXECUTOR_OPTIONS, EXECUTORS
+
+        p: list[Problem] = []
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            p.append(
+                Problem("name", self.name, "a folder name: letters, digits, '_', '-', '.', '+'")
+            )
+        valid = [n for n in init_field_names() if n not in RESERVED_FIELDS]
+        sections: list[tuple[str, Mapping[str, Any]]] = [("fixed", self.fixed), ("grid", self.grid)]
+        for i, entry in enumerate(self.include):
+            if isinstance(entry, Mapping):
+                sections.append((f"include[{i}]", entry))
+            else:
+                p.append(Problem(f"include[{i}]", entry, "a mapping of RunConfig fields"))
+        for section, mapping in sections:
+            for key in mapping:
+                if key in RESERVED_FIELDS:
+                    p.append(
+                        Problem(
+                            f"{section}.{key}",
+                            mapping[key],
+                            "set by the sweep itself (use the top-level name / output_dir; "
+                            "run ids are generated)",
+                        )
+                    )
+                elif key not in valid:
+                    p.append(
+                        Problem(
+                            f"{section}.{key}",
+                            mapping[key],
+                            f"unknown RunConfig field; valid: {', '.join(valid)}",
+                        )
+                    )
+        for key in sorted(set(self.fixed) & set(self.grid)):
+            p.append(Problem(f"grid.{key}", self.grid[key], "also in fixed: give it in one place"))
+        for key, values in self.grid.items():
+            if not isinstance(values, list) or not values:
+                p.append(
+                    Problem(
+                        f"grid.{key}",
+                        values,
+                        "a non-empty list of values (a single value belongs in fixed)",
+                    )
+                )
+                continue
+            canonical = [json.dumps(v, sort_keys=True, default=str) for v in values]
+            if len(set(canonical)) != len(canonical):
+                p.append(Problem(f"grid.{key}", values, "lists a value twice"))
+        if not isinstance(self.notebook, str) or not self.notebook.endswith(".ipynb"):
+            p.append(Problem("notebook", self.notebook, "a path to an .ipynb file"))
+        if self.executor not in EXECUTORS:
+            p.append(Problem("executor", self.executor, f"must be one of {', '.join(EXECUTORS)}"))
+        else:
+            allowed = EXECUTOR_OPTIONS[self.executor]
+            for key in sorted(set(self.executor_options) - set(allowed)):
+                p.append(
+                    Problem(
+                        f"executor_options.{key}",
+                        self.executor_options[key],
+                        f"not an option of the {self.executor} executor; "
+                        f"valid: {', '.join(allowed) or '(none)'}",
+                    )
+                )
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            p.append(Problem("output_dir", self.output_dir, "a folder path"))
+        if not isinstance(self.description, str):
+            p.append(Problem("description", self.description, "text"))
+        t = self.cell_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            p.append(Problem("cell_timeout_s", t, "a number of seconds > 0, or omitted"))
+        return p
+
+    # -- loading
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> SweepSpec:
+        """Build from a mapping (a parsed YAML file); unknown keys are an error listing the
+        valid ones."""
+        what = f"sweep spec {source!r}" if source else "sweep spec"
+        if not isinstance(data, Mapping):
+            raise ConfigError([Problem("(top level)", data, "a mapping of spec keys")], what=what)
+        valid = _spec_keys()
+        problems = [
+            Problem(k, data[k], f"unknown sweep spec key; valid: {', '.join(valid)}")
+            for k in sorted(set(data) - set(valid), key=str)
+        ]
+        if data.get("name") is None:
+            problems.append(Problem("name", None, "required: the sweep's folder in the store"))
+        for key in ("fixed", "grid", "executor_options"):
+            if key in data and not isinstance(data[key], Mapping):
+                problems.append(Problem(key, data[key], "a mapping of names to values"))
+        if problems:
+            raise ConfigError(problems, what=what)
+        # An empty YAML key (``fixed:`` with nothing under it) means the default.
+        return cls(**{k: v for k, v in data.items() if v is not None}, source=source)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SweepSpec:
+        """Load and validate ``experiments/sweeps/X.yaml``."""
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(
+                [Problem("file", str(path), f"cannot read YAML: {exc}")], what="sweep spec"
+            ) from exc
+        return cls.from_dict(data if data is not None else {}, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec's keys as plain data (JSON-able; recorded beside every point)."""
+        return {k: getattr(self, k) for k in _spec_keys()}
+
+    # -- the grid
+    @property
+    def sweep_dir(self) -> Path:
+        """``<output_dir>/<name>``, absolute (the summary and report live here)."""
+        return Path(os.path.abspath(self.output_dir)) / self.name
+
+    def points(self) -> list[SweepPoint]:
+        """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
+        each bad point and its problems."""
+        keys = list(self.grid)
+        combos = [
+            dict(zip(keys, c, strict=True))
+            for c in itertools.product(*(self.grid[k] for k in keys))
+        ]
+        if self.include and not keys:
+            combos = []  # only the listed points, not the one point of `fixed` alone
+        combos += [dict(entry) for entry in self.include]
+        out: list[SweepPoint] = []
+        problems: list[Problem] = []
+        for index, values in enumerate(combos):
+            label = f"point {index} ({_label(values)})"
+            try:
+                base = RunConfig.from_dict(
+                    {
+                        **self.fixed,
+                        **values,
+                        "sweep": self.name,
+                        "output_dir": os.path.abspath(self.output_dir),
+                    }
+                )
+            except ConfigError as exc:
+                problems += [
+                    Problem(f"{label}: {pr.field}", pr.value, pr.allowed) for pr in exc.problems
+                ]
+                continue
+            except TypeError as exc:  # a value of a type RunConfig cannot take at all
+                problems.append(Problem(label, values, str(exc)))
+                continue
+            run_id = point_run_id(values, base)
+            out.append(
+                SweepPoint(
+                    index=index,
+                    values=values,
+                    config=base.replace(run_name=run_id),
+                    run_id=run_id,
+                    path=self.sweep_dir / run_id,
+                )
+            )
+        seen: dict[str, int] = {}
+        for point in out:
+            if point.run_id in seen:
+                problems.append(
+                    Problem(
+                        f"point {point.index} ({_label(point.values)})",
+                        point.run_id,
+                        f"the same run as point {seen[point.run_id]}",
+                    )
+                )
+            seen.setdefault(point.run_id, point.index)
+        if problems:
+            raise ConfigError(problems, what=self._what())
+        return out
+
+    def notebook_path(self) -> Path:
+        """The notebook to execute, found as the ``notebook`` key says (FileNotFoundError
+        naming where it looked otherwise)."""
+        given = Path(self.notebook)
+        candidates = [given] if given.is_absolute() else [Path.cwd() / given]
+        if not given.is_absolute() and self.source:
+            here = Path(self.source).resolve().parent
+            candidates += [folder / given for folder in (here, *here.parents)]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate.resolve()
+        raise FileNotFoundError(
+            f"notebook={self.notebook!r} not found; looked at: "
+            + ", ".join(str(c) for c in candidates[:4])
+        )
+
+
+def _label(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "no grid"
+
+
+def _defaults() -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return json.loads(json.dumps(out, default=str))
+
+
+def _hash_config(config: RunConfig) -> str:
+    """A short hash of the run's full config (derived values included), but not of where it is
+    stored. Fields at their default are left out: a field added to RunConfig later must not
+    change every id, or a re-run would no longer find the points it completed."""
+    data = json.loads(config.to_json())
+    defaults = _defaults()
+    for key in (*RESERVED_FIELDS, "derived"):
+        data.pop(key, None)
+    data = {k: v for k, v in data.items() if k not in defaults or v != defaults[k]}
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _token(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return re.sub(r"[^A-Za-z0-9.+-]", "", text)
+
+
+def point_run_id(values: Mapping[str, Any], config: RunConfig) -> str:
+    """The run id of a grid point: its grid values, shortened (``w2_b64_bf16``), then a hash of
+    its full config, so that ids are readable, deterministic and distinct."""
+    parts = []
+    for key, value in values.items():
+        prefix = RUN_ID_ABBREVIATIONS.get(key)
+        parts.append(f"{prefix}{_token(value)}" if prefix is not None else f"{key}-{_token(value)}")
+    readable = "_".join(p for p in parts if p)[:_READABLE_MAX].strip("_.+-") or "point"
+    if not readable[0].isalnum():
+        readable = "p" + readable
+    return f"{readable}-{_hash_config(config)}"
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Shorthand for :meth:`SweepSpec.from_yaml`."""
+    return SweepSpec.from_yaml(path)
