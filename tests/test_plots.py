@@ -110,6 +110,17 @@ def test_step_time_heatmap_shows_the_straggler_in_compute() -> None:
     assert step[:, -1] == pytest.approx([1.0] * 4)  # step time: all ranks wait for rank 2
 
 
+def test_step_time_heatmap_compute_from_sampled_comm_times() -> None:
+    # trace_comm="sampled": comm_s only on steps 1-10 and every 10th; each rank's latest sample
+    # stands for the steps after it, so compute is right on unsampled steps too.
+    steps = ddp_steps(world_size=4, n_steps=100, slow_rank=2, slow_from=40)
+    steps.loc[(steps["step"] > 10) & (steps["step"] % 10 != 0), "comm_s"] = np.nan
+    heat = plots.step_time_heatmap(steps, value="compute_s").data[0]
+    z = np.asarray(heat.z)
+    assert z[2, list(heat.x).index(55)] == pytest.approx(0.9)
+    assert z[1, list(heat.x).index(55)] == pytest.approx(0.6)
+
+
 def test_step_time_heatmap_is_downsampled_for_display() -> None:
     steps = make_steps("long", world_size=2, n_steps=1002, warmup_steps=2)
     fig = plots.step_time_heatmap(steps, max_steps=100)

@@ -290,15 +290,14 @@ def test_run_monitor_and_launch_panel_on_a_real_run(tmp_path: Path) -> None:
     assert handle is not None and panel.monitor is not None
     assert panel.monitor_box.children == (panel.monitor,)
     monitor = panel.monitor
-    seen: set[int] = set()
-    while handle.status() in ("pending", "running"):  # the background thread updates the bars
-        seen.add(monitor.bars[0].value)
-        time.sleep(0.05)
-        if len(seen) > 2:
-            break
-    assert monitor.wait(timeout_s=120) == "completed"
     total = handle.config.total_steps
-    assert [b.value for b in monitor.bars] == [total, total]
+    deadline = time.monotonic() + 120
+    bars = [0, 0]
+    while bars != [total, total] and time.monotonic() < deadline:  # only its thread refreshes
+        time.sleep(0.1)
+        bars = [b.value for b in monitor.bars]
+    assert bars == [total, total], "the background thread followed the run to its end"
+    assert monitor.wait(timeout_s=120) == "completed"
     assert monitor.samples_per_s and monitor.samples_per_s > 0
     assert monitor.latest_loss is not None
     # The monitor let the handle record the outcome: the store says completed.

@@ -117,7 +117,7 @@ class RunMonitor(widgets.VBox):
         self.samples_per_s: float | None = None
         self.latest_loss: float | None = None
         self.error: str | None = None
-        world = int(self.config.world_size)  # type: ignore[arg-type]
+        world = self.config.processes  # ranks that trace: 1 for DataParallel over N devices
         self.bars = [
             widgets.IntProgress(value=0, min=0, max=self.total_steps, description=f"rank {r}")
             for r in range(world)
@@ -179,6 +179,8 @@ class RunMonitor(widgets.VBox):
         if status == "failed":
             failure = self._failure_text()
             self.status_label.value = f"status: failed ({failure})" if failure else "status: failed"
+        if self.error:
+            self.status_label.value += f" (monitor: {self.error})"
 
     def _failure_text(self) -> str | None:
         try:

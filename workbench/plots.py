@@ -19,6 +19,7 @@ from workbench.analysis import (
     CONFIG_COLUMNS,
     EVAL_PARTS,
     check_columns,
+    comm_filled,
     downsample_for_display,
     measured_steps,
 )
@@ -269,7 +270,7 @@ def step_time_heatmap(
     m = measured_steps(
         steps.loc[steps["run_id"] == run_id, ["run_id", "rank", "step", "warmup", *cols]]
     )
-    v = m["step_s"] - m["comm_s"].fillna(0) if value == "compute_s" else m[value]
+    v = m["step_s"] - comm_filled(m).fillna(0) if value == "compute_s" else m[value]
     frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
     frame = frame.groupby(["rank", "step"], as_index=False)["v"].mean()
     ranks = frame["rank"].nunique()
