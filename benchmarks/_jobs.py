@@ -25,7 +25,7 @@ PLAIN = Path(__file__).resolve().with_name("plain_ddp.py")
 def workbench_config(model: str, world_size: int, batch: int, steps: int, warmup: int,
                      train_samples: int, output_dir: str) -> Any:
     """The RunConfig of the job: no evaluation or checkpoints (the plain script has none), every
-    other field at its default (so the preemption check every 10 steps stays: it is part of what
+    other field at its default (so the preemption check every 100 steps stays: it is part of what
     a workbench run costs)."""
     from workbench import RunConfig
 

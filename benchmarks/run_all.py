@@ -64,7 +64,8 @@ def run(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
         m = re.search(r"pyarrow alone: ([\d.]+) s; workbench total: ([\d.]+) s; ratio", stdout)
         rows = re.search(r"^([\d,]+) step rows", stdout, re.M)
         result: dict[str, Any] = {"pyarrow_s": float(m.group(1)), "workbench_s": float(m.group(2)),
-                                  "rows": rows.group(1) if rows else "?"} if m else {}
+                                  "rows": rows.group(1) if rows else "?"} if m else {
+            "error": "could not parse the output of analysis_scale.py"}
     else:
         result = json.loads(out_json.read_text())
     result["seconds"] = time.perf_counter() - start

@@ -109,3 +109,17 @@ def test_plugin_errors_name_the_field(spec: str, words: str) -> None:
     with pytest.raises(ValueError, match="model=") as err:
         build_model(spec, {})
     assert words in str(err.value)
+
+
+def test_repartition_gives_exactly_the_row_groups_asked_for(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from workbench import parquet_data
+
+    path = parquet_data.make_parquet_dataset(tmp_path / "d.parquet", 225, rows_per_group=50)
+    before = pq.read_table(path)
+    parquet_data.repartition(path, row_groups_count=16)  # ceil(225 / 16) = 15 rows: 15 groups
+    meta = pq.ParquetFile(path).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sizes == [15] + [14] * 15
+    assert pq.read_table(path).equals(before), "same rows in the same order"

@@ -398,7 +398,8 @@ def _validate(c: RunConfig) -> list[Problem]:
     if c.dataset not in BUILTIN_DATASETS and not (
         isinstance(c.dataset, str) and _PLUGIN.match(c.dataset)
     ):
-        p.append(Problem("dataset", c.dataset, "'synthetic' or 'package.module:factory'"))
+        builtin = ", ".join(repr(d) for d in BUILTIN_DATASETS)
+        p.append(Problem("dataset", c.dataset, f"{builtin} or 'package.module:factory'"))
     sizes_ok = positive("train_samples") & positive("eval_samples")
 
     # devices
@@ -484,10 +485,13 @@ def _validate(c: RunConfig) -> list[Problem]:
                 f"communication hooks need strategy='ddp', not {c.strategy!r}",
             )
         )
-    if c.strategy == "single" and c.world_size not in (None, 1):
+    layout_world = (c.world_size or c.nodes * (c.tasks_per_node or 1)) if layout_ok else 1
+    if c.strategy == "single" and layout_world != 1:
         p.append(
             Problem(
-                "world_size", c.world_size, "strategy='single' runs on one device: use world_size=1"
+                "world_size",
+                {"world_size": c.world_size, "nodes": c.nodes, "tasks_per_node": c.tasks_per_node},
+                "strategy='single' runs on one device: use world_size=1",
             )
         )
     if c.strategy == "dp" and c.device == "cpu":
@@ -513,11 +517,14 @@ def _validate(c: RunConfig) -> list[Problem]:
                         "dataset='parquet' needs the path of a Parquet file",
                     )
                 )
-    for name in ("bucket_cap_mb", "eval_timeout_s"):
-        v = getattr(c, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            p.append(Problem(name, v, "must be a number > 0"))
-    for name in ("learning_rate", "collective_timeout_s", "timeout_min", "trace_flush_s"):
+    for name in (
+        "bucket_cap_mb",
+        "eval_timeout_s",
+        "learning_rate",
+        "collective_timeout_s",
+        "timeout_min",
+        "trace_flush_s",
+    ):
         v = getattr(c, name)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             p.append(Problem(name, v, "must be a number > 0"))
@@ -526,6 +533,15 @@ def _validate(c: RunConfig) -> list[Problem]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             p.append(Problem(name, v, "must be a number >= 0"))
     one_of("precision", PRECISIONS)
+    if c.sync_batchnorm and c.device == "cpu":
+        p.append(
+            Problem(
+                "sync_batchnorm",
+                c.sync_batchnorm,
+                "SyncBatchNorm needs CUDA (torch runs it on GPU tensors only); on device='cpu' "
+                "leave it off",
+            )
+        )
     if c.precision == "fp16" and c.device == "cpu":
         p.append(
             Problem(

@@ -142,6 +142,7 @@ class CommMeter:
         self._bytes = 0
         self._buckets = 0
         self._powersgd: Any = None
+        self._dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(kind)  # compression
         if kind == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
@@ -170,7 +171,7 @@ class CommMeter:
 
             return fut.then(done_powersgd)
         buffer = bucket.buffer()
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.kind)
+        dtype = self._dtype
         sent = buffer if dtype is None else buffer.to(dtype)
         sent.div_(dist.get_world_size(group))
         nbytes = sent.numel() * sent.element_size()

@@ -124,6 +124,14 @@ def preflight(
                     "fp16 needs CUDA and no GPU is visible; use fp32 or bf16 on CPU",
                 )
             )
+        if not wants_cuda and config.sync_batchnorm:
+            problems.append(
+                Problem(
+                    "sync_batchnorm",
+                    config.sync_batchnorm,
+                    "SyncBatchNorm needs CUDA and no GPU is visible; leave it off on CPU",
+                )
+            )
         if not wants_cuda and config.backend == "nccl":
             problems.append(Problem("backend", config.backend, "nccl needs CUDA; use gloo or auto"))
     if config.strategy == "dp" and executor != "slurm":

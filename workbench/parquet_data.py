@@ -36,9 +36,18 @@ def make_parquet_dataset(
     return _write(table, Path(path), rows_per_group)
 
 
-def _write(table: pa.Table, path: Path, rows_per_group: int) -> Path:
+def _write(table: pa.Table, path: Path, rows_per_group: int | list[int]) -> Path:
+    """Write ``table`` atomically; row groups of ``rows_per_group`` rows, or of exactly the
+    listed sizes."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=rows_per_group)
+    if isinstance(rows_per_group, int):
+        pq.write_table(table, sink, row_group_size=rows_per_group)
+    else:
+        with pq.ParquetWriter(sink, table.schema) as writer:
+            start = 0
+            for size in rows_per_group:
+                writer.write_table(table.slice(start, size), row_group_size=size)
+                start += size
     atomic_write_bytes(path, sink.getvalue().to_pybytes())
     return path
 
@@ -54,8 +63,8 @@ def repartition(
     row_groups_count: int | None = None,
     rows_per_group: int | None = None,
 ) -> Path:
-    """Rewrite ``src`` (in place when ``dst`` is None) with ``row_groups_count`` row groups of equal
-    size (the last may be smaller) or with ``rows_per_group`` rows each."""
+    """Rewrite ``src`` (in place when ``dst`` is None) with exactly ``row_groups_count`` row
+    groups (sizes differing by one row at most) or with ``rows_per_group`` rows each."""
     if (row_groups_count is None) == (rows_per_group is None):
         raise ValueError("give exactly one of row_groups_count and rows_per_group")
     table = pq.read_table(src)
@@ -64,7 +73,9 @@ def repartition(
             raise ValueError(
                 f"row_groups_count={row_groups_count}: must be in 1..{table.num_rows} (the rows)"
             )
-        rows_per_group = -(-table.num_rows // row_groups_count)
+        # Rounding one size up can leave fewer groups than asked (225 rows in 16 -> 15 of 15).
+        q, r = divmod(table.num_rows, row_groups_count)
+        return _write(table, Path(dst or src), [q + 1] * r + [q] * (row_groups_count - r))
     assert rows_per_group is not None
     if rows_per_group < 1:
         raise ValueError(f"rows_per_group={rows_per_group}: must be >= 1")

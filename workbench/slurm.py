@@ -77,7 +77,7 @@ def executor(config: RunConfig, folder: Path, options: dict[str, Any], uses_cuda
     setup += [f"export {k}={shlex.quote(str(v))}" for k, v in options.get("env", {}).items()]
     params: dict[str, Any] = {
         "nodes": config.nodes,
-        "ntasks_per_node": config.tasks_per_node,
+        "ntasks_per_node": config.processes // config.nodes,  # DataParallel: one per node
         "cpus_per_task": options.get("cpus_per_task", config.threads_per_rank),
         "gpus_per_node": options.get("gpus_per_node", config.tasks_per_node if uses_cuda else 0),
         "time": max(1, int(round(config.timeout_min))),

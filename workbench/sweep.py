@@ -24,6 +24,7 @@ from typing import Any
 from . import schema
 from .config import RunConfig
 from .errors import ConfigError, Problem
+from .handle import _alive
 from .store import atomic_write_bytes, read_json, update_run, write_json
 from .sweep_spec import (
     SweepPoint,
@@ -175,10 +176,10 @@ def _pids_of_run(run_path: Path) -> list[int]:
             continue
         try:
             args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             continue
-        if state != "Z" and any(a == marker or a.startswith(marker + os.sep) for a in args):
+        ours = any(a == marker or a.startswith(marker + os.sep) for a in args)
+        if ours and _alive(int(proc.name)):
             pids.append(int(proc.name))
     return pids
 

@@ -245,7 +245,10 @@ class SweepSpec:
 
     def points(self) -> list[SweepPoint]:
         """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
-        each bad point and its problems."""
+        each bad point and its problems. Built once per spec (every point's config is hashed)."""
+        cached = self.__dict__.get("_points")
+        if cached is not None:
+            return list(cached)
         keys = list(self.grid)
         combos = [
             dict(zip(keys, c, strict=True))
@@ -298,7 +301,8 @@ class SweepSpec:
             seen.setdefault(point.run_id, point.index)
         if problems:
             raise ConfigError(problems, what=self._what())
-        return out
+        object.__setattr__(self, "_points", out)  # frozen: a cache, not a field
+        return list(out)
 
     def notebook_path(self) -> Path:
         """The notebook to execute, found as the ``notebook`` key says (FileNotFoundError

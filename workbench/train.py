@@ -189,7 +189,11 @@ class _Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.done_steps = 0
-        self.checked_unused = False
+        # DDP alone fails on parameters without gradients, and not with static_graph or
+        # find_unused_parameters; a bare module or DataParallel never does.
+        self.checked_unused = (
+            not isinstance(self.ddp, DDP) or config.find_unused_parameters or config.static_graph
+        )
         if start is not None:
             self.done_steps = checkpoint.restore_training(
                 start, self.optimizer, self.scaler, env.rank
@@ -286,8 +290,6 @@ class _Trainer:
         """After the first backward: DDP's own error about unused parameters comes one step
         later and names none; name them now, with the fix."""
         self.checked_unused = True
-        if self.config.find_unused_parameters:
-            return
         unused = [
             n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None
         ]
@@ -353,7 +355,7 @@ def _train(
             rank=env.rank,
             local_rank=env.local_rank,
             host=env.host,
-            world_size=env.world_size,
+            world_size=int(config.world_size),  # type: ignore[arg-type]  # devices (DP: one process)
             attempt=attempt,
             flush_s=config.trace_flush_s,
             device=device,
