@@ -38,8 +38,8 @@ def workbench_config(model: str, world_size: int, batch: int, steps: int, warmup
 def run_workbench(model: str, world_size: int, batch: int, steps: int, warmup: int,
                   train_samples: int) -> dict[str, Any]:
     """``launch()`` then ``wait()``; throughput from ``summary.run_summary``."""
-    from workbench import launch
-    from workbench.summary import run_summary
+    from workbench.run import launch
+    from workbench.analysis.summary import run_summary
 
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
         config = workbench_config(model, world_size, batch, steps, warmup, train_samples, tmp)

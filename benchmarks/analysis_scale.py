@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench import analysis, plots
+from workbench.analysis import tables as analysis
+from workbench.ui import plots
 from workbench.schema import STEP_COLUMNS, steps_file
 
 ARROW_TYPES = {

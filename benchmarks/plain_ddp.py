@@ -30,9 +30,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.config import RunConfig  # noqa: E402
-from workbench.data import build_datasets, fetch_batch, train_batches  # noqa: E402
-from workbench.models import build_model  # noqa: E402
+from workbench.config.run_config import RunConfig  # noqa: E402
+from workbench.rank.data import build_datasets, fetch_batch, train_batches  # noqa: E402
+from workbench.rank.models import build_model  # noqa: E402
 
 
 def main() -> None:

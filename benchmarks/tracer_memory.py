@@ -32,7 +32,7 @@ def drive(steps: int, every: int, mode: str) -> dict[str, Any]:
     """Run the tracer for ``steps`` steps in this process; samples of memory (bytes)."""
     import torch
 
-    from workbench.trace import Tracer, rss_bytes
+    from workbench.rank.tracer import Tracer, rss_bytes
 
     def measure() -> int:
         gc.collect()

@@ -56,14 +56,14 @@ from _common import fmt_ratio, ratio_stats, write_result  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from workbench import distributed  # noqa: E402
-from workbench.config import RunConfig  # noqa: E402
-from workbench.data import fetch_batch, train_batches  # noqa: E402
-from workbench.models import build_model  # noqa: E402
+from workbench.rank import distributed
+from workbench.config.run_config import RunConfig  # noqa: E402
+from workbench.rank.data import fetch_batch, train_batches  # noqa: E402
+from workbench.rank.models import build_model  # noqa: E402
 from workbench.ports import free_port  # noqa: E402
-from workbench.profiling import _NoProfiler  # noqa: E402
-from workbench.trace import PhaseClock, Tracer, rss_bytes  # noqa: E402
-from workbench.train import _loss, _make_optimizer, _seed_everything, _Trainer  # noqa: E402
+from workbench.rank.profiling import _NoProfiler  # noqa: E402
+from workbench.rank.tracer import PhaseClock, Tracer, rss_bytes  # noqa: E402
+from workbench.rank.loop import _loss, _make_optimizer, _seed_everything, _Trainer  # noqa: E402
 
 VARIANTS = ("untraced", "hook_only", "traced", "profiler")
 

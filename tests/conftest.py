@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.config import RunConfig
-from workbench.launch import launch
+from workbench.config.run_config import RunConfig
+from workbench.run.launch import launch
 
 # Keep each rank to one thread: two ranks share this machine's two cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

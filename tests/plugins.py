@@ -41,7 +41,7 @@ class _Sleepy(nn.Module):
 
     def __init__(self, sleep_s: float, eval_sleep_s: float) -> None:
         super().__init__()
-        from workbench.models import MLP
+        from workbench.rank.models import MLP
 
         self.net = MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
         self.sleep_s = sleep_s
@@ -60,8 +60,8 @@ def sleepy_mlp(sleep_s: float = 0.0, eval_sleep_s: float = 0.0) -> nn.Module:
 
 def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tuple[Dataset, Dataset]:
     """The built-in synthetic data of the default mlp, for plug-in models that mimic it."""
-    from workbench.config import MODEL_OPTIONS
-    from workbench.data import _synthetic
+    from workbench.config.run_config import MODEL_OPTIONS
+    from workbench.rank.data import _synthetic
 
     opts = MODEL_OPTIONS["mlp"]
     return (

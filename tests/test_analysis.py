@@ -6,26 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench import analysis
-from workbench.analysis import (
-    communication,
-    default_group_by,
-    downsample_for_display,
-    eval_breakdown,
-    measured_window,
-    memory_by_rank,
-    phase_breakdown,
-    scaling_table,
-    stragglers,
-)
-from workbench.scaling_model import (
-    NETWORK_PRESETS,
-    NetworkModel,
-    measured_network,
-    predict_scaling,
-    predicted_vs_measured,
-    ring_allreduce_time,
-)
+from workbench.analysis import tables as analysis
+from workbench.analysis.tables import communication, default_group_by, downsample_for_display, eval_breakdown, measured_window, memory_by_rank, phase_breakdown, scaling_table, stragglers
+from workbench.analysis.scaling_model import NETWORK_PRESETS, NetworkModel, measured_network, predict_scaling, predicted_vs_measured, ring_allreduce_time
 
 from .frames import ddp_steps, make_evals, make_runs, make_steps, scaling_sweep
 

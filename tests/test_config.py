@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config import FaultInjection, RunConfig
+from workbench.config.run_config import FaultInjection, RunConfig
 from workbench.errors import ConfigError
 
 GOOD = dict(model="mlp", world_size=2, per_device_batch_size=8)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from workbench import schema
-from workbench.models import build_model, gradient_bytes
-from workbench.store import load_runs, read_json
+from workbench.rank.models import build_model, gradient_bytes
+from workbench.store.load import load_runs
+from workbench.store.files import read_json
 
 pytestmark = pytest.mark.slow
 

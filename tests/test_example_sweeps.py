@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.models import build_model, gradient_bytes
-from workbench.store import load_runs, load_traces
+from workbench.rank.models import build_model, gradient_bytes
+from workbench.store.load import load_runs, load_traces
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from workbench.errors import PreflightError, RunFailedError
-from workbench.launch import attach, launch
+from workbench.run.handle import attach
+from workbench.run.launch import launch
 
 from .conftest import base_config
 from .helpers import job_processes
@@ -89,7 +90,7 @@ def test_plugin_that_does_not_import_is_refused_before_launch(tmp_path: Path) ->
 def test_full_disk_is_refused_before_launch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    launch_module = importlib.import_module("workbench.launch")  # the module, not the function
+    launch_module = importlib.import_module("workbench.run.preflight")  # the module, not the function
     monkeypatch.setattr(launch_module, "MIN_FREE_BYTES", 2**62)  # more than any disk has free
     with pytest.raises(PreflightError, match="output_dir=.*MiB free on the disk"):
         launch(base_config(tmp_path, world_size=2))
@@ -114,7 +115,8 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         kc.start_channels()
         kc.wait_for_ready(timeout=60)
         code = textwrap.dedent(f"""
-            from workbench import RunConfig, launch
+            from workbench import RunConfig
+            from workbench.run import launch
             config = RunConfig(model="mlp", world_size=2, global_batch_size=64, train_samples=512,
                                epochs=40, output_dir={str(store)!r}, sweep="kernel",
                                run_name="survivor")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from workbench import ports
-from workbench.config import RunConfig
+from workbench.config.run_config import RunConfig
 from workbench.errors import PreflightError
-from workbench.launch import launch, preflight
+from workbench.run.launch import launch, preflight
 
 
 def _config(tmp_path: Path, **changes) -> RunConfig:

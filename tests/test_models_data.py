@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.config import MODEL_OPTIONS, RunConfig
-from workbench.data import build_datasets, eval_shard, fetch_batch, train_batches
-from workbench.models import build_model, gradient_bytes, model_task
+from workbench.config.run_config import MODEL_OPTIONS, RunConfig
+from workbench.rank.data import build_datasets, eval_shard, fetch_batch, train_batches
+from workbench.rank.models import build_model, gradient_bytes, model_task
 
 
 @pytest.mark.parametrize("name", list(MODEL_OPTIONS))
@@ -114,7 +114,7 @@ def test_plugin_errors_name_the_field(spec: str, words: str) -> None:
 def test_repartition_gives_exactly_the_row_groups_asked_for(tmp_path) -> None:
     import pyarrow.parquet as pq
 
-    from workbench import parquet_data
+    from workbench.store import row_groups as parquet_data
 
     path = parquet_data.make_parquet_dataset(tmp_path / "d.parquet", 225, rows_per_group=50)
     before = pq.read_table(path)

@@ -14,7 +14,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from workbench.store import load_runs
+from workbench.store.load import load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -7,14 +7,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench import plots
-from workbench.analysis import (
-    eval_breakdown,
-    memory_by_rank,
-    phase_breakdown,
-    scaling_table,
-)
-from workbench.scaling_model import NetworkModel, predicted_vs_measured
+from workbench.ui import plots
+from workbench.analysis.tables import eval_breakdown, memory_by_rank, phase_breakdown, scaling_table
+from workbench.analysis.scaling_model import NetworkModel, predicted_vs_measured
 
 from .frames import ddp_steps, make_runs, make_steps, scaling_sweep
 

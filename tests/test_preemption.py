@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workbench.launch import launch
+from workbench.run.launch import launch
 
 from .conftest import base_config
 

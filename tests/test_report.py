@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workbench.report import build_figures, write_report
+from workbench.ui.report import build_figures, write_report
 
 from .frames import ddp_steps, make_runs, scaling_sweep
 

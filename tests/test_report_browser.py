@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench.report import build_figures, write_report
+from workbench.ui.report import build_figures, write_report
 
 from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
 from .frames import ddp_steps, make_runs, scaling_sweep

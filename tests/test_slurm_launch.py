@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from workbench.errors import RunFailedError
-from workbench.launch import attach, launch, launch_array, sbatch_script
-from workbench.store import read_json
+from workbench.run.handle import attach
+from workbench.run.launch import launch, launch_array, sbatch_script
+from workbench.store.files import read_json
 
 from .conftest import base_config
 from .helpers import job_processes

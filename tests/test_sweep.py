@@ -20,17 +20,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 from tests.helpers import job_processes
 from workbench.cli import main
 from workbench.errors import ConfigError
-from workbench.sweep import (
-    FAILED_NOTEBOOK_FILE,
-    NOTEBOOK_FILE,
-    NOTEBOOK_PARAMETERS,
-    POINT_FILE,
-    SweepSpec,
-    check_notebook,
-    plan,
-    point_state,
-    run_sweep,
-)
+from workbench.sweeps.runner import FAILED_NOTEBOOK_FILE, NOTEBOOK_FILE, NOTEBOOK_PARAMETERS, POINT_FILE, check_notebook, plan, point_state, run_sweep
+from workbench.sweeps.spec import SweepSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_02 = ROOT / "notebooks" / "02_scaling_sweep.ipynb"
@@ -508,7 +499,7 @@ def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: 
 def test_notebook_02_runs_its_grid_interactively_with_papermill(tmp_path: Path) -> None:
     import papermill
 
-    from workbench.store import load_runs
+    from workbench.store.load import load_runs
 
     out = tmp_path / "out.ipynb"
     papermill.execute_notebook(

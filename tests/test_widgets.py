@@ -12,9 +12,11 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench import schema
-from workbench.config import RunConfig
-from workbench.store import write_json
-from workbench.widgets import FIGURES, Dashboard, LaunchPanel, RunMonitor
+from workbench.config.run_config import RunConfig
+from workbench.store.files import write_json
+from workbench.ui.dashboard import FIGURES, Dashboard
+from workbench.ui.launch_panel import LaunchPanel
+from workbench.ui.monitor import RunMonitor
 
 from .conftest import base_config
 from .frames import make_evals, make_steps, scaling_sweep

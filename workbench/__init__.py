@@ -3,10 +3,11 @@
 Importing the package does not import torch: dashboards and analysis open fast without it.
 """
 
-from .config import FaultInjection, RunConfig
-from .errors import ConfigError, PreflightError, RunFailedError
-from .launch import RunHandle, launch
-from .store import load_runs, load_traces
+from workbench.config.run_config import FaultInjection, RunConfig
+from workbench.errors import ConfigError, PreflightError, RunFailedError
+from workbench.run.handle import RunHandle
+from workbench.run.launch import launch
+from workbench.store.load import load_runs, load_traces
 
 __all__ = [
     "ConfigError",

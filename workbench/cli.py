@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, field_help
+from workbench.config.run_config import RunConfig, field_help
 
 _ALIASES = {"max_steps": ["--steps"]}
 
@@ -61,9 +61,9 @@ def _add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = (
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .errors import ConfigError, PreflightError, RunFailedError
-    from .launch import launch
-    from .summary import per_rank_table
+    from workbench.analysis.summary import per_rank_table
+    from workbench.errors import ConfigError, PreflightError, RunFailedError
+    from workbench.run.launch import launch
 
     try:
         config = _config_from_args(args)
@@ -87,7 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _print_summary(run_path: Path) -> None:
-    from .store import read_json
+    from workbench.store.files import read_json
 
     s = read_json(run_path / "run.json").get("summary") or {}
 
@@ -114,7 +114,7 @@ def _print_summary(run_path: Path) -> None:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from .store import load_runs
+    from workbench.store.load import load_runs
 
     runs = load_runs(args.output_dir, args.sweep or None)
     if runs.empty:
@@ -149,7 +149,7 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .study import report_from_store
+    from workbench.ui.report import report_from_store
 
     try:
         path = report_from_store(args.target, args.output, output_dir=args.output_dir)
@@ -161,8 +161,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
-    from .study import report_from_store, run_study, scaling_configs
+    from workbench.errors import ConfigError
+    from workbench.run.study import run_study, scaling_configs
+    from workbench.ui.report import report_from_store
 
     try:
         sizes = [int(n) for n in args.world_sizes.split(",")]
@@ -182,8 +183,9 @@ def _cmd_scale(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
-    from .sweep import SweepSpec, check_notebook, plan, run_sweep
+    from workbench.errors import ConfigError
+    from workbench.sweeps.runner import check_notebook, plan, run_sweep
+    from workbench.sweeps.spec import SweepSpec
 
     try:
         spec = SweepSpec.from_yaml(args.spec)
@@ -228,7 +230,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_repartition(args: argparse.Namespace) -> int:
-    from .parquet_data import make_parquet_dataset, repartition, row_groups
+    from workbench.store.row_groups import make_parquet_dataset, repartition, row_groups
 
     try:
         if args.make:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import MODEL_OPTIONS
+from workbench.config.run_config import MODEL_OPTIONS
 
 
 def load_plugin(spec: str, field_name: str) -> Callable[..., Any]:

@@ -15,9 +15,11 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench import analysis, plots
-from workbench.scaling_model import NetworkModel, measured_network, predicted_vs_measured
-from workbench.store import atomic_write_bytes
+from workbench.analysis import tables as analysis
+from workbench.analysis.scaling_model import NetworkModel, measured_network, predicted_vs_measured
+from workbench.store.files import atomic_write_bytes
+from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui import plots
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
@@ -202,3 +204,36 @@ def write_report(
     out = Path(path)
     atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
     return out
+
+
+def report_from_store(
+    target: str | Path,
+    output: str | Path,
+    output_dir: str | Path = "experiments/results",
+    title: str | None = None,
+) -> Path:
+    """Write the offline HTML report for a sweep name, a sweep folder or a run folder."""
+    target_path = Path(target)
+    if (target_path / "run.json").exists():
+        run_dirs = [target_path]
+        sweep_root, sweeps = target_path.parent.parent, [target_path.parent.name]
+    else:
+        if target_path.is_dir():
+            sweep_root, sweeps = target_path.parent, [target_path.name]
+        else:
+            sweep_root, sweeps = Path(output_dir), [str(target)]
+        run_dirs = iter_run_dirs(sweep_root, sweeps)
+    if not run_dirs:
+        raise ValueError(
+            f"target={str(target)!r}: no runs found (looked in {sweep_root} for sweep "
+            f"{sweeps[0]!r}); `workbench ls` lists what the store holds"
+        )
+    runs = load_runs(sweep_root, sweeps)
+    runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
+    return write_report(
+        runs,
+        load_traces(run_dirs, "steps"),
+        load_traces(run_dirs, "eval"),
+        output,
+        title=title or f"Scaling report: {target_path.name}",
+    )

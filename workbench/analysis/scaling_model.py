@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import (
+from workbench.analysis.tables import (
     check_columns,
     comm_filled,
     measured_steps,

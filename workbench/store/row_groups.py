@@ -1,4 +1,4 @@
-"""Training data from Parquet files, sharded by row groups (each rank reads only its own groups).
+"""Parquet training data sharded by row groups: writing, counting and repartitioning files.
 
 A file holds feature columns ``x0 .. x{d-1}`` (float32) and ``label`` (int64). Rank ``r`` of ``n``
 reads row groups ``r, r + n, r + 2n, ...``; so the number of row groups must be a multiple of the
@@ -9,13 +9,12 @@ file with another row-group size to make it so.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .store import atomic_write_bytes
+from workbench.store.files import atomic_write_bytes
 
 
 def make_parquet_dataset(
@@ -92,22 +91,3 @@ def partition_problem(path: str | Path, processes: int) -> str | None:
         f"has {groups} row groups, not a multiple of the {processes} processes; rewrite it with "
         f"`workbench repartition {path} --row-groups {fix}` (or any multiple of {processes})"
     )
-
-
-def load(path: str | Path, rank: int = 0, world_size: int = 1, all_groups: bool = False) -> Any:
-    """This rank's row groups (or the whole file) as a dataset of (features, label) tensors."""
-    import torch
-
-    from .data import TensorPairDataset
-
-    file = pq.ParquetFile(path)
-    groups = list(range(file.num_row_groups))
-    mine = groups if all_groups else groups[rank::world_size]
-    table = file.read_row_groups(mine)
-    names = [c for c in table.column_names if c != "label"]
-    x = np.stack([table.column(c).to_numpy() for c in names], axis=1).astype(np.float32)
-    y = table.column("label").to_numpy().astype(np.int64)
-    dataset = TensorPairDataset(torch.from_numpy(x), torch.from_numpy(y))
-    # Already this rank's data: train_batches only reshuffles it.
-    dataset.local_shard = not all_groups  # type: ignore[attr-defined]
-    return dataset

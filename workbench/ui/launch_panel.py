@@ -8,10 +8,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .config import MODEL_OPTIONS, PRECISIONS, RunConfig
-from .errors import ConfigError, PreflightError
-from .handle import RunHandle
-from .monitor import RunMonitor
+from workbench.config.run_config import MODEL_OPTIONS, PRECISIONS, RunConfig
+from workbench.errors import ConfigError, PreflightError
+from workbench.run.handle import RunHandle
+from workbench.ui.monitor import RunMonitor
 
 
 class LaunchPanel(widgets.VBox):
@@ -119,7 +119,7 @@ class LaunchPanel(widgets.VBox):
     def launch(self) -> RunHandle | None:
         """Launch the form's config and show a live monitor below; None when it is invalid or
         the machine cannot run it (the problems are shown in the panel)."""
-        from .launch import launch
+        from workbench.run.launch import launch
 
         config = self.config()
         if config is None:

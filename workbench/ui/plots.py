@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from workbench.analysis import (
+from workbench.analysis.tables import (
     CONFIG_COLUMNS,
     EVAL_PARTS,
     check_columns,

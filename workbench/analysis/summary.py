@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from .analysis import measured_window
-from .store import load_traces
+from workbench.analysis.tables import measured_window
+from workbench.store.load import load_traces
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import ipywidgets as widgets
 import pandas as pd
 
-from . import analysis, schema
-from .config import RunConfig
-from .handle import RunHandle
-from .store import read_json
+from workbench import schema
+from workbench.analysis import tables as analysis
+from workbench.config.run_config import RunConfig
+from workbench.run.handle import RunHandle
+from workbench.store.files import read_json
 
 FINAL_STATUSES = ("completed", "failed", "cancelled", "preempted")
 

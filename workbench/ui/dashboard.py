@@ -1,6 +1,5 @@
-"""ipywidgets for notebooks: the dashboard over the store, and the entry point for the others
-(:class:`LaunchPanel` from :mod:`workbench.launch_panel`, :class:`RunMonitor` from
-:mod:`workbench.monitor`).
+"""The dashboard over the store: pick sweeps, runs, a grouping and a figure; the figure and the
+scaling table follow.
 
 Widgets only compose :mod:`workbench.analysis` (tables) and :mod:`workbench.plots` (figures); they
 compute nothing of their own. No torch at import time: a dashboard opens on a laptop with no GPU
@@ -18,10 +17,9 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import analysis, plots
-from .launch_panel import LaunchPanel
-from .monitor import RunMonitor
-from .store import iter_run_dirs, load_runs, load_traces
+from workbench.analysis import tables as analysis
+from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui import plots
 
 #: Dashboard figures: label shown in the dropdown -> key.
 FIGURES: dict[str, str] = {
@@ -322,7 +320,7 @@ class Dashboard(widgets.VBox):
         if kind == "loss":
             return plots.loss_curves_figure(steps)
         if kind == "predicted":
-            from .scaling_model import measured_network, predicted_vs_measured
+            from workbench.analysis.scaling_model import measured_network, predicted_vs_measured
 
             net = measured_network(steps)
             if net is None:
@@ -332,4 +330,4 @@ class Dashboard(widgets.VBox):
         raise ValueError(f"unknown figure {kind!r}; valid names: {', '.join(FIGURES.values())}")
 
 
-__all__ = ["FIGURES", "Dashboard", "LaunchPanel", "RunMonitor", "message_figure", "replace_figure"]
+__all__ = ["FIGURES", "Dashboard", "message_figure", "replace_figure"]

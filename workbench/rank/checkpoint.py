@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import distributed, schema
+from workbench import schema
+from workbench.rank import distributed
 
 
 def _dir(run_dir: Path, step: int) -> Path:

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import schema, slurm
-from .config import RunConfig
-from .errors import RunFailedError
-from .store import read_json, read_rank_states, update_run
+from workbench import schema
+from workbench.config.run_config import RunConfig
+from workbench.errors import RunFailedError
+from workbench.run import slurm
+from workbench.store.files import read_json, read_rank_states, update_run
 
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
 FAILURE_GRACE_S = 10.0
@@ -322,7 +323,7 @@ class RunHandle:
             for rank, s in states.items()
             if s["status"] == "completed" and _crashed_at_exit(self._tail(self._log_path(rank), 5))
         ]
-        from .summary import run_summary
+        from workbench.analysis.summary import run_summary
 
         try:
             fields["summary"] = run_summary(self.path)
@@ -360,6 +361,6 @@ class RunHandle:
 
     def traces(self, kind: str = "steps") -> Any:
         """This run's trace rows as a DataFrame (``kind``: steps or eval)."""
-        from .store import load_traces
+        from workbench.store.load import load_traces
 
         return load_traces(self.path, kind)

@@ -7,17 +7,15 @@ at every flush, so a 100,000-step run holds at most a few seconds of rows.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import schema
-from .store import atomic_write_bytes
+from workbench import schema
+from workbench.store.jsonl import TraceWriter
 
 #: How often (seconds) the tracer re-reads the process RSS.
 RSS_EVERY_S = 0.5
@@ -109,36 +107,6 @@ class PhaseClock:
         return first[0] if self.cuda else first
 
 
-class TraceWriter:
-    """Appends rows to one JSONL file and flushes at least every ``flush_s`` seconds."""
-
-    def __init__(self, path: Path, flush_s: float, max_rows: int = 2000) -> None:
-        self.path = path
-        self.flush_s = flush_s
-        self.max_rows = max_rows
-        self._rows: list[dict[str, Any]] = []
-        self._last_flush = time.monotonic()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8")
-
-    def add(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= self.max_rows or time.monotonic() - self._last_flush >= self.flush_s:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._rows:
-            self._file.write("".join(json.dumps(r) + "\n" for r in self._rows))
-            self._rows.clear()
-        self._file.flush()
-        self._last_flush = time.monotonic()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self.flush()
-            self._file.close()
-
-
 class Tracer:
     """Step and evaluation rows of one rank. Use as a context manager: rows written before an
     exception are flushed on the way out."""
@@ -219,84 +187,3 @@ class Tracer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# -- files: reading, consolidating, trimming on resume
-
-
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL trace; a torn last line (a crash mid-write) is skipped."""
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
-
-
-def _arrow_schema(columns: dict[str, str]) -> Any:
-    import pyarrow as pa
-
-    types = {
-        "string": pa.string(),
-        "int64": pa.int64(),
-        "float64": pa.float64(),
-        "bool": pa.bool_(),
-    }
-    return pa.schema(
-        [pa.field(name, types[kind]) for name, kind in columns.items()],
-        metadata={"workbench_trace_schema": str(schema.TRACE_SCHEMA_VERSION)},
-    )
-
-
-def _read_rows(traces_dir: Path, stem: str) -> list[dict[str, Any]]:
-    """Rows of one rank's trace: the Parquet file if consolidated, plus any JSONL beside it."""
-    rows: list[dict[str, Any]] = []
-    parquet = traces_dir / f"{stem}.parquet"
-    if parquet.exists():
-        import pyarrow.parquet as pq
-
-        rows.extend(pq.read_table(parquet).to_pylist())
-    rows.extend(read_jsonl(traces_dir / f"{stem}.jsonl"))
-    return rows
-
-
-def _write_parquet(rows: list[dict[str, Any]], columns: dict[str, str], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist(
-        [{c: r.get(c) for c in columns} for r in rows], schema=_arrow_schema(columns)
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
-
-
-def consolidate(traces_dir: Path, rank: int) -> None:
-    """Turn this rank's JSONL rows (and any earlier Parquet) into one Parquet file per kind."""
-    for stem_of, columns in (
-        (schema.steps_file, schema.STEP_COLUMNS),
-        (schema.eval_file, schema.EVAL_COLUMNS),
-    ):
-        stem = stem_of(rank, "x")[:-2]
-        rows = _read_rows(traces_dir, stem)
-        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
-        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)
-
-
-def trim_for_resume(traces_dir: Path, rank: int, last_step: int) -> None:
-    """Before a resumed attempt appends: keep only rows up to the checkpoint's step, so the steps
-    it repeats are traced once, by the attempt that completes them."""
-    for stem_of, columns in (
-        (schema.steps_file, schema.STEP_COLUMNS),
-        (schema.eval_file, schema.EVAL_COLUMNS),
-    ):
-        stem = stem_of(rank, "x")[:-2]
-        rows = [r for r in _read_rows(traces_dir, stem) if r["step"] <= last_step]
-        if not rows and not (traces_dir / f"{stem}.parquet").exists():
-            continue
-        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
-        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)

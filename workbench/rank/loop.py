@@ -23,16 +23,18 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import checkpoint, distributed, schema
-from .config import RunConfig
-from .data import build_datasets, eval_shard, fetch_batch, train_batches
-from .errors import InjectedFault, NonFiniteLossError, UnusedParametersError
-from .models import build_model, model_task
-from .ports import free_port
-from .preemption import PreemptionSignal
-from .profiling import step_profiler
-from .store import rank_file, write_json
-from .trace import PhaseClock, Tracer, consolidate, trim_for_resume
+from workbench import schema
+from workbench.config.run_config import RunConfig
+from workbench.errors import InjectedFault, NonFiniteLossError, UnusedParametersError
+from workbench.ports import free_port
+from workbench.rank import checkpoint, distributed
+from workbench.rank.data import build_datasets, eval_shard, fetch_batch, train_batches
+from workbench.rank.models import build_model, model_task
+from workbench.rank.preemption import PreemptionSignal
+from workbench.rank.profiling import step_profiler
+from workbench.rank.tracer import PhaseClock, Tracer
+from workbench.store.files import rank_file, write_json
+from workbench.store.trace_files import consolidate, trim_for_resume
 
 
 @dataclass(frozen=True)

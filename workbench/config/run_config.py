@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Problem
+from workbench.errors import ConfigError, Problem
 
 #: The knobs each built-in model takes, with their defaults (tiny, so a CPU runs them in ms).
 MODEL_OPTIONS: dict[str, dict[str, Any]] = {

@@ -4,12 +4,12 @@ another (ranks of different runs must not share the cores they are measured on).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
-from .errors import RunFailedError
-from .launch import RunHandle, launch
+from workbench.config.run_config import RunConfig
+from workbench.errors import RunFailedError
+from workbench.run.handle import RunHandle
+from workbench.run.launch import launch
 
 
 def scaling_configs(config: RunConfig, world_sizes: Iterable[int]) -> list[RunConfig]:
@@ -51,39 +51,3 @@ def run_study(
             bar.write(f"run {handle.run_id} failed: {exc}")
         handles.append(handle)
     return handles
-
-
-def report_from_store(
-    target: str | Path,
-    output: str | Path,
-    output_dir: str | Path = "experiments/results",
-    title: str | None = None,
-) -> Path:
-    """Write the offline HTML report for a sweep name, a sweep folder or a run folder."""
-    from .report import write_report
-    from .store import iter_run_dirs, load_runs, load_traces
-
-    target_path = Path(target)
-    if (target_path / "run.json").exists():
-        run_dirs = [target_path]
-        sweep_root, sweeps = target_path.parent.parent, [target_path.parent.name]
-    else:
-        if target_path.is_dir():
-            sweep_root, sweeps = target_path.parent, [target_path.name]
-        else:
-            sweep_root, sweeps = Path(output_dir), [str(target)]
-        run_dirs = iter_run_dirs(sweep_root, sweeps)
-    if not run_dirs:
-        raise ValueError(
-            f"target={str(target)!r}: no runs found (looked in {sweep_root} for sweep "
-            f"{sweeps[0]!r}); `workbench ls` lists what the store holds"
-        )
-    runs = load_runs(sweep_root, sweeps)
-    runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    return write_report(
-        runs,
-        load_traces(run_dirs, "steps"),
-        load_traces(run_dirs, "eval"),
-        output,
-        title=title or f"Scaling report: {target_path.name}",
-    )

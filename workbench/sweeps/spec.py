@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, init_field_names
-from .errors import ConfigError, Problem
+from workbench.config.run_config import RunConfig, init_field_names
+from workbench.errors import ConfigError, Problem
 
 DEFAULT_NOTEBOOK = "notebooks/02_scaling_sweep.ipynb"
 #: Fields the sweep sets itself: the store folder, the run id and the store root.
@@ -124,7 +124,7 @@ class SweepSpec:
         return f"sweep spec {self.source or self.name!r}"
 
     def _problems(self) -> list[Problem]:
-        from .launch import EXECUTOR_OPTIONS, EXECUTORS
+        from workbench.run.preflight import EXECUTOR_OPTIONS, EXECUTORS
 
         p: list[Problem] = []
         if not isinstance(self.name, str) or not _NAME.match(self.name):

@@ -7,13 +7,16 @@ chain), so loss and accuracy mean something: a model that learns beats chance.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, DistributedSampler, default_collate
 
-from .config import RunConfig
-from .models import load_plugin
+from workbench.config.run_config import RunConfig
+from workbench.rank.models import load_plugin
 
 
 class TensorPairDataset(Dataset):
@@ -73,12 +76,10 @@ def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tupl
     """(train, eval) datasets for a config: synthetic for built-in models, this rank's row groups
     of a Parquet file, or the plug-in's."""
     if config.dataset == "parquet":
-        from . import parquet_data
-
         opts = config.dataset_options
         return (
-            parquet_data.load(opts["train"], rank, processes),
-            parquet_data.load(opts["eval"], all_groups=True),
+            parquet_dataset(opts["train"], rank, processes),
+            parquet_dataset(opts["eval"], all_groups=True),
         )
     if config.dataset == "synthetic":
         opts = config.model_kwargs
@@ -143,3 +144,20 @@ def eval_shard(
     indices = list(sampler)
     for i in range(0, len(indices), batch_size):
         yield indices[i : i + batch_size]
+
+
+def parquet_dataset(
+    path: str | Path, rank: int = 0, world_size: int = 1, all_groups: bool = False
+) -> Any:
+    """This rank's row groups (or the whole file) as a dataset of (features, label) tensors."""
+    file = pq.ParquetFile(path)
+    groups = list(range(file.num_row_groups))
+    mine = groups if all_groups else groups[rank::world_size]
+    table = file.read_row_groups(mine)
+    names = [c for c in table.column_names if c != "label"]
+    x = np.stack([table.column(c).to_numpy() for c in names], axis=1).astype(np.float32)
+    y = table.column("label").to_numpy().astype(np.int64)
+    dataset = TensorPairDataset(torch.from_numpy(x), torch.from_numpy(y))
+    # Already this rank's data: train_batches only reshuffles it.
+    dataset.local_shard = not all_groups  # type: ignore[attr-defined]
+    return dataset

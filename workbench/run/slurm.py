@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
-from .errors import Problem
+from workbench.config.run_config import RunConfig
+from workbench.errors import Problem
 
 #: Slurm options of ``launch(config, executor="slurm", ...)``, with what each one does.
 SLURM_OPTIONS: dict[str, str] = {

@@ -21,17 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import schema
-from .config import RunConfig
-from .errors import ConfigError, Problem
-from .handle import _alive
-from .store import atomic_write_bytes, read_json, update_run, write_json
-from .sweep_spec import (
-    SweepPoint,
-    SweepSpec,
-    load_spec,
-    point_run_id,
-)
+from workbench import schema
+from workbench.config.run_config import RunConfig
+from workbench.errors import ConfigError, Problem
+from workbench.run.handle import _alive
+from workbench.store.files import atomic_write_bytes, read_json, update_run, write_json
+from workbench.sweeps.spec import SweepPoint, SweepSpec, load_spec, point_run_id
 
 NOTEBOOK_FILE = "notebook.ipynb"
 #: The executed notebook while it runs; renamed to NOTEBOOK_FILE only when the point succeeded.
@@ -211,7 +206,7 @@ def _stop_point(run_path: Path, reason: str) -> None:
     if run is None or run.get("ended_at") is not None:
         return
     try:
-        from .launch import attach
+        from workbench.run.handle import attach
 
         attach(run_path).cancel()  # a scheduler's job too, and the run's summary so far
     except Exception:  # the record below must be written whatever the handle could not do
@@ -344,9 +339,9 @@ def point_state_after_run(path: Path) -> str | None:
 def write_summary(spec: SweepSpec) -> tuple[Path | None, Path | None]:
     """``summary.csv`` (the scaling table) and ``report.html`` of every run in the sweep's
     folder; (None, None) when it holds no completed run with traces yet."""
-    from .analysis import scaling_table
-    from .store import load_runs, load_traces
-    from .study import report_from_store
+    from workbench.analysis.tables import scaling_table
+    from workbench.store.load import load_runs, load_traces
+    from workbench.ui.report import report_from_store
 
     runs = load_runs(spec.sweep_dir.parent, [spec.name])
     if runs.empty or not (runs["status"] == "completed").any():
@@ -400,7 +395,7 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
         summary, report = write_summary(spec)
     except Exception as exc:  # the points' results stand even when the summary cannot be made
         summary_error = f"{type(exc).__name__}: {exc}"
-    from .store import iter_run_dirs
+    from workbench.store.load import iter_run_dirs
 
     ids = {p.run_id for p in points}
     others = [

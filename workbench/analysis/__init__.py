@@ -1,0 +1,46 @@
+"""Trace frames to tables, one module per analysis: frames in, frames out; no torch, no figures.
+Imports store, schema and errors only."""
+
+from workbench.analysis.tables import (
+    BATCH_COLUMNS,
+    CONFIG_COLUMNS,
+    EVAL_PARTS,
+    PHASES,
+    STRAGGLER_COLUMNS,
+    check_columns,
+    comm_filled,
+    communication,
+    default_group_by,
+    downsample_for_display,
+    eval_breakdown,
+    lower_is_better,
+    measured_steps,
+    measured_window,
+    memory_by_rank,
+    phase_breakdown,
+    run_table,
+    scaling_table,
+    stragglers,
+)
+
+__all__ = [
+    "BATCH_COLUMNS",
+    "CONFIG_COLUMNS",
+    "EVAL_PARTS",
+    "PHASES",
+    "STRAGGLER_COLUMNS",
+    "check_columns",
+    "comm_filled",
+    "communication",
+    "default_group_by",
+    "downsample_for_display",
+    "eval_breakdown",
+    "lower_is_better",
+    "measured_steps",
+    "measured_window",
+    "memory_by_rank",
+    "phase_breakdown",
+    "run_table",
+    "scaling_table",
+    "stragglers",
+]

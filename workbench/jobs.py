@@ -1,0 +1,1 @@
+"""The only module that imports submitit: executors, the job environment a rank sees, requeue."""

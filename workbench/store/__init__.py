@@ -1,0 +1,7 @@
+"""The result store on disk: atomic files, run and rank records, trace files (live JSONL and
+consolidated Parquet), Parquet row-group tools, and loading runs and traces into pandas.
+No torch; imports config, schema and errors only."""
+
+from workbench.store.load import iter_run_dirs, load_runs, load_traces
+
+__all__ = ["iter_run_dirs", "load_runs", "load_traces"]
