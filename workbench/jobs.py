@@ -1,1 +1,126 @@
-"""The only module that imports submitit: executors, the job environment a rank sees, requeue."""
+"""The only module that imports submitit: executors, the job environment a rank sees, requeue.
+
+Callers above (``workbench.run`` on the launching side, ``workbench.rank`` inside each rank) ask
+this module for plain values and executor objects, so submitit's names stay in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.helpers import DelayedSubmission, TorchDistributedEnvironment
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """Who this process is in its job, as the scheduler (or submitit's local controller) says."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_id: str
+
+
+def job_facts(master_port: int | None = None) -> JobFacts:
+    """This task's place in the job (local, debug or Slurm). ``master_port`` overrides the port
+    submitit derives from the job id (the launcher picks a free one locally)."""
+    if master_port is not None:
+        os.environ["MASTER_PORT"] = str(master_port)
+    job = submitit.JobEnvironment()
+    tde = TorchDistributedEnvironment()
+    return JobFacts(
+        rank=tde.rank,
+        local_rank=tde.local_rank,
+        world_size=tde.world_size,
+        local_world_size=tde.local_world_size,
+        node_rank=job.node,
+        num_nodes=job.num_nodes,
+        master_addr=tde.master_addr,
+        master_port=tde.master_port,
+        job_id=str(job.job_id),
+    )
+
+
+def preemption_signal() -> int:
+    """The signal the scheduler (or the local controller) sends before a time limit."""
+    return int(submitit.JobEnvironment._usr_sig())
+
+
+def resubmission(task: Any) -> Any:
+    """What a requeue hook returns: ``task`` submitted again as the job's next attempt."""
+    return DelayedSubmission(task)
+
+
+def debug_executor(folder: Path) -> Any:
+    """Runs the one task in this process (for stepping through code)."""
+    return submitit.DebugExecutor(folder=folder)
+
+
+class DetachedLocalExecutor(submitit.LocalExecutor):  # type: ignore[misc]
+    """submitit's LocalExecutor, but its controller (and so every rank) starts in a session of
+    its own. Jupyter interrupts and restarts a kernel by signalling the kernel's whole process
+    group: without this, "interrupt kernel" would SIGINT every rank, and a kernel restart would
+    kill the job, which must carry on and be re-attached from the store.
+
+    The controller is started as ``submitit.local.local.start_controller`` starts it, with
+    ``start_new_session=True``."""
+
+    def _submit_command(self, command: str) -> Any:
+        from submitit.local.local import LocalJob
+
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        n_gpus = self.parameters.get("gpus_per_node", 0)
+        visible = self.parameters.get("visible_gpus", ())
+        gpus = range(n_gpus) if visible == () else visible[:n_gpus]
+        setup = list(self.parameters.get("setup", ()))
+        env = dict(os.environ)
+        env.update(
+            SUBMITIT_LOCAL_NTASKS=str(ntasks),
+            SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="1" if self.parameters.get("stderr_to_stdout") else "",
+            SUBMITIT_EXECUTOR="local",
+            CUDA_VISIBLE_DEVICES=",".join(str(k) for k in gpus),
+            SUBMITIT_LOCAL_WITH_SHELL="1" if setup else "",
+        )
+        cmd: Any = [sys.executable, "-m", "submitit.local._local", str(self.folder)]
+        if setup:
+            cmd = " && ".join([*setup, shlex.join(cmd)])
+        process = subprocess.Popen(cmd, shell=bool(setup), env=env, start_new_session=True)
+        return LocalJob(
+            folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks))
+        )
+
+
+def local_executor(folder: Path, **parameters: Any) -> Any:
+    """One subprocess per task on this machine, detached from the caller's process group."""
+    executor = DetachedLocalExecutor(folder=folder)
+    executor.update_parameters(**parameters)
+    return executor
+
+
+def slurm_executor(folder: Path, **parameters: Any) -> Any:
+    """A Slurm executor with submitit's Slurm parameters (``nodes``, ``ntasks_per_node``, ...)."""
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(**parameters)
+    return executor
+
+
+def sbatch_text(executor: Any) -> str:
+    """The sbatch script a Slurm executor would submit (its job folder shown as ``%j``)."""
+    return str(executor._make_submission_file_text(executor._submitit_command_str, "%j"))
