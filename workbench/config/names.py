@@ -9,7 +9,9 @@ from workbench.errors import Problem
 
 #: A folder name: a letter or digit, then letters, digits, '_', '.', '+', '-' (no '/', no newline).
 FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
-FOLDER_NAME_RULE = "a folder name: letters, digits, '_', '-', '.', '+', starting with a letter or digit"
+FOLDER_NAME_RULE = (
+    "a folder name: letters, digits, '_', '-', '.', '+', starting with a letter or digit"
+)
 #: A plug-in: 'package.module:factory'.
 PLUGIN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
