@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test test-fast lint clean
+.PHONY: setup system-deps demo test test-fast lint imports clean
 
 setup: $(VENV)/.installed
 
@@ -32,7 +32,11 @@ test: setup system-deps
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-lint: setup
+# The package's floors (import-linter contracts in pyproject.toml; README "Layout").
+imports: setup
+	$(VENV)/bin/lint-imports --no-cache
+
+lint: imports
 	$(VENV)/bin/ruff check workbench tests
 	$(VENV)/bin/mypy workbench
 

@@ -1,0 +1,165 @@
+"""The package's house rules: import contracts, no cycles, small modules and functions, no private
+names across modules, and a dashboard kernel that loads traces without torch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "workbench"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+#: Functions allowed to be longer, and why.
+LONG_FUNCTIONS: dict[str, str] = {
+    "workbench.cli.build_parser": "one flat list of sub-commands and their flags; reads top to bottom",
+}
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out.append((name, path))
+    return out
+
+
+def test_import_contracts_hold() -> None:
+    """import-linter's contracts (pyproject.toml): layers, no torch below ui, submitit only in
+    jobs, papermill only in sweeps.execute, no cycles between siblings."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe, "lint-imports is missing: install the dev extra (pip install -e '.[dev]')"
+    result = subprocess.run(
+        [exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "BROKEN" not in result.stdout
+
+
+def test_the_import_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
+    """A positive control: a copy of the package with ``import torch`` in an analysis module
+    breaks the no-torch contract."""
+    copy = tmp_path / "src"
+    shutil.copytree(PACKAGE, copy / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    victim = copy / "workbench" / "analysis" / "__init__.py"
+    victim.write_text(victim.read_text() + "\nimport torch  # noqa\n")
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe
+    env = {"PYTHONPATH": str(copy), "PATH": str(Path(sys.executable).parent)}
+    result = subprocess.run(
+        [exe, "--no-cache"], cwd=copy, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode != 0
+    assert "workbench.analysis -> torch" in result.stdout
+
+
+def test_no_module_is_too_long() -> None:
+    long = {
+        name: n
+        for name, path in _modules()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def _functions(tree: ast.AST, prefix: str):  # type: ignore[no-untyped-def]
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}.{node.name}", node
+            yield from _functions(node, f"{prefix}.{node.name}")
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}.{node.name}")
+
+
+def test_no_function_is_too_long() -> None:
+    long = {}
+    for name, path in _modules():
+        for qualname, node in _functions(ast.parse(path.read_text()), name):
+            lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+            if lines > MAX_FUNCTION_LINES and qualname not in LONG_FUNCTIONS:
+                long[qualname] = lines
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    found = []
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and node.module != name:
+                        found.append(f"{name}: from {node.module} import {alias.name}")
+    assert not found, found
+
+
+def test_only_rank_distributed_touches_torch_distributed() -> None:
+    users = []
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            if any(m == "torch.distributed" or m.startswith("torch.distributed.") for m in mods):
+                users.append(name)
+    assert set(users) == {"workbench.rank.distributed"}, users
+
+
+def _write_traces(run: Path) -> None:
+    """A run folder with one consolidated (Parquet) rank and one live (JSONL) rank."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from workbench import schema
+
+    traces = run / schema.TRACES_DIR
+    traces.mkdir(parents=True)
+    row = {c: None for c in schema.STEP_COLUMNS}
+    row.update(run_id=run.name, rank=0, world_size=2, attempt=0, step=1, warmup=False)
+    row.update(t_start_s=0.0, step_s=0.01, samples=32)
+    pq.write_table(pa.Table.from_pylist([row]), traces / schema.steps_file(0))
+    live = {**row, "rank": 1}
+    (traces / schema.steps_file(1, "jsonl")).write_text(json.dumps(live) + "\n")
+    (run / schema.RUN_FILE).write_text(json.dumps({"run_id": run.name, "status": "running"}))
+
+
+def test_loading_live_and_finished_traces_does_not_import_torch(tmp_path: Path) -> None:
+    run = tmp_path / "store" / "sweep" / "run-1"
+    _write_traces(run)
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import workbench
+        from workbench import analysis
+        from workbench.store import load_runs, load_traces
+        from workbench.ui import plots
+        steps = load_traces({str(run)!r})
+        assert sorted(steps["rank"]) == [0, 1], steps
+        runs = load_runs({str(tmp_path / "store")!r})
+        analysis.measured_window(steps)
+        print("torch" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name", ["workbench", "workbench.store", "workbench.analysis"])
+def test_importing_the_front_does_not_import_torch(name: str) -> None:
+    code = f"import sys, {name}; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "False"
