@@ -116,7 +116,7 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         kc.wait_for_ready(timeout=60)
         code = textwrap.dedent(f"""
             from workbench import RunConfig
-            from workbench.run import launch
+            from workbench.run.launch import launch
             config = RunConfig(model="mlp", world_size=2, global_batch_size=64, train_samples=512,
                                epochs=40, output_dir={str(store)!r}, sweep="kernel",
                                run_name="survivor")

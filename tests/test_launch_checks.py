@@ -158,3 +158,32 @@ def test_comm_tracing_can_be_turned_off(tmp_path: Path) -> None:
     steps = handle.traces()
     assert steps["comm_s"].isna().all() and steps["comm_bytes"].isna().all()
     assert steps["step_s"].notna().all()
+
+
+def test_back_ends_by_name_and_their_options() -> None:
+    from workbench.run.backends import BACKENDS, backend
+    from workbench.run.backends.slurm import SLURM_OPTIONS
+
+    assert list(BACKENDS) == ["local", "debug", "slurm"]
+    assert [backend(n).on_this_machine for n in BACKENDS] == [True, True, False]
+    assert backend("slurm").options is SLURM_OPTIONS and "partition" in SLURM_OPTIONS
+    assert backend("slurm").queue_s > 0 == backend("local").queue_s
+    with pytest.raises(
+        PreflightError, match="executor='lokal': must be one of local, debug, slurm"
+    ):
+        backend("lokal")
+    slurm = backend("slurm")
+    fields = [p.field for p in slurm.option_problems({"partiton": "x", "env": ["A=1"]})]
+    assert fields == ["partiton", "env"]
+    assert backend("debug").option_problems({"setup": []})[0].allowed.endswith("valid: (none)")
+
+
+def test_debug_master_port_in_use_is_refused_too(tmp_path: Path) -> None:
+    # The debug executor's rank runs on this machine, so its port is checked like a local one.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        config = _config(tmp_path, world_size=1, master_port=port)
+        with pytest.raises(PreflightError, match=f"master_port={port}: already in use"):
+            preflight(config, "debug", {})

@@ -151,6 +151,13 @@ def test_yaml_typo_is_an_error_not_a_warning(tmp_path: Path) -> None:
             "not an option of the local executor; valid:",
         ),
         ({"name": "a/b"}, "name", "a folder name"),
+        ({"name": "ok\n"}, "name", "a folder name"),
+        ({"name": "-x"}, "name", "starting with a letter or digit"),
+        (
+            {"executor": "slurm", "executor_options": {"env": ["A=1"]}},
+            "executor_options.env",
+            "must be a dict",
+        ),
         ({"cell_timeout_s": 0}, "cell_timeout_s", "> 0"),
     ],
 )

@@ -5,7 +5,7 @@ Importing the package does not import torch: dashboards and analysis open fast w
 
 from workbench.config.run_config import FaultInjection, RunConfig
 from workbench.errors import ConfigError, PreflightError, RunFailedError
-from workbench.run.handle import RunHandle
+from workbench.run.handle import RunHandle, attach
 from workbench.run.launch import launch
 from workbench.store.load import load_runs, load_traces
 
@@ -16,6 +16,7 @@ __all__ = [
     "RunConfig",
     "RunFailedError",
     "RunHandle",
+    "attach",
     "launch",
     "load_runs",
     "load_traces",

@@ -48,9 +48,39 @@ def git_revision(cwd: str | Path | None = None) -> str | None:
     return rev + ("+dirty" if dirty else "")
 
 
+def gpus_from_nvml() -> dict[str, Any] | None:
+    """This machine's NVIDIA GPU names and driver version from NVML (``nvidia-ml-py``), which
+    creates no CUDA context; None where NVML, a driver or a GPU is missing. These are the
+    machine's GPUs (NVML ignores ``CUDA_VISIBLE_DEVICES``), not necessarily the ranks' ones."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+            names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, no driver, no GPU: the ranks report their devices themselves
+        return None
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {"gpu_names": [text(n) for n in names], "gpu_driver": text(driver)} if names else None
+
+
 def collect() -> dict[str, Any]:
-    """The launching side's environment. Torch facts are read only if torch is already imported,
-    so that recording them never costs an import."""
+    """The launching side's environment: versions, host, CPU, the code's revision.
+
+    It never creates a CUDA context in the caller (a notebook kernel launches many runs, and a
+    context there holds GPU memory and makes the next launch refuse): torch facts are read only if
+    torch is already imported, and only those that need no context (the CUDA build, the device
+    count); GPU names come from NVML. Device names, CUDA and NCCL versions as the ranks see them
+    are in each rank's record (``ranks/rank-N.json``)."""
     versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
@@ -68,10 +98,6 @@ def collect() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is not None:
         env["cuda"] = torch.version.cuda
-        env["cuda_available"] = bool(torch.cuda.is_available())
-        if torch.cuda.is_available():
-            env["gpu_names"] = [
-                torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
-            ]
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        env["cuda_devices"] = int(torch.cuda.device_count())  # no context: NVML / driver query
+    env.update(gpus_from_nvml() or {})
     return env

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ class DetachedLocalExecutor(submitit.LocalExecutor):  # type: ignore[misc]
     ``start_new_session=True``."""
 
     def _submit_command(self, command: str) -> Any:
+        """Start the local controller as submitit does, in a session of its own."""
         from submitit.local.local import LocalJob
 
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -124,3 +126,18 @@ def slurm_executor(folder: Path, **parameters: Any) -> Any:
 def sbatch_text(executor: Any) -> str:
     """The sbatch script a Slurm executor would submit (its job folder shown as ``%j``)."""
     return str(executor._make_submission_file_text(executor._submitit_command_str, "%j"))
+
+
+def cancel_job(job: Any, grace_s: float = 5.0) -> None:
+    """Ask a submitted job to stop (SIGINT to a local controller, ``scancel`` on Slurm); a local
+    controller gets ``grace_s`` to end its tasks, then is killed."""
+    try:
+        job.cancel()
+    except Exception:  # already gone, or the scheduler is away: the caller kills what is left
+        pass
+    process = getattr(job, "_process", None)  # a LocalJob's controller process
+    deadline = time.monotonic() + grace_s
+    while process is not None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process is not None and process.poll() is None:
+        process.kill()

@@ -1,14 +1,16 @@
 """Watching a launched run: status from the store, wait, cancel, results, logs, traces.
 
-A handle works from the store (each rank's own status record and trace files) and, for Slurm, a
-gentle ``squeue``: a new session re-attaches to a run with :func:`attach`.
+A handle works from the store (each rank's own status record and trace files) and its executor's
+back end (whether the job still runs: submitit's controller locally, a gentle ``squeue`` on
+Slurm); a new session re-attaches to a run with :func:`attach`. What the rank records say (the
+status, the root cause of a failure) is :mod:`workbench.run.failure`; finding and ending
+processes is :mod:`workbench.run.processes`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -16,27 +18,25 @@ from typing import Any
 from workbench import schema
 from workbench.config.run_config import RunConfig
 from workbench.errors import RunFailedError
-from workbench.run import slurm
+from workbench.run import processes
+from workbench.run.backends import backend
+from workbench.run.failure import (
+    EXIT_TAIL_LINES,
+    exit_warnings,
+    final_status,
+    last_lines,
+    live_status,
+    root_cause,
+)
 from workbench.store.files import read_json, read_rank_states, update_run
 
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
 FAILURE_GRACE_S = 10.0
-
-# Errors a rank sees because of another rank (its peer died, hung or closed the connection).
-_PEER_ERRORS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-    "DistBackendError",
-    "pair closure",
-    "Timed out",
-    "timed out",
-    "Connection refused",
-)
+#: After asking hung ranks for their stacks (SIGUSR1), how long they get to write them.
+STACK_DUMP_S = 1.0
 
 
-def attach(run_path: str | Path) -> "RunHandle":
+def attach(run_path: str | Path) -> RunHandle:
     """A handle on a run launched earlier, perhaps from another kernel or machine: status, wait,
     cancel and traces work from the store (and the scheduler, for Slurm jobs)."""
     path = Path(run_path)
@@ -48,22 +48,6 @@ def attach(run_path: str | Path) -> "RunHandle":
         run.get("executor", "local"),
         job_id=run.get("job_id"),
     )
-
-
-def _alive(pid: int) -> bool:
-    """True while a rank process with this pid exists (and is not a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-_EXIT_CRASH_MARKERS = ("terminate called", "Segmentation fault", "core dumped", "Aborted")
-
-
-def _crashed_at_exit(log_tail: str | None) -> bool:
-    return bool(log_tail) and any(m in log_tail for m in _EXIT_CRASH_MARKERS)  # type: ignore[operator]
 
 
 class RunHandle:
@@ -84,59 +68,43 @@ class RunHandle:
         self.executor = executor
         self.job_id = str(job.job_id) if job is not None else job_id
         self.run_id = run_path.name
+        self.backend = backend(executor)
+        self.watch = self.backend.watch(job, self.job_id, poll_s)
         self._first_failure_seen: float | None = None
         self._hung: list[int] = []
-        self._squeue = slurm.SqueuePoller(str(self.job_id), poll_s) if executor == "slurm" else None
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, status={self.status()!r}, path={str(self.path)!r})"
 
     # -- observation
-    def _job_running(self) -> bool:
-        if self.executor == "debug":
-            return False
-        if self._squeue is not None:
-            states = self.rank_states()
-            if len(states) == self.config.processes and all(
-                s["status"] == "completed" for s in states.values()
-            ):
-                return False  # every rank reported: no need to ask the scheduler
-            return self._squeue.active()
-        if self.job is not None:
-            return not self.job.done()
-        # Re-attached to a local run: it runs while any of its rank processes does.
-        return any(s.get("status") == "running" for s in self.rank_states().values())
-
     def rank_states(self) -> dict[int, dict[str, Any]]:
-        """Each rank's own record; a rank whose process died without reporting is marked
+        """Each rank's own record; a rank whose process died here without reporting is marked
         ``died`` (killed by a signal or ``os._exit``)."""
         states = read_rank_states(self.path)
         for state in states.values():
             if (
                 state["status"] == "running"
-                and state.get("host") == socket.gethostname()
-                and not _alive(int(state["pid"]))
+                and processes.on_this_host(state)
+                and not processes.alive(int(state["pid"]))
             ):
                 state["status"] = "died"
         return states
 
     def status(self) -> str:
-        """pending, running, completed, failed or cancelled (final once ``wait`` returned)."""
+        """pending, running, completed, failed, preempted or cancelled (final once ``wait``
+        returned)."""
         run = read_json(self.path / schema.RUN_FILE)
         if run.get("ended_at") is not None:
             return str(run["status"])
-        states = self.rank_states()
-        if any(s["status"] in ("failed", "died") for s in states.values()):
-            return "failed"
-        if any(s["status"] == "preempted" for s in states.values()):
-            return "preempted"  # until the requeued attempt's ranks report running again
-        if len(states) == self.config.processes and all(
-            s["status"] == "completed" for s in states.values()
-        ):
-            return "completed"
-        if states:
-            return "running"
-        return "pending"
+        return live_status(self.rank_states(), self.config.processes)
+
+    def _ended(self) -> bool:
+        """Whether run.json records the run's end."""
+        return read_json(self.path / schema.RUN_FILE).get("ended_at") is not None
+
+    def _job_running(self) -> bool:
+        """Whether the executor says the job still runs."""
+        return self.watch.running(self.rank_states(), self.config.processes)
 
     # -- control
     def wait(
@@ -146,30 +114,19 @@ class RunHandle:
         When one rank fails, its peers get ``FAILURE_GRACE_S`` to end on their own, then the job
         is killed, so a hung peer never holds the caller. Returns the final status; raises
         RunFailedError naming the root-cause rank when it failed (unless told not to)."""
-        if self.executor == "debug" and self.job is not None:
-            try:
-                self.job.result()
-            except Exception:  # recorded by the rank itself; reported below
-                pass
+        self.watch.settle()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            run = read_json(self.path / schema.RUN_FILE)
-            if run.get("ended_at") is not None:
-                break
+        while not self._ended():
             status = self.status()
-            running = self._job_running()
-            if not running:
+            if not self._job_running():
                 self._finalize()
                 break
-            if status == "failed":
-                now = time.monotonic()
-                self._first_failure_seen = self._first_failure_seen or now
-                if now - self._first_failure_seen > FAILURE_GRACE_S:
-                    self._dump_stuck_ranks()
-                    failure = self._failure()  # before the kill, whose signals ranks also report
-                    self._kill()
-                    self._finalize(failure=failure)
-                    break
+            if status == "failed" and self._grace_over():
+                self._dump_stuck_ranks()
+                cause = self._failure()  # before the kill, whose signals ranks also report
+                self._kill()
+                self._finalize(failure=cause)
+                break
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.run_id} still {status} after {timeout_s} s")
             time.sleep(poll_s)
@@ -178,27 +135,25 @@ class RunHandle:
             raise self.failure_error()
         return final
 
-    def _stuck_ranks(self) -> list[int]:
-        """Ranks still running (alive, on this host) while a peer has failed: hung ones."""
-        return [
-            rank
-            for rank, s in read_rank_states(self.path).items()
-            if s["status"] == "running"
-            and s.get("host") == socket.gethostname()
-            and _alive(int(s["pid"]))
-        ]
+    def _grace_over(self) -> bool:
+        """Whether the first failure seen is older than ``FAILURE_GRACE_S``."""
+        now = time.monotonic()
+        self._first_failure_seen = self._first_failure_seen or now
+        return now - self._first_failure_seen > FAILURE_GRACE_S
 
     def _dump_stuck_ranks(self) -> None:
-        """Ask each hung rank for its stack traces (SIGUSR1, see train.RankTask) before it is
-        killed, so the failure record shows where it hung."""
-        self._hung = self._stuck_ranks()
-        for rank in self._hung:
-            try:
-                os.kill(int(read_rank_states(self.path)[rank]["pid"]), signal.SIGUSR1)
-            except (OSError, KeyError):
-                pass
+        """Ranks still running (alive, on this host) while a peer has failed are hung: ask each
+        for its stack traces (SIGUSR1, see the rank's task) before it is killed, so the failure
+        record shows where it hung."""
+        states = read_rank_states(self.path)
+        self._hung = [
+            rank
+            for rank, s in states.items()
+            if s["status"] == "running" and processes.rank_alive(s)
+        ]
+        processes.send((int(states[rank]["pid"]) for rank in self._hung), signal.SIGUSR1)
         if self._hung:
-            time.sleep(1.0)
+            time.sleep(STACK_DUMP_S)
 
     def cancel(self) -> None:
         """Stop the run now; the store records it as cancelled. Traces written so far stay."""
@@ -206,83 +161,29 @@ class RunHandle:
         self._finalize(status="cancelled")
 
     def _kill(self) -> None:
-        if self.job is not None and hasattr(self.job, "cancel"):
-            try:
-                self.job.cancel()
-            except Exception:
-                pass
-        elif self.executor == "slurm" and self.job_id:  # re-attached: no submitit job object
-            slurm.cancel(self.job_id)
-        deadline = time.monotonic() + 5
-        process = getattr(self.job, "_process", None)
-        while process is not None and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if process is not None and process.poll() is None:
-            process.kill()
+        """Cancel the job through its back end, then kill any rank left on this machine."""
+        self.watch.cancel()
         # The controller kills its tasks on the way out; make sure, by pid, that none survives.
-        for state in read_rank_states(self.path).values():
-            pid = int(state.get("pid", 0))
-            if pid and state.get("host") == socket.gethostname() and _alive(pid):
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"submitit" in cmdline:
-                    os.kill(pid, signal.SIGKILL)
+        processes.kill_ranks(read_rank_states(self.path))
 
     # -- results
     def _failure(self) -> dict[str, Any] | None:
-        """The root cause: a rank's own exception beats a silent death, which beats the
-        'connection closed' errors its peers see next; ties go to the earliest."""
-        candidates = []
-        for rank, s in self.rank_states().items():
-            if s["status"] == "failed":
-                peer = any(marker in s.get("exception", "") for marker in _PEER_ERRORS)
-                candidates.append((2 if peer else 0, s.get("ended_at", 0), rank, s))
-            elif rank in self._hung:
-                timeout = self.config.collective_timeout_s
-                candidates.append(
-                    (
-                        1,
-                        0,
-                        rank,
-                        {
-                            **s,
-                            "exception": "the rank hung: it was still running "
-                            f"when its peers gave up waiting for it ({timeout:g} s "
-                            "collective timeout); its stack is in the log",
-                        },
-                    )
-                )
-            elif s["status"] in ("died", "running"):
-                candidates.append(
-                    (
-                        1,
-                        0,
-                        rank,
-                        {
-                            **s,
-                            "exception": "the rank's process ended without "
-                            "reporting (killed by a signal or exited)",
-                        },
-                    )
-                )
-        missing = set(range(self.config.processes)) - set(self.rank_states())
-        for rank in missing:
-            candidates.append((1, 0, rank, {"rank": rank, "exception": "the rank never started"}))
-        if not candidates:
+        """The root cause as run.json records it, with the rank's log tail."""
+        cause = root_cause(
+            self.rank_states(),
+            self.config.processes,
+            hung=self._hung,
+            collective_timeout_s=self.config.collective_timeout_s,
+        )
+        if cause is None:
             return None
-        _, _, rank, s = min(candidates, key=lambda c: (c[0], c[1], c[2]))
-        log_path = self._log_path(rank)
-        return {
-            "rank": rank,
-            "exception": s.get("exception"),
-            "traceback": s.get("traceback"),
-            "log_path": str(log_path) if log_path else None,
-            "log_tail": self._tail(log_path, 40 if rank in self._hung else 20),
-        }
+        log_path = self._log_path(cause.rank)
+        return cause.record(
+            str(log_path) if log_path else None, self._tail(log_path, cause.tail_lines)
+        )
 
     def failure_error(self) -> RunFailedError:
+        """The run's failure as an exception (the recorded root cause, else one found now)."""
         f = read_json(self.path / schema.RUN_FILE).get("failure") or self._failure() or {}
         return RunFailedError(
             self.run_id,
@@ -295,19 +196,10 @@ class RunHandle:
         )
 
     def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
+        """Record the run's end in run.json: its status, root cause, hosts, crashes at exit
+        and summary."""
         states = self.rank_states()
-        completed = len(states) == self.config.processes and all(
-            s["status"] == "completed" for s in states.values()
-        )
-        if status is None:
-            if completed:
-                status = "completed"
-            elif any(s["status"] == "preempted" for s in states.values()) and not any(
-                s["status"] in ("failed", "died") for s in states.values()
-            ):
-                status = "preempted"  # stopped cleanly and was not requeued: resume=True continues
-            else:
-                status = "failed"
+        status = status or final_status(states, self.config.processes)
         fields: dict[str, Any] = {
             "status": status,
             "ended_at": time.time(),
@@ -315,14 +207,12 @@ class RunHandle:
         }
         if status == "failed":
             fields["failure"] = failure or self._failure()
-        # A rank can finish its work and then crash while the interpreter exits (seen with gloo
-        # about once in 75 runs). Its results are complete, so the run stays completed, and the
-        # crash is recorded rather than hidden.
-        fields["exit_warnings"] = [
-            {"rank": rank, "log_tail": self._tail(self._log_path(rank), 5)}
+        tails = {
+            rank: self._tail(self._log_path(rank), EXIT_TAIL_LINES)
             for rank, s in states.items()
-            if s["status"] == "completed" and _crashed_at_exit(self._tail(self._log_path(rank), 5))
-        ]
+            if s["status"] == "completed"
+        }
+        fields["exit_warnings"] = exit_warnings(states, tails)
         from workbench.analysis.summary import run_summary
 
         try:
@@ -338,6 +228,7 @@ class RunHandle:
         return [states[r].get("summary", {}) for r in range(self.config.processes)]
 
     def _log_path(self, rank: int) -> Path | None:
+        """The rank's stderr log of the latest attempt (None before it wrote one)."""
         run = read_json(self.path / schema.RUN_FILE)
         folder = Path(run.get("log_dir") or self.path / schema.LOGS_DIR)
         pattern = f"{self.job_id}_{rank}_log.err" if self.job_id else f"*_{rank}_log.err"
@@ -345,10 +236,11 @@ class RunHandle:
         return logs[-1] if logs else None
 
     @staticmethod
-    def _tail(path: Path | None, lines: int = 20) -> str | None:
+    def _tail(path: Path | None, lines: int) -> str | None:
+        """A log file's last ``lines`` lines (None when there is none)."""
         if path is None or not path.exists():
             return None
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return last_lines(path.read_text(errors="replace"), lines)
 
     def logs(self, rank: int = 0) -> str:
         """The rank's stdout and stderr (latest attempt)."""

@@ -1,12 +1,11 @@
 """Reproducible sweeps: one papermill-executed notebook per point of a sweep spec
-(:mod:`workbench.sweep_spec`).
+(:mod:`workbench.sweeps.spec`).
 
 A point is complete when its ``run.json`` says ``completed`` and its executed notebook sits
 beside the results as ``notebook.ipynb``; that file is renamed into place last, so an interrupted
 point (Ctrl-C, a dead kernel, a timeout) never looks complete. A re-run skips complete points and
-runs the others again from an empty folder.
-
-The only module that imports papermill.
+runs the others again from an empty folder. Executing a notebook is
+:mod:`workbench.sweeps.execute` (the only module that imports papermill).
 """
 
 from __future__ import annotations
@@ -15,18 +14,23 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench import schema
-from workbench.config.run_config import RunConfig
-from workbench.errors import ConfigError, Problem
-from workbench.run.handle import _alive
-from workbench.store.files import atomic_write_bytes, read_json, update_run, write_json
-from workbench.sweeps.spec import SweepPoint, SweepSpec, load_spec, point_run_id
+from workbench.run.handle import attach
+from workbench.run.processes import kill_run
+from workbench.store.files import read_json, update_run, write_json
+from workbench.sweeps.execute import (
+    NOTEBOOK_PARAMETERS,
+    cell_timeout_s,
+    check_notebook,
+    execute_notebook,
+)
+from workbench.sweeps.run_ids import point_run_id
+from workbench.sweeps.spec import SweepPoint, SweepSpec, load_spec
 
 NOTEBOOK_FILE = "notebook.ipynb"
 #: The executed notebook while it runs; renamed to NOTEBOOK_FILE only when the point succeeded.
@@ -36,12 +40,6 @@ FAILED_NOTEBOOK_FILE = "notebook.failed.ipynb"
 POINT_FILE = "sweep_point.json"
 SUMMARY_FILE = "summary.csv"
 REPORT_FILE = "report.html"
-#: The parameters the sweep passes to its notebook for each point.
-NOTEBOOK_PARAMETERS = ("output_dir", "sweep", "run_name", "config", "executor", "executor_options")
-#: Beyond the run's own time limit, what a notebook cell gets for imports, tables and figures.
-CELL_TIMEOUT_MARGIN_S = 300.0
-#: ...and, on a scheduler, for the job to wait in its queue (set ``cell_timeout_s`` to choose).
-SCHEDULER_QUEUE_S = 24 * 3600.0
 
 
 # -- state of a point in the store
@@ -65,30 +63,6 @@ def plan(spec: SweepSpec, force: bool = False) -> list[tuple[SweepPoint, str]]:
     return [
         (p, "run" if force or point_state(p.path) != "complete" else "skip") for p in spec.points()
     ]
-
-
-def check_notebook(notebook: str | Path) -> dict[str, Any]:
-    """The notebook's parameters (papermill's ``inspect_notebook``); ConfigError listing them
-    when it lacks one the sweep passes."""
-    import papermill
-
-    params = papermill.inspect_notebook(str(notebook))
-    missing = [name for name in NOTEBOOK_PARAMETERS if name not in params]
-    if missing:
-        have = ", ".join(params) or "none: no cell is tagged 'parameters'"
-        raise ConfigError(
-            [
-                Problem(
-                    name,
-                    None,
-                    f"the sweep passes it but the notebook's parameters "
-                    f"cell lacks it; the notebook has: {have}",
-                )
-                for name in missing
-            ],
-            what=f"notebook {str(notebook)!r}",
-        )
-    return dict(params)
 
 
 # -- running
@@ -121,6 +95,7 @@ class SweepResult:
     say); the summary and report include them"""
 
     def _ids(self, status: str) -> list[str]:
+        """Run ids of the points that ended with ``status``."""
         return [o.run_id for o in self.outcomes if o.status == status]
 
     @property
@@ -140,6 +115,7 @@ class SweepResult:
 
     @property
     def ok(self) -> bool:
+        """Whether no point failed."""
         return not self.failed
 
     def __str__(self) -> str:
@@ -147,36 +123,6 @@ class SweepResult:
             f"sweep {self.name}: {len(self.ran)} run, {len(self.skipped)} skipped, "
             f"{len(self.failed)} failed ({self.sweep_dir})"
         )
-
-
-def _cell_timeout_s(spec: SweepSpec, config: RunConfig) -> int:
-    """Every cell gets a limit: nbclient can miss the end of a cell (one that fills an Output
-    widget, say) and would then wait for ever."""
-    if spec.cell_timeout_s is not None:
-        return int(spec.cell_timeout_s)
-    queue = 0.0 if spec.executor in ("local", "debug") else SCHEDULER_QUEUE_S
-    return int(config.timeout_min * 60 + CELL_TIMEOUT_MARGIN_S + queue)
-
-
-def _pids_of_run(run_path: Path) -> list[int]:
-    """Live processes started for this run (submitit's controller and ranks name the run's
-    logs folder on their command line)."""
-    marker = str(run_path / schema.LOGS_DIR)
-    pids: list[int] = []
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        return pids
-    for proc in proc_root.iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        ours = any(a == marker or a.startswith(marker + os.sep) for a in args)
-        if ours and _alive(int(proc.name)):
-            pids.append(int(proc.name))
-    return pids
 
 
 def _stop_point(run_path: Path, reason: str) -> None:
@@ -187,17 +133,7 @@ def _stop_point(run_path: Path, reason: str) -> None:
     still importing torch have not yet recorded their pids; so they are found by the run's logs
     folder on their command line, and killed until none is left (the controller may still be
     starting one)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        pids = _pids_of_run(run_path)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.1)
+    kill_run(run_path)
     run_file = run_path / schema.RUN_FILE
     try:
         run = read_json(run_file) if run_file.exists() else None
@@ -206,8 +142,6 @@ def _stop_point(run_path: Path, reason: str) -> None:
     if run is None or run.get("ended_at") is not None:
         return
     try:
-        from workbench.run.handle import attach
-
         attach(run_path).cancel()  # a scheduler's job too, and the run's summary so far
     except Exception:  # the record below must be written whatever the handle could not do
         pass
@@ -218,6 +152,7 @@ def _stop_point(run_path: Path, reason: str) -> None:
 
 
 def _parameters(spec: SweepSpec, point: SweepPoint) -> dict[str, Any]:
+    """The values passed to the notebook's parameters cell for this point."""
     # JSON round trip: papermill writes the values as Python literals, and JSON types are the
     # ones it renders faithfully (tuples, for one, are not).
     config = json.loads(point.config.to_json())
@@ -232,6 +167,7 @@ def _parameters(spec: SweepSpec, point: SweepPoint) -> dict[str, Any]:
 
 
 def _record_point(spec: SweepSpec, point: SweepPoint, notebook: Path) -> None:
+    """Write ``sweep_point.json``: the point, its spec and the notebook it is run with."""
     write_json(
         point.path / POINT_FILE,
         {
@@ -259,67 +195,35 @@ def _commit_notebook(partial: Path, final: Path) -> None:
 def run_point(spec: SweepSpec, point: SweepPoint, notebook: Path) -> PointOutcome:
     """Execute the notebook for one point in an emptied run folder. Failures are returned as a
     ``failed`` outcome; KeyboardInterrupt stops the point's ranks and propagates."""
-    import papermill
-
     start = time.monotonic()
     if point.path.exists():
         shutil.rmtree(point.path)  # a stale attempt: its files must not mix with the new ones
     point.path.mkdir(parents=True)
     _record_point(spec, point, notebook)
     partial = point.path / PARTIAL_NOTEBOOK_FILE
-    error: str | None = None
     try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(partial),
-            parameters=_parameters(spec, point),
-            progress_bar=False,
-            execution_timeout=_cell_timeout_s(spec, point.config),
-            # The kernel's own start-up warnings (one per point) would bury the progress bar;
-            # its errors still show, and the cells' output is in the executed notebook.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-            # Killed, not asked to stop: a kernel interrupted mid-cell would otherwise hold the
-            # sweep for nbclient's grace period and print a traceback while going down.
-            shutdown_kernel="immediate",
+        error = execute_notebook(
+            notebook, partial, _parameters(spec, point), cell_timeout_s(spec, point.config)
         )
     except KeyboardInterrupt:
         _stop_point(point.path, "sweep interrupted (KeyboardInterrupt)")
         raise
-    except Exception as exc:  # a failed cell, a dead kernel, a timeout: this point only
-        error = _describe(exc)
+    if error is not None:
         _stop_point(point.path, f"the point's notebook did not finish: {error}")
-    if error is None:
-        state = point_state_after_run(point.path)
-        if state is not None:
-            error = state
-    seconds = time.monotonic() - start
+    else:
+        error = point_state_after_run(point.path)
     if error is None:
         _commit_notebook(partial, point.path / NOTEBOOK_FILE)
-        return PointOutcome(
-            index=point.index,
-            run_id=point.run_id,
-            path=point.path,
-            status="completed",
-            seconds=seconds,
-        )
-    if partial.exists():
+    elif partial.exists():
         os.replace(partial, point.path / FAILED_NOTEBOOK_FILE)
     return PointOutcome(
         index=point.index,
         run_id=point.run_id,
         path=point.path,
-        status="failed",
+        status="completed" if error is None else "failed",
         error=error,
-        seconds=seconds,
+        seconds=time.monotonic() - start,
     )
-
-
-def _describe(exc: Exception) -> str:
-    # papermill's own message is a whole traceback; the cell's exception is what to show.
-    if hasattr(exc, "ename") and hasattr(exc, "evalue"):
-        return f"{exc.ename}: {exc.evalue}".strip()
-    lines = str(exc).strip().splitlines()  # a timeout's first line says it; then the cell
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def point_state_after_run(path: Path) -> str | None:
@@ -336,25 +240,33 @@ def point_state_after_run(path: Path) -> str | None:
     return None
 
 
+def _has_step_traces(run_paths: list[str]) -> bool:
+    """Whether any of these runs wrote a step trace file with something in it."""
+    pattern = schema.steps_file(0, "*").replace("00000", "*")  # any rank, Parquet or JSONL
+    return any(
+        f.stat().st_size > 0
+        for path in run_paths
+        for f in (Path(path) / schema.TRACES_DIR).glob(pattern)
+    )
+
+
 def write_summary(spec: SweepSpec) -> tuple[Path | None, Path | None]:
     """``summary.csv`` (the scaling table) and ``report.html`` of every run in the sweep's
-    folder; (None, None) when it holds no completed run with traces yet."""
-    from workbench.analysis.tables import scaling_table
-    from workbench.store.load import load_runs, load_traces
+    folder, written by the report, which computes the table once; (None, None) when the folder
+    holds no completed run with traces yet."""
+    from workbench.store.load import load_runs
     from workbench.ui.report import report_from_store
 
     runs = load_runs(spec.sweep_dir.parent, [spec.name])
     if runs.empty or not (runs["status"] == "completed").any():
         return None, None
-    paths = list(runs.loc[runs["status"] == "completed", "path"])
-    steps = load_traces(paths, "steps")
-    if steps.empty:
+    if not _has_step_traces(list(runs.loc[runs["status"] == "completed", "path"])):
         return None, None
-    table = scaling_table(runs, steps, load_traces(paths, "eval"))
     summary = spec.sweep_dir / SUMMARY_FILE
-    atomic_write_bytes(summary, table.to_csv(index=False).encode())
     title = f"Sweep {spec.name}" + (f": {spec.description}" if spec.description else "")
-    report = report_from_store(spec.sweep_dir, spec.sweep_dir / REPORT_FILE, title=title)
+    report = report_from_store(
+        spec.sweep_dir, spec.sweep_dir / REPORT_FILE, title=title, summary_csv=summary
+    )
     return summary, report
 
 

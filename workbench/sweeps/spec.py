@@ -8,47 +8,32 @@ once, each naming its point.
 
 Each point gets a deterministic run id: a readable part from its grid values (``w2_b64_bf16``:
 world size 2, per-device batch 64, bf16) and a short hash of its full configuration, so a re-run
-of the same spec finds its points. Running them is :mod:`workbench.sweep`.
+of the same spec finds its points (:mod:`workbench.sweeps.run_ids`). Running them is
+:mod:`workbench.sweeps.runner`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.config.names import folder_name_problem
 from workbench.config.run_config import RunConfig, init_field_names
-from workbench.errors import ConfigError, Problem
+from workbench.errors import ConfigError, PreflightError, Problem
+from workbench.run.backends import backend
+from workbench.sweeps.run_ids import RESERVED_FIELDS, point_run_id
 
 DEFAULT_NOTEBOOK = "notebooks/02_scaling_sweep.ipynb"
-#: Fields the sweep sets itself: the store folder, the run id and the store root.
-RESERVED_FIELDS = ("sweep", "run_name", "output_dir")
-#: Short names used in run ids ("" means the value alone, e.g. ``bf16``); others use the full name.
-RUN_ID_ABBREVIATIONS = {
-    "world_size": "w",
-    "nodes": "n",
-    "tasks_per_node": "tpn",
-    "per_device_batch_size": "b",
-    "global_batch_size": "gb",
-    "gradient_accumulation_steps": "ga",
-    "learning_rate": "lr",
-    "max_steps": "steps",
-    "model": "",
-    "precision": "",
-    "optimizer": "",
-}
-_READABLE_MAX = 60
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 
 
 def _spec_keys() -> list[str]:
+    """The keys a spec file may have."""
     return [f.name for f in dataclasses.fields(SweepSpec) if f.name != "source"]
 
 
@@ -121,16 +106,32 @@ class SweepSpec:
             raise ConfigError(problems, what=self._what())
 
     def _what(self) -> str:
+        """What error messages call this spec."""
         return f"sweep spec {self.source or self.name!r}"
 
     def _problems(self) -> list[Problem]:
-        from workbench.run.preflight import EXECUTOR_OPTIONS, EXECUTORS
-
+        """Every problem of the spec's own keys (its points' configs are checked apart)."""
         p: list[Problem] = []
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            p.append(
-                Problem("name", self.name, "a folder name: letters, digits, '_', '-', '.', '+'")
-            )
+        name = folder_name_problem("name", self.name)
+        if name is not None:
+            p.append(name)
+        p += self._field_problems()
+        p += self._grid_problems()
+        if not isinstance(self.notebook, str) or not self.notebook.endswith(".ipynb"):
+            p.append(Problem("notebook", self.notebook, "a path to an .ipynb file"))
+        p += self._executor_problems()
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            p.append(Problem("output_dir", self.output_dir, "a folder path"))
+        if not isinstance(self.description, str):
+            p.append(Problem("description", self.description, "text"))
+        t = self.cell_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            p.append(Problem("cell_timeout_s", t, "a number of seconds > 0, or omitted"))
+        return p
+
+    def _field_problems(self) -> list[Problem]:
+        """RunConfig field names in fixed, grid and include: known, and not the sweep's own."""
+        p: list[Problem] = []
         valid = [n for n in init_field_names() if n not in RESERVED_FIELDS]
         sections: list[tuple[str, Mapping[str, Any]]] = [("fixed", self.fixed), ("grid", self.grid)]
         for i, entry in enumerate(self.include):
@@ -141,60 +142,43 @@ class SweepSpec:
         for section, mapping in sections:
             for key in mapping:
                 if key in RESERVED_FIELDS:
-                    p.append(
-                        Problem(
-                            f"{section}.{key}",
-                            mapping[key],
-                            "set by the sweep itself (use the top-level name / output_dir; "
-                            "run ids are generated)",
-                        )
+                    why = (
+                        "set by the sweep itself (use the top-level name / output_dir; "
+                        "run ids are generated)"
                     )
                 elif key not in valid:
-                    p.append(
-                        Problem(
-                            f"{section}.{key}",
-                            mapping[key],
-                            f"unknown RunConfig field; valid: {', '.join(valid)}",
-                        )
-                    )
-        for key in sorted(set(self.fixed) & set(self.grid)):
-            p.append(Problem(f"grid.{key}", self.grid[key], "also in fixed: give it in one place"))
+                    why = f"unknown RunConfig field; valid: {', '.join(valid)}"
+                else:
+                    continue
+                p.append(Problem(f"{section}.{key}", mapping[key], why))
+        return p
+
+    def _grid_problems(self) -> list[Problem]:
+        """Each grid field: a non-empty list of distinct values, and not also in fixed."""
+        p = [
+            Problem(f"grid.{key}", self.grid[key], "also in fixed: give it in one place")
+            for key in sorted(set(self.fixed) & set(self.grid))
+        ]
         for key, values in self.grid.items():
             if not isinstance(values, list) or not values:
-                p.append(
-                    Problem(
-                        f"grid.{key}",
-                        values,
-                        "a non-empty list of values (a single value belongs in fixed)",
-                    )
-                )
+                why = "a non-empty list of values (a single value belongs in fixed)"
+                p.append(Problem(f"grid.{key}", values, why))
                 continue
             canonical = [json.dumps(v, sort_keys=True, default=str) for v in values]
             if len(set(canonical)) != len(canonical):
                 p.append(Problem(f"grid.{key}", values, "lists a value twice"))
-        if not isinstance(self.notebook, str) or not self.notebook.endswith(".ipynb"):
-            p.append(Problem("notebook", self.notebook, "a path to an .ipynb file"))
-        if self.executor not in EXECUTORS:
-            p.append(Problem("executor", self.executor, f"must be one of {', '.join(EXECUTORS)}"))
-        else:
-            allowed = EXECUTOR_OPTIONS[self.executor]
-            for key in sorted(set(self.executor_options) - set(allowed)):
-                p.append(
-                    Problem(
-                        f"executor_options.{key}",
-                        self.executor_options[key],
-                        f"not an option of the {self.executor} executor; "
-                        f"valid: {', '.join(allowed) or '(none)'}",
-                    )
-                )
-        if not isinstance(self.output_dir, str) or not self.output_dir:
-            p.append(Problem("output_dir", self.output_dir, "a folder path"))
-        if not isinstance(self.description, str):
-            p.append(Problem("description", self.description, "text"))
-        t = self.cell_timeout_s
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
-            p.append(Problem("cell_timeout_s", t, "a number of seconds > 0, or omitted"))
         return p
+
+    def _executor_problems(self) -> list[Problem]:
+        """A known executor, and only its options (the same check as ``launch``'s)."""
+        try:
+            back_end = backend(self.executor)
+        except PreflightError as exc:
+            return exc.problems
+        return [
+            Problem(f"executor_options.{pr.field}", pr.value, pr.allowed)
+            for pr in back_end.option_problems(self.executor_options)
+        ]
 
     # -- loading
     @classmethod
@@ -243,12 +227,8 @@ class SweepSpec:
         """``<output_dir>/<name>``, absolute (the summary and report live here)."""
         return Path(os.path.abspath(self.output_dir)) / self.name
 
-    def points(self) -> list[SweepPoint]:
-        """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
-        each bad point and its problems. Built once per spec (every point's config is hashed)."""
-        cached = self.__dict__.get("_points")
-        if cached is not None:
-            return list(cached)
+    def _combos(self) -> list[dict[str, Any]]:
+        """Each point's grid values: the grid's product (last field fastest), then ``include``."""
         keys = list(self.grid)
         combos = [
             dict(zip(keys, c, strict=True))
@@ -256,38 +236,49 @@ class SweepSpec:
         ]
         if self.include and not keys:
             combos = []  # only the listed points, not the one point of `fixed` alone
-        combos += [dict(entry) for entry in self.include]
+        return combos + [dict(entry) for entry in self.include]
+
+    def _point(self, index: int, values: dict[str, Any]) -> SweepPoint:
+        """One point, its config validated (ConfigError naming the point otherwise)."""
+        label = f"point {index} ({_label(values)})"
+        try:
+            base = RunConfig.from_dict(
+                {
+                    **self.fixed,
+                    **values,
+                    "sweep": self.name,
+                    "output_dir": os.path.abspath(self.output_dir),
+                }
+            )
+        except ConfigError as exc:
+            problems = [
+                Problem(f"{label}: {pr.field}", pr.value, pr.allowed) for pr in exc.problems
+            ]
+            raise ConfigError(problems, what=self._what()) from exc
+        except TypeError as exc:  # a value of a type RunConfig cannot take at all
+            raise ConfigError([Problem(label, values, str(exc))], what=self._what()) from exc
+        run_id = point_run_id(values, base)
+        return SweepPoint(
+            index=index,
+            values=values,
+            config=base.replace(run_name=run_id),
+            run_id=run_id,
+            path=self.sweep_dir / run_id,
+        )
+
+    def points(self) -> list[SweepPoint]:
+        """Every grid point, in grid order, with its validated RunConfig; one ConfigError names
+        each bad point and its problems. Built once per spec (every point's config is hashed)."""
+        cached = self.__dict__.get("_points")
+        if cached is not None:
+            return list(cached)
         out: list[SweepPoint] = []
         problems: list[Problem] = []
-        for index, values in enumerate(combos):
-            label = f"point {index} ({_label(values)})"
+        for index, values in enumerate(self._combos()):
             try:
-                base = RunConfig.from_dict(
-                    {
-                        **self.fixed,
-                        **values,
-                        "sweep": self.name,
-                        "output_dir": os.path.abspath(self.output_dir),
-                    }
-                )
+                out.append(self._point(index, values))
             except ConfigError as exc:
-                problems += [
-                    Problem(f"{label}: {pr.field}", pr.value, pr.allowed) for pr in exc.problems
-                ]
-                continue
-            except TypeError as exc:  # a value of a type RunConfig cannot take at all
-                problems.append(Problem(label, values, str(exc)))
-                continue
-            run_id = point_run_id(values, base)
-            out.append(
-                SweepPoint(
-                    index=index,
-                    values=values,
-                    config=base.replace(run_name=run_id),
-                    run_id=run_id,
-                    path=self.sweep_dir / run_id,
-                )
-            )
+                problems += exc.problems
         seen: dict[str, int] = {}
         for point in out:
             if point.run_id in seen:
@@ -322,48 +313,8 @@ class SweepSpec:
 
 
 def _label(values: Mapping[str, Any]) -> str:
+    """A point's grid values as ``a=1, b='x'`` (in error messages)."""
     return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "no grid"
-
-
-def _defaults() -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-    return json.loads(json.dumps(out, default=str))
-
-
-def _hash_config(config: RunConfig) -> str:
-    """A short hash of the run's full config (derived values included), but not of where it is
-    stored. Fields at their default are left out: a field added to RunConfig later must not
-    change every id, or a re-run would no longer find the points it completed."""
-    data = json.loads(config.to_json())
-    defaults = _defaults()
-    for key in (*RESERVED_FIELDS, "derived"):
-        data.pop(key, None)
-    data = {k: v for k, v in data.items() if k not in defaults or v != defaults[k]}
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def _token(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return re.sub(r"[^A-Za-z0-9.+-]", "", text)
-
-
-def point_run_id(values: Mapping[str, Any], config: RunConfig) -> str:
-    """The run id of a grid point: its grid values, shortened (``w2_b64_bf16``), then a hash of
-    its full config, so that ids are readable, deterministic and distinct."""
-    parts = []
-    for key, value in values.items():
-        prefix = RUN_ID_ABBREVIATIONS.get(key)
-        parts.append(f"{prefix}{_token(value)}" if prefix is not None else f"{key}-{_token(value)}")
-    readable = "_".join(p for p in parts if p)[:_READABLE_MAX].strip("_.+-") or "point"
-    if not readable[0].isalnum():
-        readable = "p" + readable
-    return f"{readable}-{_hash_config(config)}"
 
 
 def load_spec(path: str | Path) -> SweepSpec:

@@ -1,0 +1,99 @@
+"""The CUDA path, run for real wherever a CUDA device is visible (``pytest -m gpu``); skipped with
+the reason elsewhere. Same public API and code as the CPU tests, another device and backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import base_config
+from workbench import RunConfig, RunFailedError, launch, load_traces
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _cuda(tmp_path: Path, **changes: object) -> RunConfig:
+    fields: dict[str, object] = dict(
+        device="cuda", world_size=1, epochs=None, max_steps=12, checkpoint_every_steps=0
+    )
+    fields.update(changes)
+    return base_config(tmp_path, **fields)
+
+
+def _completed(config: RunConfig):  # type: ignore[no-untyped-def]
+    handle = launch(config)
+    assert handle.wait(timeout_s=300) == "completed"
+    return handle
+
+
+def test_three_cuda_launches_in_a_row_from_one_process(tmp_path: Path) -> None:
+    import torch
+
+    for i in range(3):
+        _completed(_cuda(tmp_path, run_name=f"row-{i}"))
+    assert not torch.cuda.is_initialized(), "launching created a CUDA context in the caller"
+
+
+def test_mixed_precision_changes_the_numbers_by_a_bounded_amount(tmp_path: Path) -> None:
+    losses = {}
+    for precision in ("fp32", "fp16", "bf16"):
+        handle = _completed(_cuda(tmp_path, precision=precision, run_name=f"p-{precision}"))
+        losses[precision] = load_traces(handle.path)["loss"].to_numpy()
+    for precision in ("fp16", "bf16"):
+        diff = abs(losses[precision] - losses["fp32"])
+        assert diff.max() > 0, f"{precision} gave exactly the fp32 losses: autocast did nothing"
+        assert diff.max() < 0.05 * abs(losses["fp32"]).max(), (precision, diff.max())
+
+
+def test_allocator_and_device_memory_columns_are_filled(tmp_path: Path) -> None:
+    steps = load_traces(_completed(_cuda(tmp_path, run_name="mem")).path)
+    for column in ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes"):
+        assert steps[column].notna().any() and (steps[column].dropna() > 0).all(), column
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed: NVML column not checked")
+    assert (steps["mem_device_bytes"].dropna() > 0).any()
+
+
+def test_profiling_window_holds_cuda_kernels(tmp_path: Path) -> None:
+    handle = _completed(_cuda(tmp_path, profile_steps=(3, 4), run_name="prof"))
+    (trace,) = handle.path.glob("profiles/rank00000*.pt.trace.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_comm_hooks_run_on_cuda(tmp_path: Path, hook: str) -> None:
+    steps = load_traces(_completed(_cuda(tmp_path, comm_hook=hook, run_name=f"hook-{hook}")).path)
+    assert steps["comm_bytes"].notna().all()
+
+
+def test_sync_batchnorm_on_the_cnn(tmp_path: Path) -> None:
+    _completed(_cuda(tmp_path, model="cnn", sync_batchnorm=True, run_name="sbn"))
+
+
+def test_a_failing_rank_on_cuda_is_named_with_its_step(tmp_path: Path) -> None:
+    config = _cuda(tmp_path, run_name="fail", fault={"rank": 0, "step": 3, "kind": "raise"})
+    handle = launch(config)
+    with pytest.raises(RunFailedError) as err:
+        handle.wait(timeout_s=300)
+    assert err.value.rank == 0
+    assert "at step 3" in str(err.value.exception)
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+def test_two_ranks_on_two_gpus_with_nccl(tmp_path: Path) -> None:
+    handle = _completed(_cuda(tmp_path, world_size=2, backend="nccl", run_name="nccl2"))
+    summaries = handle.result()
+    assert summaries[0]["param_sha256"] == summaries[1]["param_sha256"]
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+def test_data_parallel_over_two_gpus(tmp_path: Path) -> None:
+    _completed(_cuda(tmp_path, world_size=2, strategy="dp", run_name="dp2"))

@@ -1,0 +1,89 @@
+"""What every executor back end provides, and the option check they share.
+
+A back end knows its name and options, what it cannot run, how to make its submitit executor (via
+:mod:`workbench.jobs`), how long a queue may hold its jobs, and whether its ranks run on this
+machine (then ports and CUDA are checked here). A :class:`JobWatch` follows one of its jobs:
+whether it still runs, and how to stop it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workbench.config.run_config import RunConfig
+from workbench.errors import Problem
+
+RankStates = Mapping[int, Mapping[str, Any]]
+
+
+class JobWatch(ABC):
+    """One job of a back end: submitit's job object when this session submitted it, else only
+    its id (a handle re-attached from the store)."""
+
+    def __init__(self, job: Any, job_id: str | None, poll_s: float = 30.0) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.poll_s = poll_s
+
+    @abstractmethod
+    def running(self, states: RankStates, processes: int) -> bool:
+        """Whether the job still runs, given its ranks' records (dead processes marked
+        ``died``) and the number of rank processes expected."""
+
+    def cancel(self) -> None:
+        """Ask the executor to stop the job (the caller then kills what is left here)."""
+        if self.job is not None:
+            from workbench import jobs
+
+            jobs.cancel_job(self.job)
+
+    def settle(self) -> None:  # noqa: B027  (an optional hook: most jobs need nothing)
+        """Before waiting on the job: run an in-process job to its end (nothing to do unless
+        the job runs in this process)."""
+
+
+class Backend(ABC):
+    """An executor: where and how a run's ranks are started."""
+
+    name: ClassVar[str]
+    """what ``launch(config, executor=...)`` calls it"""
+    options: ClassVar[Mapping[str, str]]
+    """its options (``launch(..., **options)``), each with what it does"""
+    on_this_machine: ClassVar[bool]
+    """whether the ranks run on this machine (ports and CUDA are then checked here)"""
+    queue_s: ClassVar[float] = 0.0
+    """how long a queue may hold a job before it starts (a sweep's cells wait that much more)"""
+
+    def __repr__(self) -> str:
+        return f"<{self.name} executor>"
+
+    def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
+        """Options this back end does not have, each naming the valid ones."""
+        valid = ", ".join(self.options) or "(none)"
+        return [
+            Problem(
+                str(name),
+                options[name],
+                f"not an option of the {self.name} executor; valid: {valid}",
+            )
+            for name in sorted(set(options) - set(self.options), key=str)
+        ]
+
+    def config_problems(self, config: RunConfig) -> list[Problem]:
+        """What this back end cannot run in ``config`` (a layout, say); none by default."""
+        return []
+
+    def check(self, config: RunConfig, options: Mapping[str, Any]) -> list[Problem]:
+        """Every problem with these options and this config for this back end."""
+        return self.option_problems(options) + self.config_problems(config)
+
+    @abstractmethod
+    def executor(self, config: RunConfig, folder: Path, options: Mapping[str, Any]) -> Any:
+        """The submitit executor for a run of ``config``, its logs in ``folder``."""
+
+    @abstractmethod
+    def watch(self, job: Any, job_id: str | None, poll_s: float = 30.0) -> JobWatch:
+        """A watch on one job (``job`` None: re-attached, known by ``job_id`` only)."""

@@ -1,0 +1,166 @@
+"""What the ranks' own records say about a run: its status, and the root cause when it failed.
+
+Pure functions over rank records (the dicts of ``store.files.read_rank_states``, with ranks whose
+process died unreported already marked ``died``), the set of hung ranks, the number of rank
+processes expected, and log tails as strings: no processes, files or clocks, so each rule can be
+tested with hand-built records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RankStates = Mapping[int, Mapping[str, Any]]
+
+#: Errors a rank sees because of another rank (its peer died, hung or closed the connection).
+PEER_ERRORS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "DistBackendError",
+    "pair closure",
+    "Timed out",
+    "timed out",
+    "Connection refused",
+)
+#: What a log shows when the interpreter crashed on its way out.
+EXIT_CRASH_MARKERS = ("terminate called", "Segmentation fault", "core dumped", "Aborted")
+#: Log lines kept in a failure record: more for a hung rank, whose stack dump is the evidence.
+TAIL_LINES = 20
+HUNG_TAIL_LINES = 40
+#: Log lines searched for a crash at exit.
+EXIT_TAIL_LINES = 5
+
+NEVER_STARTED = "the rank never started"
+DIED_UNREPORTED = "the rank's process ended without reporting (killed by a signal or exited)"
+
+
+def all_completed(states: RankStates, processes: int) -> bool:
+    """Whether every expected rank reported ``completed``."""
+    return len(states) == processes and all(s["status"] == "completed" for s in states.values())
+
+
+def _any(states: RankStates, *statuses: str) -> bool:
+    """Whether any rank is in one of ``statuses``."""
+    return any(s["status"] in statuses for s in states.values())
+
+
+def live_status(states: RankStates, processes: int) -> str:
+    """The run's status while it is not finalized: failed (a rank failed or died), preempted
+    (until the requeued attempt's ranks report running again), completed, running or pending."""
+    if _any(states, "failed", "died"):
+        return "failed"
+    if _any(states, "preempted"):
+        return "preempted"
+    if all_completed(states, processes):
+        return "completed"
+    return "running" if states else "pending"
+
+
+def final_status(states: RankStates, processes: int) -> str:
+    """The status recorded when the job is over: completed, preempted (stopped cleanly and not
+    requeued: ``resume=True`` continues it) or failed."""
+    if all_completed(states, processes):
+        return "completed"
+    if _any(states, "preempted") and not _any(states, "failed", "died"):
+        return "preempted"
+    return "failed"
+
+
+def hung_message(collective_timeout_s: float) -> str:
+    """The exception recorded for a rank still running when its peers gave up on it."""
+    return (
+        "the rank hung: it was still running when its peers gave up waiting for it "
+        f"({collective_timeout_s:g} s collective timeout); its stack is in the log"
+    )
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The rank whose failure explains the run's, and what it said."""
+
+    rank: int
+    exception: str | None
+    traceback: str | None = None
+    hung: bool = False
+
+    @property
+    def tail_lines(self) -> int:
+        """How many log lines to keep with the failure."""
+        return HUNG_TAIL_LINES if self.hung else TAIL_LINES
+
+    def record(self, log_path: str | None, log_tail: str | None) -> dict[str, Any]:
+        """The failure as ``run.json`` stores it."""
+        return {
+            "rank": self.rank,
+            "exception": self.exception,
+            "traceback": self.traceback,
+            "log_path": log_path,
+            "log_tail": log_tail,
+        }
+
+
+def _candidate(
+    rank: int, state: Mapping[str, Any], hung: Collection[int], collective_timeout_s: float
+) -> tuple[int, float, RootCause] | None:
+    """(priority, ended_at, cause) for one rank, or None when it explains nothing: a rank's own
+    exception (0) beats a silent death or hang (1), which beats a peer's error (2)."""
+    status = state["status"]
+    if status == "failed":
+        exception = state.get("exception") or ""
+        peer = any(marker in exception for marker in PEER_ERRORS)
+        cause = RootCause(rank, state.get("exception"), state.get("traceback"))
+        return (2 if peer else 0, float(state.get("ended_at") or 0), cause)
+    if rank in hung:
+        message = hung_message(collective_timeout_s)
+        return (1, 0.0, RootCause(rank, message, state.get("traceback"), hung=True))
+    if status in ("died", "running"):
+        return (1, 0.0, RootCause(rank, DIED_UNREPORTED, state.get("traceback")))
+    return None
+
+
+def root_cause(
+    states: RankStates,
+    processes: int,
+    hung: Collection[int] = (),
+    collective_timeout_s: float = 0.0,
+) -> RootCause | None:
+    """The root cause of a failed run: a rank's own exception beats a silent death (or a hang,
+    or a rank that never started), which beats the 'connection closed' errors its peers see
+    next; ties go to the earliest to end, then the lowest rank. None when no rank explains it."""
+    candidates = []
+    for rank, state in states.items():
+        found = _candidate(rank, state, hung, collective_timeout_s)
+        if found is not None:
+            candidates.append(found)
+    for rank in sorted(set(range(processes)) - set(states)):
+        candidates.append((1, 0.0, RootCause(rank, NEVER_STARTED)))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: (c[0], c[1], c[2].rank))[2]
+
+
+def last_lines(text: str | None, lines: int) -> str | None:
+    """The last ``lines`` lines of ``text`` (None stays None)."""
+    if text is None:
+        return None
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def crashed_at_exit(log_tail: str | None) -> bool:
+    """Whether a log's last lines show the interpreter crashing on its way out."""
+    return bool(log_tail) and any(m in log_tail for m in EXIT_CRASH_MARKERS)  # type: ignore[operator]
+
+
+def exit_warnings(states: RankStates, log_tails: Mapping[int, str | None]) -> list[dict[str, Any]]:
+    """Completed ranks whose log shows a crash at exit (seen with gloo about once in 75 runs):
+    their results are complete, so the run stays completed, and the crash is recorded rather
+    than hidden. ``log_tails``: each rank's last ``EXIT_TAIL_LINES`` log lines."""
+    return [
+        {"rank": rank, "log_tail": log_tails.get(rank)}
+        for rank, s in states.items()
+        if s["status"] == "completed" and crashed_at_exit(log_tails.get(rank))
+    ]

@@ -1,0 +1,94 @@
+"""A run's processes on this machine, found through ``/proc``: alive or not, which belong to a
+run, and ending them. Ranks on other hosts (a Slurm job's other nodes) are left to the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench import schema
+
+_PROC = Path("/proc")
+
+
+def alive(pid: int) -> bool:
+    """True while a process with this pid exists and is not a zombie."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def on_this_host(state: Mapping[str, Any]) -> bool:
+    """Whether a rank record was written by a process on this machine."""
+    return state.get("host") == socket.gethostname()
+
+
+def rank_alive(state: Mapping[str, Any]) -> bool:
+    """Whether the rank of this record runs here and its process is alive."""
+    pid = int(state.get("pid") or 0)
+    return bool(pid) and on_this_host(state) and alive(pid)
+
+
+def command_line(pid: int) -> list[str]:
+    """A process's arguments ([] when it is gone or unreadable)."""
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def pids_of_run(run_path: Path) -> list[int]:
+    """Live processes started for this run: submitit's controller and ranks name the run's logs
+    folder on their command line (ranks still importing torch have recorded no pid yet)."""
+    marker = str(run_path / schema.LOGS_DIR)
+    if not _PROC.is_dir():
+        return []
+    pids: list[int] = []
+    for proc in _PROC.iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        args = command_line(int(proc.name))
+        ours = any(a == marker or a.startswith(marker + os.sep) for a in args)
+        if ours and alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+def send(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to each pid, ignoring those already gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def kill_run(run_path: Path, within_s: float = 10.0) -> None:
+    """SIGKILL every process of the run, again until none is left (the controller may still be
+    starting one) or ``within_s`` passed."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        pids = pids_of_run(run_path)
+        if not pids:
+            return
+        send(pids)
+        time.sleep(0.1)
+
+
+def kill_ranks(states: Mapping[int, Mapping[str, Any]]) -> None:
+    """SIGKILL the ranks of these records still alive here (submitit processes only: a pid
+    reused by something else is spared)."""
+    send(
+        int(s["pid"])
+        for s in states.values()
+        if rank_alive(s) and any("submitit" in a for a in command_line(int(s["pid"])))
+    )
