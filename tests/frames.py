@@ -1,17 +1,22 @@
 """Hand-built trace frames with answers that can be worked out on paper.
 
 Every rank runs the same back-to-back steps: step k (from 1) starts at ``(k - 1) * step_s`` on all
-ranks, so a run's measured window is ``measured steps * step_s`` seconds.
+ranks, so a run's measured window is ``measured steps * step_s`` seconds. :func:`write_run` puts
+such frames into a store folder, as the launcher and the ranks leave it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from workbench import schema
+from workbench.config.run_config import RunConfig
 from workbench.schema import EVAL_COLUMNS, STEP_COLUMNS
+from workbench.store.files import write_json
 
 
 def make_steps(
@@ -188,3 +193,35 @@ def ddp_steps(
     steps["step_s"] = step_s
     steps["comm_s"] = step_s - steps["_c"]
     return steps.drop(columns="_c")
+
+
+def write_run(
+    store: Path,
+    sweep: str,
+    run_id: str,
+    steps: pd.DataFrame,
+    evals: pd.DataFrame,
+    status: str = "completed",
+    **config: object,
+) -> Path:
+    """A run folder as the launcher and the ranks leave it, from hand-built frames."""
+    cfg = RunConfig(output_dir=str(store), sweep=sweep, run_name=run_id, **config)  # type: ignore[arg-type]
+    path = store / sweep / run_id
+    write_json(path / schema.CONFIG_FILE, cfg.to_dict())
+    write_json(
+        path / schema.RUN_FILE,
+        {
+            "run_id": run_id,
+            "sweep": sweep,
+            "status": status,
+            "config": cfg.to_dict(),
+            "ended_at": 1.0,
+        },
+    )
+    traces = path / schema.TRACES_DIR
+    traces.mkdir(parents=True)
+    for rank, rows in steps.groupby("rank"):
+        rows.to_parquet(traces / schema.steps_file(int(rank)))
+    for rank, rows in evals.groupby("rank"):
+        rows.to_parquet(traces / schema.eval_file(int(rank)))
+    return path

@@ -6,9 +6,29 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis import tables as analysis
-from workbench.analysis.tables import communication, default_group_by, downsample_for_display, eval_breakdown, measured_window, memory_by_rank, phase_breakdown, scaling_table, stragglers
-from workbench.analysis.scaling_model import NETWORK_PRESETS, NetworkModel, measured_network, predict_scaling, predicted_vs_measured, ring_allreduce_time
+from workbench import analysis
+from workbench.analysis import (
+    communication,
+    default_group_by,
+    downsample_for_display,
+    eval_breakdown,
+    measured_window,
+    memory_by_rank,
+    phase_breakdown,
+    resolve_group_by,
+    scaling_table,
+    slow_ranks,
+    stragglers,
+)
+from workbench.analysis.scaling_model import (
+    NETWORK_PRESETS,
+    NetworkModel,
+    measured_network,
+    predict_scaling,
+    predicted_vs_measured,
+    ring_allreduce_time,
+)
+from workbench.analysis.summary import per_rank_table, run_summary
 
 from .frames import ddp_steps, make_evals, make_runs, make_steps, scaling_sweep
 
@@ -140,6 +160,29 @@ def test_unknown_or_bad_group_names_raise_with_valid_names() -> None:
         scaling_table(runs, steps, group_by=["model", "world_size"])
     with pytest.raises(ValueError, match="valid names"):
         measured_window(steps.drop(columns="samples"))
+
+
+def test_resolve_group_by_default_single_name_and_checks() -> None:
+    runs, _, _ = scaling_sweep()
+    keys = resolve_group_by(runs)
+    assert keys == default_group_by(runs)
+    assert resolve_group_by(runs, keys) == keys  # resolving twice changes nothing
+    assert resolve_group_by(runs, "precision") == ["precision"]
+    assert resolve_group_by(runs, []) == []
+    with pytest.raises(ValueError, match=r"\['modle'\].*valid names:.*model"):
+        resolve_group_by(runs, ["modle"])
+    with pytest.raises(ValueError, match="scaling axis"):
+        resolve_group_by(runs, ["nodes"])
+
+
+def test_the_grouping_is_passed_never_kept_in_the_frame() -> None:
+    # pandas drops DataFrame.attrs on merge and concat: the grouping must not live there.
+    runs, steps, evals = scaling_sweep()
+    keys = resolve_group_by(runs, ["model"])
+    t = scaling_table(runs, steps, evals, group_by=keys)
+    assert t.attrs == {}
+    assert list(t.columns[:2]) == ["model", "world_size"]
+    assert analysis.run_table(runs, steps, group_by=keys).attrs == {}
 
 
 def test_only_completed_runs_by_default() -> None:
@@ -305,7 +348,7 @@ def test_median_of_others_matches_brute_force() -> None:
     for n in (2, 3, 4, 7):
         a = rng.normal(size=(20, n))
         a[rng.uniform(size=a.shape) < 0.15] = np.nan
-        got = analysis._median_of_others(a)
+        got = slow_ranks._median_of_others(a)
         for i in range(a.shape[0]):
             for j in range(n):
                 others = np.delete(a[i], j)
@@ -333,6 +376,26 @@ def test_downsample_for_display_bins_per_group() -> None:
 
 
 # --- scaling model -------------------------------------------------------------------------------
+
+
+# --- one run's summary --------------------------------------------------------------------------
+
+
+def test_run_summary_and_per_rank_table_from_frames() -> None:
+    steps, evals = make_steps("s", world_size=2), make_evals("s", world_size=2)
+    summary = run_summary(steps, evals)
+    assert summary["traced_steps"] == 10 and summary["measured_steps"] == 8
+    assert summary["measured_wall_s"] == pytest.approx(8.0)
+    assert summary["samples_per_s"] == pytest.approx(16.0)  # 8 steps x 2 ranks x 8 / 8 s
+    assert summary["samples_per_s_per_device"] == pytest.approx(8.0)
+    assert summary["mean_backward_s"] == pytest.approx(0.5)
+    assert summary["final_loss"] == pytest.approx(1.1)
+    assert summary["final_metric"] == pytest.approx(0.8)
+    assert run_summary(steps.iloc[0:0], evals.iloc[0:0]) == {"traced_steps": 0}
+    per_rank = per_rank_table(steps)
+    assert per_rank.index.tolist() == [0, 1]
+    assert per_rank["samples_per_s"].tolist() == pytest.approx([8.0, 8.0])
+    assert per_rank["peak_rss_mib"].tolist() == pytest.approx([1024.0, 1025.0])
 
 
 def test_ring_allreduce_time_by_hand() -> None:
@@ -365,6 +428,10 @@ def test_predict_scaling_from_one_rank_run() -> None:
     assert pred["samples_per_s"].tolist() == pytest.approx([8.0, 8.0, 32 / 2.5])
     assert pred["speedup"].tolist() == pytest.approx([1.0, 1.0, 1.6])
     assert pred["efficiency"].tolist() == pytest.approx([1.0, 0.5, 0.4])
+    # the model's inputs travel as columns, not in DataFrame.attrs
+    assert pred.attrs == {}
+    assert set(pred["network"]) == {"slow"} and set(pred["gradient_bytes"]) == {1e6}
+    assert set(pred["buckets"]) == {1} and set(pred["overlap"]) == {0.0}
     half = predict_scaling(steps, SLOW_NET, [2], overlap=0.5, gradient_bytes=1e6)
     assert half["step_s"].iloc[0] == pytest.approx(1.5)
     assert half["speedup"].iloc[0] == pytest.approx(2 / 1.5)
@@ -423,3 +490,6 @@ def test_predicted_vs_measured_table() -> None:
     assert pvm["measured_speedup"].iloc[:3].tolist() == pytest.approx([1.0, 1.6, 2.5])
     assert np.isnan(pvm.loc[8, "measured_speedup"])
     assert pvm.loc[2, "relative_error"] == pytest.approx(8 / 12.8 - 1)
+    assert pvm.attrs == {}
+    by_model = predicted_vs_measured(runs, steps, SLOW_NET, group_by=["model"])
+    assert list(by_model.columns[:3]) == ["model", "world_size", "base_run_id"]

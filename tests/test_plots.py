@@ -7,9 +7,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench.ui import plots
-from workbench.analysis.tables import eval_breakdown, memory_by_rank, phase_breakdown, scaling_table
+from workbench.analysis import eval_breakdown, memory_by_rank, phase_breakdown, scaling_table
 from workbench.analysis.scaling_model import NetworkModel, predicted_vs_measured
+from workbench.ui import plots
 
 from .frames import ddp_steps, make_runs, make_steps, scaling_sweep
 
@@ -196,3 +196,14 @@ def test_unknown_columns_raise_with_valid_names(sweep) -> None:
         plots.speedup_figure(sweep[3].drop(columns="efficiency"))
     with pytest.raises(ValueError, match="valid names"):
         plots.throughput_per_device_figure(sweep[3], group_by=["precison"])
+
+
+def test_the_grouping_is_passed_not_read_from_the_table() -> None:
+    table = two_precisions()
+    merged = pd.concat([table.iloc[:2], table.iloc[2:]], ignore_index=True)  # drops any attrs
+    fig = plots.speedup_figure(merged, group_by=["precision"])
+    groups = sorted(t.name for t in fig.data if t.name != "ideal")
+    assert groups == ["precision=fp16", "precision=fp32"]
+    assert sorted(t.name for t in plots.speedup_figure(merged).data) == ["ideal", *groups]
+    fig = plots.throughput_per_device_figure(merged, group_by=[])
+    assert [t.name for t in fig.data] == ["all runs"]

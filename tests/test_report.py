@@ -5,15 +5,21 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from workbench.ui.report import build_figures, write_report
+import pandas as pd
+import pytest
 
-from .frames import ddp_steps, make_runs, scaling_sweep
+from workbench.analysis import resolve_group_by
+from workbench.store.load import load_runs
+from workbench.ui.report import build_figures, report_from_store, write_report
+from workbench.ui.tables import SCALING_COLUMNS, scaling_columns
+
+from .frames import ddp_steps, make_runs, scaling_sweep, write_run
 
 
 def html_table(text: str, after: str) -> dict[str, list[str]]:
     """The first HTML table after ``after``, as column name -> cell texts (no lxml needed)."""
     table = text[text.index(after) :].split("</table>")[0]
-    header = re.findall(r"<th[^>]*>(.*?)</th>", table, re.DOTALL)
+    header = re.findall(r"<th(?:\s[^>]*)?>(.*?)</th>", table, re.DOTALL)  # not <thead>
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL) for row in table.split("<tr")[2:]]
     return {h.strip(): [row[i].strip() for row in cells] for i, h in enumerate(header)}
 
@@ -66,3 +72,37 @@ def test_report_with_no_traces_still_writes(tmp_path: Path) -> None:
     text = write_report(runs, steps.iloc[0:0], None, tmp_path / "e.html").read_text()
     assert "no scaling table" in text
     assert 'class="plotly-graph-div"' not in text
+
+
+def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> None:
+    runs, steps, evals = scaling_sweep()
+    for run in runs.itertuples():
+        write_run(
+            tmp_path,
+            "weak",
+            run.run_id,
+            steps[steps["run_id"] == run.run_id],
+            evals[evals["run_id"] == run.run_id],
+            world_size=run.world_size,
+            per_device_batch_size=8,
+            train_samples=640,
+        )
+    summary = tmp_path / "weak" / "summary.csv"
+    path = report_from_store(tmp_path / "weak", tmp_path / "r.html", summary_csv=summary)
+    table = pd.read_csv(summary)
+    assert table["world_size"].tolist() == [1, 2, 4]
+    assert table["speedup"].tolist() == pytest.approx([1.0, 1.6, 2.5])
+    assert table["time_to_quality_s"].tolist() == pytest.approx([10.75, 13.25, 16.75])
+    keys = resolve_group_by(load_runs(tmp_path, ["weak"]))
+    assert keys[:2] == ["model", "precision"] and keys[-1] == "per_device_batch_size"
+    scaling = html_table(path.read_text(), "<h2>Scaling</h2>")
+    assert list(scaling) == scaling_columns(table, keys)  # the dashboard's columns too
+    assert list(scaling)[len(keys) :] == [c for c in SCALING_COLUMNS if c in table.columns]
+    assert not list(summary.parent.glob(".*.tmp"))
+    assert report_from_store(tmp_path / "weak", tmp_path / "r2.html") == tmp_path / "r2.html"
+
+
+def test_report_with_no_traces_writes_an_empty_summary(tmp_path: Path) -> None:
+    runs, steps, _ = scaling_sweep()
+    write_report(runs, steps.iloc[0:0], None, tmp_path / "e.html", summary_csv=tmp_path / "s.csv")
+    assert (tmp_path / "s.csv").read_text().strip() == ""

@@ -7,7 +7,6 @@ import json
 import time
 from pathlib import Path
 
-import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
@@ -19,39 +18,7 @@ from workbench.ui.launch_panel import LaunchPanel
 from workbench.ui.monitor import RunMonitor
 
 from .conftest import base_config
-from .frames import make_evals, make_steps, scaling_sweep
-
-
-def write_run(
-    store: Path,
-    sweep: str,
-    run_id: str,
-    steps: pd.DataFrame,
-    evals: pd.DataFrame,
-    status: str = "completed",
-    **config: object,
-) -> Path:
-    """A run folder as the launcher and the ranks leave it, from hand-built frames."""
-    cfg = RunConfig(output_dir=str(store), sweep=sweep, run_name=run_id, **config)  # type: ignore[arg-type]
-    path = store / sweep / run_id
-    write_json(path / schema.CONFIG_FILE, cfg.to_dict())
-    write_json(
-        path / schema.RUN_FILE,
-        {
-            "run_id": run_id,
-            "sweep": sweep,
-            "status": status,
-            "config": cfg.to_dict(),
-            "ended_at": 1.0,
-        },
-    )
-    traces = path / schema.TRACES_DIR
-    traces.mkdir(parents=True)
-    for rank, rows in steps.groupby("rank"):
-        rows.to_parquet(traces / schema.steps_file(int(rank)))
-    for rank, rows in evals.groupby("rank"):
-        rows.to_parquet(traces / schema.eval_file(int(rank)))
-    return path
+from .frames import make_evals, make_steps, scaling_sweep, write_run
 
 
 @pytest.fixture

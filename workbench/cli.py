@@ -64,6 +64,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from workbench.analysis.summary import per_rank_table
     from workbench.errors import ConfigError, PreflightError, RunFailedError
     from workbench.run.launch import launch
+    from workbench.store.load import load_traces
 
     try:
         config = _config_from_args(args)
@@ -81,7 +82,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     _print_summary(handle.path)
-    print(f"per rank:\n{per_rank_table(handle.path).to_string(float_format=lambda x: f'{x:.4g}')}")
+    table = per_rank_table(load_traces(handle.path, "steps"))
+    print(f"per rank:\n{table.to_string(float_format=lambda x: f'{x:.4g}')}")
     print(f"results: {handle.path}")
     return 0
 

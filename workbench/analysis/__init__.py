@@ -1,26 +1,32 @@
 """Trace frames to tables, one module per analysis: frames in, frames out; no torch, no figures.
-Imports store, schema and errors only."""
+Imports store, schema and errors only.
 
-from workbench.analysis.tables import (
+``windows`` (measured steps and windows), ``groups`` (scaling groups), ``scaling`` (per-run and
+scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm`` (exposed
+communication), ``slow_ranks`` (stragglers), ``display`` (down-sampling for figures),
+``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline figures).
+Resolve the grouping once with :func:`resolve_group_by` and pass it to every table and figure.
+"""
+
+from workbench.analysis.breakdown import EVAL_PARTS, PHASES, eval_breakdown, phase_breakdown
+from workbench.analysis.comm import communication
+from workbench.analysis.display import downsample_for_display
+from workbench.analysis.groups import (
     BATCH_COLUMNS,
     CONFIG_COLUMNS,
-    EVAL_PARTS,
-    PHASES,
-    STRAGGLER_COLUMNS,
+    default_group_by,
+    resolve_group_by,
+)
+from workbench.analysis.memory import memory_by_rank
+from workbench.analysis.scaling import run_table, scaling_table
+from workbench.analysis.slow_ranks import STRAGGLER_COLUMNS, stragglers
+from workbench.analysis.windows import (
     check_columns,
     comm_filled,
-    communication,
-    default_group_by,
-    downsample_for_display,
-    eval_breakdown,
+    eval_rows,
     lower_is_better,
     measured_steps,
     measured_window,
-    memory_by_rank,
-    phase_breakdown,
-    run_table,
-    scaling_table,
-    stragglers,
 )
 
 __all__ = [
@@ -35,11 +41,13 @@ __all__ = [
     "default_group_by",
     "downsample_for_display",
     "eval_breakdown",
+    "eval_rows",
     "lower_is_better",
     "measured_steps",
     "measured_window",
     "memory_by_rank",
     "phase_breakdown",
+    "resolve_group_by",
     "run_table",
     "scaling_table",
     "stragglers",

@@ -16,13 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.tables import (
-    check_columns,
-    comm_filled,
-    measured_steps,
-    run_table,
-    scaling_table,
-)
+from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.scaling import run_table, scaling_table
+from workbench.analysis.windows import check_columns, comm_filled, measured_steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +118,9 @@ def predict_scaling(
     without DDP traces no bytes: pass ``gradient_bytes``). ``overlap`` in [0, 1] is the share
     of the allreduce hidden behind backward; 0 is the pessimistic no-overlap case. Columns:
     ``world_size, compute_s, comm_s`` (ring time), ``exposed_comm_s, step_s, samples_per_s,
-    samples_per_s_per_device, speedup`` (over one device: compute_s only), ``efficiency``.
+    samples_per_s_per_device, speedup`` (over one device: compute_s only), ``efficiency``, and
+    the model's inputs on every row: ``network`` (its name), ``gradient_bytes``, ``buckets`` and
+    ``overlap``.
     """
     if not 0 <= overlap <= 1:
         raise ValueError(f"overlap must be within [0, 1], got {overlap}")
@@ -162,8 +160,7 @@ def predict_scaling(
         }
     )
     out["efficiency"] = out["speedup"] / out["world_size"]
-    out.attrs.update(network=net.name, gradient_bytes=nbytes, buckets=buckets, overlap=overlap)
-    return out
+    return out.assign(network=net.name, gradient_bytes=nbytes, buckets=buckets, overlap=overlap)
 
 
 def measured_network(steps: pd.DataFrame, latency_s: float = 0.0) -> NetworkModel | None:
@@ -217,6 +214,46 @@ def measured_network(steps: pd.DataFrame, latency_s: float = 0.0) -> NetworkMode
     )
 
 
+def _group_prediction(
+    steps: pd.DataFrame,
+    group: pd.DataFrame,
+    network: str | NetworkModel,
+    world_sizes: Sequence[int],
+    overlap: float,
+) -> pd.DataFrame:
+    """One group's prediction, fed by its smallest-world-size run, at its sizes + ``world_sizes``.
+
+    A 1-rank base run hands no bytes to allreduce: they come from the group's multi-rank runs.
+    """
+    base = group.sort_values("world_size", kind="stable").iloc[0]
+    sizes = sorted(set(group["world_size"]) | {int(w) for w in world_sizes})
+    multi = steps[steps["run_id"].isin(group["run_id"]) & (steps["world_size"] > 1)]
+    multi = measured_steps(multi, ["comm_bytes", "comm_buckets"])
+    nbytes = float(multi["comm_bytes"].median()) if len(multi) else None
+    nbuckets = (
+        int(multi["comm_buckets"].median()) if "comm_buckets" in multi and len(multi) else None
+    )
+    pred = predict_scaling(
+        steps[steps["run_id"] == base["run_id"]],
+        network,
+        sizes,
+        overlap=overlap,
+        gradient_bytes=nbytes if base["world_size"] == 1 else None,
+        buckets=nbuckets if base["world_size"] == 1 else None,
+    )
+    base_thr = pred.loc[pred["world_size"] == base["world_size"], "samples_per_s"].iloc[0]
+    return pd.DataFrame(
+        {
+            "world_size": pred["world_size"],
+            "base_run_id": base["run_id"],
+            "predicted_step_s": pred["step_s"],
+            "predicted_comm_s": pred["exposed_comm_s"],
+            "predicted_samples_per_s": pred["samples_per_s"],
+            "predicted_speedup": pred["samples_per_s"] / base_thr,
+        }
+    )
+
+
 def predicted_vs_measured(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -230,46 +267,21 @@ def predicted_vs_measured(
     Rows cover the group's measured world sizes plus ``world_sizes`` (extrapolations, with NaN
     measured columns). Speedups are over the group's smallest world size, as in
     :func:`workbench.analysis.scaling_table`. ``relative_error = predicted_samples_per_s /
-    measured_samples_per_s - 1``.
+    measured_samples_per_s - 1``. The group columns are ``group_by`` resolved as by
+    :func:`workbench.analysis.resolve_group_by`: pass the same list to the figure.
     """
-    per_run = run_table(runs, steps, group_by=group_by)
-    keys = list(per_run.attrs["group_by"])
+    keys = resolve_group_by(runs, group_by)
+    per_run = run_table(runs, steps, group_by=keys)
     table = scaling_table(runs, steps, group_by=keys)
     if not keys:
         per_run["_group"] = table["_group"] = "all"
         keys = ["_group"]
     parts = []
     for key, group in per_run.groupby(keys, dropna=False, sort=True):
-        base = group.sort_values("world_size", kind="stable").iloc[0]
-        sizes = sorted(set(group["world_size"]) | {int(w) for w in world_sizes})
-        # A 1-rank run hands no bytes to allreduce: take them from the group's multi-rank runs.
-        multi = steps[steps["run_id"].isin(group["run_id"]) & (steps["world_size"] > 1)]
-        multi = measured_steps(multi, ["comm_bytes", "comm_buckets"])
-        nbytes = float(multi["comm_bytes"].median()) if len(multi) else None
-        nbuckets = (
-            int(multi["comm_buckets"].median()) if "comm_buckets" in multi and len(multi) else None
-        )
-        pred = predict_scaling(
-            steps[steps["run_id"] == base["run_id"]],
-            network,
-            sizes,
-            overlap=overlap,
-            gradient_bytes=nbytes if base["world_size"] == 1 else None,
-            buckets=nbuckets if base["world_size"] == 1 else None,
-        )
-        base_thr = pred.loc[pred["world_size"] == base["world_size"], "samples_per_s"].iloc[0]
+        part = _group_prediction(steps, group, network, world_sizes, overlap)
         key = key if isinstance(key, tuple) else (key,)
-        part = pd.DataFrame(
-            {
-                **{k: [v] * len(pred) for k, v in zip(keys, key, strict=True)},
-                "world_size": pred["world_size"],
-                "base_run_id": base["run_id"],
-                "predicted_step_s": pred["step_s"],
-                "predicted_comm_s": pred["exposed_comm_s"],
-                "predicted_samples_per_s": pred["samples_per_s"],
-                "predicted_speedup": pred["samples_per_s"] / base_thr,
-            }
-        )
+        for k, v in reversed(list(zip(keys, key, strict=True))):
+            part.insert(0, k, v)
         parts.append(part)
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=keys)
     measured = table[[*keys, "world_size", "step_s", "samples_per_s", "speedup"]]
@@ -279,7 +291,4 @@ def predicted_vs_measured(
     )
     out = out.merge(measured, on=[*keys, "world_size"], how="left")
     out["relative_error"] = out["predicted_samples_per_s"] / out["measured_samples_per_s"] - 1
-    if keys == ["_group"]:
-        out = out.drop(columns="_group")
-    out.attrs["group_by"] = [k for k in keys if k != "_group"]
-    return out
+    return out.drop(columns="_group") if keys == ["_group"] else out

@@ -1,23 +1,24 @@
-"""The headline figures of one run, written into run.json and printed by ``workbench run``."""
+"""The headline figures of one run, written into run.json and printed by ``workbench run``.
+
+Frames in, figures out: the caller loads the run's traces (``load_traces(path, "steps")`` and
+``load_traces(path, "eval")`` from :mod:`workbench.store.load`) and passes them here.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.tables import measured_window
-from workbench.store.load import load_traces
+from workbench.analysis.windows import measured_window
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
 
-def run_summary(run_path: Path) -> dict[str, Any]:
+def run_summary(steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
     """Throughput over the measured window (first measured step start to last step end, across
-    ranks; warm-up steps excluded), mean phase times, peak memory, final loss and metric."""
-    steps = load_traces(run_path, "steps")
-    evals = load_traces(run_path, "eval")
+    ranks; warm-up steps excluded), mean phase times, peak memory, final loss and metric, from
+    one run's ``steps`` and ``evals`` trace frames."""
     out: dict[str, Any] = {"traced_steps": int(steps["step"].nunique()) if len(steps) else 0}
     measured = steps[~steps["warmup"].astype(bool)] if len(steps) else steps
     if len(measured):
@@ -50,9 +51,9 @@ def run_summary(run_path: Path) -> dict[str, Any]:
     return out
 
 
-def per_rank_table(run_path: Path) -> Any:
-    """One row per rank: measured steps, samples/s of that rank, mean phase times, peak RSS."""
-    steps = load_traces(run_path, "steps")
+def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per rank of one run's ``steps`` frame: mean phase times over measured steps,
+    samples/s of that rank and peak RSS (MiB)."""
     measured = steps[~steps["warmup"].astype(bool)]
     grouped = measured.groupby("rank")
     table = grouped[list(PHASES)].mean()

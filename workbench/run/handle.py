@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.analysis.summary import run_summary
 from workbench.config.run_config import RunConfig
 from workbench.errors import RunFailedError
 from workbench.run import processes
@@ -29,6 +30,7 @@ from workbench.run.failure import (
     root_cause,
 )
 from workbench.store.files import read_json, read_rank_states, update_run
+from workbench.store.load import load_traces
 
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
 FAILURE_GRACE_S = 10.0
@@ -213,10 +215,10 @@ class RunHandle:
             if s["status"] == "completed"
         }
         fields["exit_warnings"] = exit_warnings(states, tails)
-        from workbench.analysis.summary import run_summary
-
         try:
-            fields["summary"] = run_summary(self.path)
+            fields["summary"] = run_summary(
+                load_traces(self.path, "steps"), load_traces(self.path, "eval")
+            )
         except Exception as exc:  # a summary must never hide the run's own outcome
             fields["summary_error"] = f"{type(exc).__name__}: {exc}"
         update_run(self.path, **fields)
@@ -253,6 +255,4 @@ class RunHandle:
 
     def traces(self, kind: str = "steps") -> Any:
         """This run's trace rows as a DataFrame (``kind``: steps or eval)."""
-        from workbench.store.load import load_traces
-
         return load_traces(self.path, kind)

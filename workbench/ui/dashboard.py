@@ -1,15 +1,15 @@
 """The dashboard over the store: pick sweeps, runs, a grouping and a figure; the figure and the
 scaling table follow.
 
-Widgets only compose :mod:`workbench.analysis` (tables) and :mod:`workbench.plots` (figures); they
-compute nothing of their own. No torch at import time: a dashboard opens on a laptop with no GPU
-stack.
+Widgets only compose :mod:`workbench.analysis` (tables) and the figure catalogue
+(:mod:`workbench.ui.catalogue`, shared with the report); they compute nothing of their own. No
+torch at import time: a dashboard opens on a laptop with no GPU stack.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,48 +17,23 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis import tables as analysis
+from workbench.analysis.groups import CONFIG_COLUMNS, default_group_by, resolve_group_by
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
-from workbench.ui import plots
+from workbench.ui.catalogue import (
+    FigureContext,
+    dashboard_figures,
+    draw,
+    figure_context,
+    figure_spec,
+)
+from workbench.ui.plots import message_figure
+from workbench.ui.tables import scaling_table_html
 
-#: Dashboard figures: label shown in the dropdown -> key.
-FIGURES: dict[str, str] = {
-    "throughput per device": "throughput",
-    "speedup (with ideal)": "speedup",
-    "time per epoch": "epoch_time",
-    "accuracy vs devices (trade-off)": "tradeoff",
-    "phase breakdown (per run)": "phases",
-    "phase breakdown (per rank of one run)": "phases_rank",
-    "step-time heatmap (one run)": "heatmap",
-    "memory per rank": "memory",
-    "evaluation breakdown": "eval",
-    "loss curves": "loss",
-    "predicted vs measured": "predicted",
-}
-_ONE_RUN_FIGURES = ("phases_rank", "heatmap")
+#: Dashboard figures: label shown in the dropdown -> key (from the figure catalogue).
+FIGURES: dict[str, str] = dashboard_figures()
 #: The group-by dropdown's value for :func:`workbench.analysis.default_group_by` (a Dropdown
 #: treats None as "nothing selected", so a sentinel string stands for it).
 DEFAULT_GROUPING = "default"
-_TABLE_COLUMNS = (
-    "world_size",
-    "runs",
-    "samples_per_s",
-    "samples_per_s_per_device",
-    "speedup",
-    "ideal_speedup",
-    "efficiency",
-    "epoch_s",
-    "final_loss",
-    "final_metric",
-)
-
-
-def message_figure(text: str) -> go.Figure:
-    """An empty figure that says why there is nothing to plot."""
-    fig = go.Figure(layout={"template": "plotly_white", "title": {"text": text}})
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
 
 
 def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -75,15 +50,6 @@ def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
     widget.layout = fig.layout
 
 
-def _table_html(table: pd.DataFrame) -> str:
-    keys = [c for c in table.attrs.get("group_by", []) if c in table.columns]
-    cols = keys + [c for c in _TABLE_COLUMNS if c in table.columns and c not in keys]
-    body = table[cols].to_html(
-        index=False, border=0, na_rep="", float_format=lambda v: f"{v:.4g}", classes="table"
-    )
-    return f'<div style="overflow-x:auto">{body}</div>'
-
-
 class Dashboard(widgets.VBox):
     """Pick sweeps and runs, a grouping and a figure; the figure and the scaling table follow.
 
@@ -97,7 +63,7 @@ class Dashboard(widgets.VBox):
         self.output_dir = Path(output_dir)
         self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = {}
         self._busy = False  # set while controls are filled in code: one redraw, not many
-        self._built: tuple[Any, Any, pd.DataFrame | None] | None = None
+        self._built: tuple[Any, FigureContext | None] | None = None
         layout = widgets.Layout(width="auto")
         self.sweeps = widgets.SelectMultiple(description="sweeps", rows=4, layout=layout)
         self.runs = widgets.SelectMultiple(description="runs", rows=6, layout=layout)
@@ -193,11 +159,11 @@ class Dashboard(widgets.VBox):
             self._redraw()
 
     def _fill_group_by(self, runs: pd.DataFrame) -> None:
-        default = analysis.default_group_by(runs) if len(runs) else []
+        default = default_group_by(runs) if len(runs) else []
         options: list[tuple[str, str | tuple[str, ...]]] = [
             (f"default: {', '.join(default) or 'all runs'}", DEFAULT_GROUPING)
         ]
-        options += [(c, (c,)) for c in analysis.CONFIG_COLUMNS if c in runs.columns]
+        options += [(c, (c,)) for c in CONFIG_COLUMNS if c in runs.columns]
         values = [v for _, v in options]
         value = self.group_by.value if self.group_by.value in values else DEFAULT_GROUPING
         self.group_by.options = options
@@ -237,97 +203,51 @@ class Dashboard(widgets.VBox):
         self._fill_runs()
 
     # -- drawing
-    def _build_or_explain(self) -> tuple[go.Figure, pd.DataFrame | None]:
-        self.focus_run.disabled = self.figure_kind.value not in _ONE_RUN_FIGURES
+    def _build_or_explain(self) -> tuple[go.Figure, FigureContext | None]:
+        self.focus_run.disabled = not figure_spec(self.figure_kind.value).one_run
         try:
-            return self.build()
+            return self._draw()
         except ValueError as exc:  # e.g. a grouping that the selected runs cannot form
             return message_figure(f"cannot draw this: {exc}"), None
 
-    def _show_table(self, table: pd.DataFrame | None) -> None:
+    def _show_table(self, ctx: FigureContext | None) -> None:
         self.table.value = (
-            _table_html(table)
-            if table is not None and len(table)
+            scaling_table_html(ctx.table, ctx.group_by)
+            if ctx is not None and len(ctx.table)
             else "<i>No completed run with measured steps selected: no scaling table.</i>"
         )
 
     def _redraw(self) -> None:
-        fig, table = self._build_or_explain()
+        fig, ctx = self._build_or_explain()
         replace_figure(self.figure, fig)
-        self._show_table(table)
+        self._show_table(ctx)
 
-    def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
-        """The selected figure and the scaling table for the current controls."""
+    def _context(self) -> FigureContext | None:
+        """The selection's frames, grouping and scaling table; None without traced steps."""
         chosen = self.group_by.value
         group_by = None if chosen in (None, DEFAULT_GROUPING) else list(chosen)
         # Switching figures must not recompute the table: keep it for the same selection.
         key = (self.sweeps.value, self.runs.value, chosen)
         if self._built is None or self._built[0] != key:
             runs, steps, evals = self.selection()
-            table = None
+            ctx = None
             if len(steps):
-                evals_or_none = evals if len(evals) else None
-                table = analysis.scaling_table(runs, steps, evals_or_none, group_by=group_by)
-            self._built = (key, (runs, steps, evals), table)
-        _, (runs, steps, evals), table = self._built
-        if table is None:
+                ctx = figure_context(runs, steps, evals, resolve_group_by(runs, group_by))
+            self._built = (key, ctx)
+        return self._built[1]
+
+    def _draw(self) -> tuple[go.Figure, FigureContext | None]:
+        ctx = self._context()
+        if ctx is None:
             return message_figure("No traced steps in the selected runs"), None
-        evals_or_none = evals if len(evals) else None
-        return self._figure(
-            self.figure_kind.value, runs, steps, evals_or_none, table, group_by
-        ), table
+        ctx.focus = self.focus_run.value
+        return draw(self.figure_kind.value, ctx), ctx
 
-    def _figure(
-        self,
-        kind: str,
-        runs: pd.DataFrame,
-        steps: pd.DataFrame,
-        evals: pd.DataFrame | None,
-        table: pd.DataFrame,
-        group_by: Sequence[str] | None,
-    ) -> go.Figure:
-        has = {c: c in table.columns and table[c].notna().any() for c in table.columns}
-        if kind in ("throughput", "speedup", "epoch_time", "tradeoff") and not len(table):
-            return message_figure("No completed run with measured steps selected")
-        if kind == "throughput":
-            return plots.throughput_per_device_figure(table)
-        if kind == "speedup":
-            return plots.speedup_figure(table)
-        if kind == "epoch_time":
-            if not has.get("epoch_s"):
-                return message_figure("No train_samples recorded: no time per epoch")
-            return plots.epoch_time_figure(table)
-        if kind == "tradeoff":
-            if has.get("final_metric"):
-                return plots.tradeoff_figure(table)
-            return plots.quality_vs_devices_figure(table)
-        if kind == "phases":
-            return plots.phase_breakdown_figure(analysis.phase_breakdown(steps), by="run")
-        if kind == "phases_rank":
-            phases = analysis.phase_breakdown(steps)
-            run_id = self.focus_run.value
-            if run_id not in set(phases["run_id"]):
-                return message_figure(f"No measured steps in run {run_id}")
-            return plots.phase_breakdown_figure(phases, run_id)
-        if kind == "heatmap":
-            return plots.step_time_heatmap(steps, self.focus_run.value)
-        if kind == "memory":
-            return plots.memory_figure(analysis.memory_by_rank(steps))
-        if kind == "eval":
-            if evals is None:
-                return message_figure("No evaluations in the selected runs")
-            return plots.eval_breakdown_figure(analysis.eval_breakdown(evals))
-        if kind == "loss":
-            return plots.loss_curves_figure(steps)
-        if kind == "predicted":
-            from workbench.analysis.scaling_model import measured_network, predicted_vs_measured
-
-            net = measured_network(steps)
-            if net is None:
-                return message_figure("No multi-rank run with communication: no network estimate")
-            pvm = predicted_vs_measured(runs, steps, net, group_by=group_by)
-            return plots.predicted_vs_measured_figure(pvm, network=net.description)
-        raise ValueError(f"unknown figure {kind!r}; valid names: {', '.join(FIGURES.values())}")
+    def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
+        """The selected figure (from :data:`workbench.ui.catalogue.CATALOGUE`, or a message
+        saying what the selection lacks) and the scaling table for the current controls."""
+        fig, ctx = self._draw()
+        return fig, ctx.table if ctx is not None else None
 
 
 __all__ = ["FIGURES", "Dashboard", "message_figure", "replace_figure"]

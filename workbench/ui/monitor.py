@@ -15,7 +15,7 @@ import ipywidgets as widgets
 import pandas as pd
 
 from workbench import schema
-from workbench.analysis import tables as analysis
+from workbench.analysis.windows import measured_window
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
 from workbench.store.files import read_json
@@ -162,7 +162,7 @@ class RunMonitor(widgets.VBox):
         if len(steps):
             done = steps.groupby("rank")["step"].max()
             self.steps_done = {int(r): int(s) for r, s in done.items()}
-            window = analysis.measured_window(steps)
+            window = measured_window(steps)
             rate = float(window["samples_per_s"].iloc[0]) if len(window) else float("nan")
             self.samples_per_s = None if pd.isna(rate) else rate
             last = steps[steps["step"] == steps["step"].max()]

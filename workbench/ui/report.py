@@ -15,11 +15,14 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis import tables as analysis
-from workbench.analysis.scaling_model import NetworkModel, measured_network, predicted_vs_measured
+from workbench.analysis.comm import communication
+from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.scaling_model import NetworkModel
+from workbench.analysis.slow_ranks import stragglers
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
-from workbench.ui import plots
+from workbench.ui.catalogue import available_figures, figure_context, focus_run
+from workbench.ui.tables import frame_html, scaling_table_html
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
@@ -31,22 +34,6 @@ table.table th { background: #f4f4f4; }
 section.figure { margin: 1.5rem 0; }
 div.scroll { overflow-x: auto; }
 """
-
-_SCALING_COLUMNS = (
-    "world_size",
-    "nodes",
-    "runs",
-    "samples_per_s",
-    "samples_per_s_std",
-    "samples_per_s_per_device",
-    "speedup",
-    "efficiency",
-    "step_s",
-    "epoch_s",
-    "final_loss",
-    "final_metric",
-    "time_to_quality_s",
-)
 
 _DEFINITIONS = """
 <ul class="note">
@@ -63,23 +50,6 @@ ranks' by more than the threshold on most steps of a window, from the reported s
 """
 
 
-def _table_html(frame: pd.DataFrame) -> str:
-    table = frame.to_html(
-        index=False, border=0, classes="table", na_rep="", float_format=lambda v: f"{v:.4g}"
-    )
-    return f'<div class="scroll">{table}</div>'  # wide tables scroll instead of overflowing
-
-
-def _focus_run(steps: pd.DataFrame, found: pd.DataFrame) -> str | None:
-    """The run to show per rank: the first with a straggler, else the largest world size."""
-    if len(found):
-        return str(found["run_id"].iloc[0])
-    if steps.empty:
-        return None
-    sizes = steps.groupby("run_id", sort=True)["world_size"].max()
-    return str(sizes.idxmax())
-
-
 def build_figures(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -87,62 +57,67 @@ def build_figures(
     network: str | NetworkModel | None = None,
     group_by: Sequence[str] | None = None,
 ) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame]]:
-    """The report's (heading, figure) pairs, only those with data, and the tables behind them."""
-    evals = evals if evals is not None and len(evals) else None
-    figs: list[tuple[str, go.Figure]] = []
-    tables: dict[str, pd.DataFrame] = {}
+    """The report's (heading, figure) pairs, only those with data, and the tables behind them.
+
+    Figures come from :data:`workbench.ui.catalogue.CATALOGUE`; one-run figures show the first
+    run with a straggler, else the largest. Tables: ``scaling``, ``stragglers``,
+    ``communication`` (mean over ranks per run) and ``predicted`` (when the model has rows).
+    """
     if steps.empty:
-        return figs, tables
-    table = analysis.scaling_table(runs, steps, evals, group_by=group_by)
-    tables["scaling"] = table
-    found = analysis.stragglers(steps)
-    tables["stragglers"] = found
-    if len(table):
-        figs.append(("Throughput per device", plots.throughput_per_device_figure(table)))
-        figs.append(("Speedup", plots.speedup_figure(table)))
-        if "epoch_s" in table.columns and table["epoch_s"].notna().any():
-            figs.append(("Time per epoch", plots.epoch_time_figure(table)))
-        if "final_metric" in table.columns and table["final_metric"].notna().any():
-            figs.append(("Accuracy against speed", plots.tradeoff_figure(table)))
-        if "final_loss" in table.columns and table["final_loss"].notna().any():
-            figs.append(("Quality against devices", plots.quality_vs_devices_figure(table)))
-    phases = analysis.phase_breakdown(steps)
-    figs.append(("Phases per run", plots.phase_breakdown_figure(phases, by="run")))
-    focus = _focus_run(steps, found)
-    if focus is not None and focus in set(phases["run_id"]):
-        figs.append((f"Phases per rank, run {focus}", plots.phase_breakdown_figure(phases, focus)))
-        figs.append((f"Step time, run {focus}", plots.step_time_heatmap(steps, focus)))
-        if steps.loc[steps["run_id"] == focus, "world_size"].max() > 1:
-            heat = plots.step_time_heatmap(steps, focus, value="compute_s")
-            figs.append((f"Compute time, run {focus}", heat))
-    memory = analysis.memory_by_rank(steps)
-    focus_memory = memory[memory["run_id"] == focus] if focus is not None else memory
-    figs.append(("Peak memory per rank", plots.memory_figure(focus_memory)))
-    comm = analysis.communication(steps, runs, group_by=group_by)
-    tables["communication"] = comm.groupby("run_id", sort=True)[
-        ["world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s", "exposed_share"]
-    ].mean()
-    if "loss" in steps.columns and steps["loss"].notna().any():
-        figs.append(("Training loss", plots.loss_curves_figure(steps)))
-    if evals is not None:
-        figs.append(
-            ("Evaluation time", plots.eval_breakdown_figure(analysis.eval_breakdown(evals)))
-        )
-        if evals["metric_value"].notna().any():
-            figs.append(("Evaluation metric", plots.metric_curves_figure(evals)))
-    net = measured_network(steps) if network is None else network
-    if net is not None and len(table):
-        pvm = predicted_vs_measured(runs, steps, net, group_by=group_by)
-        if len(pvm):
-            name = net.description if isinstance(net, NetworkModel) else net
-            tables["predicted"] = pvm
-            figs.append(
-                (
-                    "Predicted against measured",
-                    plots.predicted_vs_measured_figure(pvm, network=name),
-                )
-            )
+        return [], {}
+    keys = resolve_group_by(runs, group_by)
+    found = stragglers(steps)
+    ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
+    comm = communication(steps, runs, group_by=keys)
+    tables = {
+        "scaling": ctx.table,
+        "stragglers": found,
+        "communication": comm.groupby("run_id", sort=True)[
+            ["world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s", "exposed_share"]
+        ].mean(),
+    }
+    figs = available_figures(ctx)
+    if len(ctx.predicted):
+        tables["predicted"] = ctx.predicted
     return figs, tables
+
+
+def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> list[str]:
+    """The report's table sections: scaling, stragglers, communication, scaling model."""
+    parts = []
+    table = tables.get("scaling")
+    if table is not None and len(table):
+        parts += ["<h2>Scaling</h2>", scaling_table_html(table, group_by)]
+    else:
+        parts.append('<p class="note">No completed run with measured steps: no scaling table.</p>')
+    found = tables.get("stragglers")
+    if found is not None:
+        parts.append("<h2>Stragglers</h2>")
+        parts.append(frame_html(found) if len(found) else '<p class="note">None found.</p>')
+    if "communication" in tables:
+        parts += [
+            "<h2>Communication (mean over ranks)</h2>",
+            frame_html(tables["communication"].reset_index()),
+        ]
+    if "predicted" in tables:
+        parts += ["<h2>Scaling model</h2>", frame_html(tables["predicted"])]
+    return parts
+
+
+def _figures_html(figs: list[tuple[str, go.Figure]]) -> list[str]:
+    """One section per figure; plotly.js inline once, with the first."""
+    parts = []
+    for i, (heading, fig) in enumerate(figs):
+        div = fig.to_html(
+            full_html=False,
+            include_plotlyjs=i == 0,  # plotly.js inline once; later figures reuse it
+            include_mathjax=False,
+            config={"displaylogo": False, "responsive": True},
+            default_height="460px",
+            div_id=f"fig-{i}",
+        )
+        parts.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
+    return parts
 
 
 def write_report(
@@ -153,14 +128,20 @@ def write_report(
     title: str = "Scaling report",
     network: str | NetworkModel | None = None,
     group_by: Sequence[str] | None = None,
+    summary_csv: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write the report to ``path`` (atomically) and return the path.
 
     ``network`` feeds the scaling model (a preset name or a :class:`NetworkModel`); by default it
-    is :func:`workbench.scaling_model.measured_network` of these traces, and the predicted view is
-    left out when that cannot be estimated.
+    is :func:`workbench.analysis.scaling_model.measured_network` of these traces, and the
+    predicted view is left out when that cannot be estimated. ``summary_csv``: also write the
+    scaling table the report computed there, as CSV (atomically; header only when there is none).
     """
-    figs, tables = build_figures(runs, steps, evals, network, group_by)
+    keys = resolve_group_by(runs, group_by)
+    figs, tables = build_figures(runs, steps, evals, network, keys)
+    if summary_csv is not None:
+        table = tables.get("scaling", pd.DataFrame())
+        atomic_write_bytes(Path(summary_csv), table.to_csv(index=False).encode("utf-8"))
     esc = html.escape
     traced = steps["run_id"].nunique() if len(steps) else 0
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -171,36 +152,10 @@ def write_report(
         f"<h1>{esc(title)}</h1>",
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _DEFINITIONS,
+        *_tables_html(tables, keys),
+        *_figures_html(figs),
+        "</body></html>",
     ]
-    table = tables.get("scaling")
-    if table is not None and len(table):
-        keys = list(table.attrs.get("group_by", []))
-        cols = keys + [c for c in _SCALING_COLUMNS if c in table.columns and c not in keys]
-        parts += ["<h2>Scaling</h2>", _table_html(table[cols])]
-    else:
-        parts.append('<p class="note">No completed run with measured steps: no scaling table.</p>')
-    found = tables.get("stragglers")
-    if found is not None:
-        parts.append("<h2>Stragglers</h2>")
-        parts.append(_table_html(found) if len(found) else '<p class="note">None found.</p>')
-    if "communication" in tables:
-        parts += [
-            "<h2>Communication (mean over ranks)</h2>",
-            _table_html(tables["communication"].reset_index()),
-        ]
-    if "predicted" in tables:
-        parts += ["<h2>Scaling model</h2>", _table_html(tables["predicted"])]
-    for i, (heading, fig) in enumerate(figs):
-        div = fig.to_html(
-            full_html=False,
-            include_plotlyjs=i == 0,  # plotly.js inline once; later figures reuse it
-            include_mathjax=False,
-            config={"displaylogo": False, "responsive": True},
-            default_height="460px",
-            div_id=f"fig-{i}",
-        )
-        parts.append(f'<section class="figure"><h2>{esc(heading)}</h2>{div}</section>')
-    parts.append("</body></html>")
     out = Path(path)
     atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
     return out
@@ -211,8 +166,13 @@ def report_from_store(
     output: str | Path,
     output_dir: str | Path = "experiments/results",
     title: str | None = None,
+    summary_csv: str | Path | None = None,
 ) -> Path:
-    """Write the offline HTML report for a sweep name, a sweep folder or a run folder."""
+    """Write the offline HTML report for a sweep name, a sweep folder or a run folder.
+
+    ``summary_csv``: also write the scaling table the report computes there, as CSV (atomically),
+    so that a caller needing both computes the table once.
+    """
     target_path = Path(target)
     if (target_path / "run.json").exists():
         run_dirs = [target_path]
@@ -236,4 +196,5 @@ def report_from_store(
         load_traces(run_dirs, "eval"),
         output,
         title=title or f"Scaling report: {target_path.name}",
+        summary_csv=summary_csv,
     )

@@ -1,0 +1,66 @@
+"""Where the time goes: per-rank phase times of the training step and per-run evaluation parts."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from workbench.analysis.windows import check_columns, eval_rows, measured_steps
+
+#: Timed phases of a training step, in order; ``comm_s`` overlaps ``backward_s`` so is not a phase.
+PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
+#: Timed parts of an evaluation, in order.
+EVAL_PARTS = ("predict_s", "gather_s", "metric_s", "broadcast_s")
+
+
+def phase_breakdown(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run and rank, mean and std over measured steps of each phase, comm and step time.
+
+    ``other_s = step_s - (data_s + forward_s + backward_s + optimizer_s)``, clipped at 0: the
+    untimed rest (Python overhead, logging, the tracer). ``comm_s`` is reported but not
+    subtracted, since DDP's allreduce runs inside ``backward_s``.
+    """
+    cols = [*PHASES, "comm_s", "step_s"]
+    check_columns(steps, ["world_size", *cols], "steps")
+    m = measured_steps(steps, ["world_size", "host", *cols])
+    m = m.assign(other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0))
+    aggs: dict[str, tuple[str, str]] = {
+        "world_size": ("world_size", "max"),
+        "steps": ("step", "count"),
+    }
+    if "host" in m.columns:
+        aggs["host"] = ("host", "first")
+    for c in [*cols, "other_s"]:
+        aggs[c] = (c, "mean")
+        aggs[f"{c}_std"] = (c, "std")
+    return m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
+
+
+def eval_breakdown(evals: pd.DataFrame) -> pd.DataFrame:
+    """Per run, mean over evaluations of predict / gather / metric / broadcast / eval times.
+
+    The plain names are rank 0's times (rank 0 gathers and computes the metric); ``<part>_max``
+    is the mean over evaluations of the slowest rank's time. Also ``evaluations``, ``samples``
+    (all ranks, per evaluation) and the last evaluation's ``metric_name`` / ``metric_value``.
+    """
+    parts = [*EVAL_PARTS, "eval_s"]
+    check_columns(evals, ["run_id", "rank", "world_size", "step", "samples", *parts], "evals")
+    e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
+    per_eval_keys = ["run_id", "attempt", "step"]
+    slowest = e.groupby(per_eval_keys)[parts].max().add_suffix("_max")
+    samples = e.groupby(per_eval_keys)["samples"].sum()
+    rank0 = eval_rows(e).set_index(per_eval_keys)
+    per_eval = rank0[["world_size", *parts]].join(slowest).join(samples)
+    if "metric_value" in rank0.columns:
+        per_eval["metric_value"] = rank0["metric_value"]
+    if "metric_name" in rank0.columns:
+        per_eval["metric_name"] = rank0["metric_name"]
+    aggs: dict[str, tuple[str, str]] = {
+        "world_size": ("world_size", "max"),
+        "evaluations": ("eval_s", "size"),
+    }
+    for c in [*parts, *(f"{p}_max" for p in parts), "samples"]:
+        aggs[c] = (c, "mean")
+    for c in ("metric_name", "metric_value"):
+        if c in per_eval.columns:
+            aggs[c] = (c, "last")
+    return per_eval.groupby(level="run_id", sort=True).agg(**aggs).reset_index()

@@ -1,0 +1,115 @@
+"""Communication per run and rank: the allreduce's share of the step, how much of it is exposed
+(not hidden behind backward compute) and the bus bandwidth it reached.
+
+(The module is not named ``communication``: the package exports :func:`communication`, and a
+function of the submodule's own name would shadow the submodule.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.windows import check_columns, measured_steps
+
+
+def communication(
+    steps: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    group_by: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Per run and rank: communication share and an estimate of exposed communication.
+
+    ``comm_share = mean(comm_s) / mean(step_s)`` over measured steps (``comm_s`` over the steps
+    where it was timed: with ``trace_comm="sampled"`` only some are): the allreduce's share of
+    the step, overlapped or not. ``comm_s`` runs from the first bucket's launch to the last
+    one's completion, so most of it may be hidden behind the rest of the backward pass.
+
+    Exposed (not overlapped) communication per step. DDP's ``backward()`` returns only once
+    every bucket's allreduce has finished, so a multi-rank ``backward_s`` is backward compute
+    plus the communication left over after the last gradient is ready. Hence:
+
+    * ``method="reference"``: ``exposed_comm_s = clip(backward_s - ref_backward_s, 0, comm_s)``
+      where ``ref_backward_s`` is the mean backward time of the same config at the group's
+      smallest world size (same per-device batch, so the same backward compute). It needs
+      ``runs``; the group is ``group_by`` (default :func:`default_group_by`) with the global
+      batch replaced by the per-device batch. A 1-rank reference has no communication, so
+      this is the exposed time itself; a multi-rank reference gives the exposed time beyond
+      the reference's own (a lower bound). A 1-rank run is its own reference (exposed 0).
+    * ``method="no_overlap_bound"`` (no reference, or a multi-rank run at the smallest world
+      size): ``exposed_comm_s = min(comm_s, backward_s)``, the upper bound that assumes no
+      overlap at all.
+
+    Also ``overlapped_comm_s = comm_s - exposed_comm_s``, ``exposed_share`` (of ``step_s``) and
+    ``bus_bandwidth_bytes_per_s = 2 (N-1)/N * comm_bytes / comm_s`` (NaN for one rank).
+    """
+    check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
+    needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]
+    m = measured_steps(steps, needed)
+    aggs: dict[str, tuple[str, str]] = {
+        "world_size": ("world_size", "max"),
+        "steps": ("step", "count"),
+        "step_s": ("step_s", "mean"),
+        "backward_s": ("backward_s", "mean"),
+        "comm_s": ("comm_s", "mean"),
+        "comm_bytes": ("comm_bytes", "mean"),
+    }
+    if "comm_buckets" in m.columns:
+        aggs["comm_buckets"] = ("comm_buckets", "mean")
+    out = m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
+    out["comm_share"] = out["comm_s"] / out["step_s"].where(out["step_s"] > 0)
+    out["reference_world_size"] = np.nan
+    out["ref_backward_s"] = np.nan
+    if runs is not None:
+        out = _with_reference(out, m, runs, group_by)
+    return _with_exposed(out)
+
+
+def _with_exposed(out: pd.DataFrame) -> pd.DataFrame:
+    """Add the exposed and overlapped communication, its share and the bus bandwidth."""
+    bound = np.minimum(out["comm_s"], out["backward_s"])
+    from_ref = (out["backward_s"] - out["ref_backward_s"]).clip(lower=0)
+    from_ref = np.minimum(from_ref, out["comm_s"])
+    has_ref = out["ref_backward_s"].notna() & (
+        (out["world_size"] > out["reference_world_size"]) | (out["reference_world_size"] == 1)
+    )
+    out["exposed_comm_s"] = from_ref.where(has_ref, bound)
+    out["method"] = np.where(has_ref, "reference", "no_overlap_bound")
+    out["overlapped_comm_s"] = out["comm_s"] - out["exposed_comm_s"]
+    out["exposed_share"] = out["exposed_comm_s"] / out["step_s"].where(out["step_s"] > 0)
+    n = out["world_size"].astype("float64")
+    ring = 2 * (n - 1) / n * out["comm_bytes"]
+    out["bus_bandwidth_bytes_per_s"] = (ring / out["comm_s"].where(out["comm_s"] > 0)).where(n > 1)
+    return out
+
+
+def _with_reference(
+    out: pd.DataFrame,
+    measured: pd.DataFrame,
+    runs: pd.DataFrame,
+    group_by: Sequence[str] | None,
+) -> pd.DataFrame:
+    """Attach each run's reference world size and reference mean backward time."""
+    check_columns(runs, ("run_id",), "runs")
+    keys = [c for c in resolve_group_by(runs, group_by) if c != "global_batch_size"]
+    if "per_device_batch_size" in runs.columns and "per_device_batch_size" not in keys:
+        keys.append("per_device_batch_size")  # backward compute depends on the per-device batch
+    per_run = measured.groupby("run_id").agg(
+        world_size=("world_size", "max"), backward_s=("backward_s", "mean")
+    )
+    per_run = runs[["run_id", *keys]].merge(per_run, left_on="run_id", right_index=True)
+    if not keys:
+        per_run["_group"] = "all"
+        keys = ["_group"]
+    smallest = per_run.groupby(keys, dropna=False)["world_size"].transform("min")
+    ref = per_run[per_run["world_size"] == smallest]
+    ref = ref.groupby(keys, dropna=False).agg(
+        reference_world_size=("world_size", "first"), ref_backward_s=("backward_s", "mean")
+    )
+    per_run = per_run.merge(ref, left_on=keys, right_index=True, how="left")
+    mapping = per_run.set_index("run_id")[["reference_world_size", "ref_backward_s"]]
+    out = out.drop(columns=["reference_world_size", "ref_backward_s"])
+    return out.merge(mapping, left_on="run_id", right_index=True, how="left")

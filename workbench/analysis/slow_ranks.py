@@ -1,0 +1,144 @@
+"""Stragglers: ranks persistently slower than the median of the other ranks.
+
+(The module is not named ``stragglers``: the package exports :func:`stragglers`, and a function of
+the submodule's own name would shadow the submodule.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.windows import check_columns, comm_filled, measured_steps
+from workbench.schema import STEP_COLUMNS
+
+STRAGGLER_COLUMNS = [
+    "run_id",
+    "attempt",
+    "rank",
+    "host",
+    "world_size",
+    "start_step",
+    "end_step",
+    "slow_steps",
+    "slow_fraction",
+    "ratio",
+    "value_s",
+    "others_s",
+    "extra_s",
+]
+
+
+def _median_of_others(a: np.ndarray) -> np.ndarray:
+    """Row-wise median of the other columns for each cell of ``a`` (steps x ranks; NaN = absent).
+
+    Sorting once per row and skipping the cell's own sorted position keeps this O(S n log n)
+    instead of one median per rank.
+    """
+    rows, n = a.shape
+    order = np.argsort(a, axis=1, kind="stable")  # NaN sorts last
+    srt = np.take_along_axis(a, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(n), (rows, n)), axis=1)
+    others = np.sum(~np.isnan(a), axis=1, keepdims=True) - 1
+
+    def pick(i: np.ndarray) -> np.ndarray:
+        idx = np.clip(np.where(i < pos, i, i + 1), 0, n - 1)
+        return np.take_along_axis(srt, idx, axis=1)
+
+    med = (pick((others - 1) // 2) + pick(others // 2)) / 2
+    med[np.broadcast_to(others < 1, med.shape) | np.isnan(a)] = np.nan
+    return med
+
+
+def _measure(steps: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """Measured steps with the measure under ``_value`` (``compute_s = step_s - comm_s``)."""
+    float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64" and c in steps.columns]
+    if measure != "compute_s" and measure not in float_cols:
+        valid = ", ".join(["compute_s", *float_cols])
+        raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
+    cols = ("step_s", "comm_s") if measure == "compute_s" else (measure,)
+    check_columns(steps, ("world_size", *cols), "steps")
+    m = measured_steps(steps, ["world_size", "host", *cols])
+    if measure == "compute_s":
+        value = m["step_s"] - comm_filled(m).fillna(0)
+    else:
+        value = m[measure]
+    return m.assign(_value=value.astype("float64"))
+
+
+def _attempt_stragglers(
+    g: pd.DataFrame, threshold: float, min_steps: int, persistence: float
+) -> list[dict[str, Any]]:
+    """The stragglers of one run attempt's measured steps (``_value`` holds the measure)."""
+    mat = g.groupby(["step", "rank"])["_value"].mean().unstack("rank").sort_index()
+    if mat.shape[1] < 2 or mat.shape[0] < min_steps:
+        return []
+    a = mat.to_numpy(dtype="float64")
+    ref = _median_of_others(a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(ref > 0, a / ref, np.nan)
+    slow = np.nan_to_num(ratio, nan=0.0) > 1 + threshold
+    csum = np.vstack([np.zeros((1, a.shape[1])), np.cumsum(slow, axis=0)])
+    window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
+    qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
+    hosts = g.groupby("rank")["host"].first() if "host" in g.columns else None
+    found = []
+    for j in np.flatnonzero(qualifies.any(axis=0)):
+        i = int(np.argmax(qualifies[:, j]))
+        tail = slow[i:, j]
+        idx = i + np.flatnonzero(tail)
+        rank = int(mat.columns[j])
+        found.append(
+            {
+                "rank": rank,
+                "host": hosts.get(rank) if hosts is not None else None,
+                "world_size": int(g["world_size"].max()),
+                "start_step": int(mat.index[i]),
+                "end_step": int(mat.index[idx[-1]]),
+                "slow_steps": int(tail.sum()),
+                "slow_fraction": float(tail.mean()),
+                "ratio": float(np.median(ratio[idx, j])),
+                "value_s": float(np.median(a[idx, j])),
+                "others_s": float(np.median(ref[idx, j])),
+                "extra_s": float(np.median(a[idx, j] - ref[idx, j])),
+            }
+        )
+    return found
+
+
+def stragglers(
+    steps: pd.DataFrame,
+    threshold: float = 0.1,
+    min_steps: int = 10,
+    persistence: float = 0.8,
+    measure: str = "compute_s",
+) -> pd.DataFrame:
+    """Ranks persistently slower than the median of the other ranks; one row per straggler.
+
+    In DDP every rank waits for the slowest at each allreduce, so ``step_s`` is nearly equal on
+    all ranks: a slow rank's extra time shows in its own compute, while the fast ranks show it
+    as a longer ``comm_s`` (their allreduce waits for the late gradients). The default measure
+    is therefore ``compute_s = step_s - comm_s``; any float step column (``forward_s``,
+    ``data_s``, ...) can be used instead. Per measured step, a rank's ratio is its measure over
+    the median of the other ranks' (NaN when that median is not positive, as when comm_s
+    exceeds step_s); it is *slow* when ``ratio > 1 + threshold``. A rank is a straggler from
+    the first slow step that starts ``min_steps`` consecutive steps of which at least
+    ``persistence`` are slow. Reported: ``start_step``, ``end_step`` (last slow step),
+    ``slow_steps`` and ``slow_fraction`` from the start on, ``ratio`` (median over those slow
+    steps), ``value_s`` / ``others_s`` (medians of its measure and the others' median) and
+    ``extra_s`` (their difference: seconds per step the run loses to it).
+    """
+    if min_steps < 1 or not 0 < persistence <= 1 or threshold < 0:
+        raise ValueError(
+            f"need min_steps >= 1, 0 < persistence <= 1, threshold >= 0; got "
+            f"min_steps={min_steps}, persistence={persistence}, threshold={threshold}"
+        )
+    m = _measure(steps, measure)
+    found: list[dict[str, Any]] = []
+    for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
+        for row in _attempt_stragglers(g, threshold, min_steps, persistence):
+            found.append({"run_id": run_id, "attempt": int(attempt), **row})
+    return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)

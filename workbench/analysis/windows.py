@@ -1,0 +1,136 @@
+"""Measured steps and windows: which rows count, how long a run trained, and evaluations on a
+run-wide clock. The building blocks the other analysis modules share.
+
+The inputs are the store's frames: ``steps`` (:data:`workbench.schema.STEP_COLUMNS`, all runs
+concatenated) and ``evals`` (:data:`workbench.schema.EVAL_COLUMNS`). Unknown column names raise
+``ValueError`` with the valid names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+# Metric names for which lower is better; anything else (accuracy, f1, ...) counts as higher.
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "wer", "cer")
+
+
+def check_columns(frame: pd.DataFrame, names: Iterable[str], what: str = "frame") -> None:
+    """Raise ValueError naming the missing columns and listing the valid ones."""
+    missing = [n for n in names if n not in frame.columns]
+    if missing:
+        valid = ", ".join(sorted(str(c) for c in frame.columns))
+        raise ValueError(f"unknown {what} column(s) {missing}; valid names: {valid}")
+
+
+def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The measured (non-warm-up) step rows, with an ``attempt`` column (0 when absent).
+
+    ``columns`` keeps only those (when present) besides the keys: filtering a wide frame of a
+    million rows costs far more than filtering the few columns a table needs.
+    """
+    check_columns(steps, ("run_id", "rank", "step", "warmup"), "steps")
+    if columns is not None:
+        keep = ["run_id", "rank", "step", "warmup", "attempt", *columns]
+        steps = steps[[c for c in dict.fromkeys(keep) if c in steps.columns]]
+    out = steps[~steps["warmup"].fillna(False).astype(bool).to_numpy()]
+    if "attempt" not in out.columns:
+        out = out.assign(attempt=0)
+    return out
+
+
+def comm_filled(steps: pd.DataFrame) -> pd.Series:
+    """``comm_s`` on every row. With ``trace_comm='sampled'`` communication is timed on sampled
+    steps only; in between, each rank's latest sample stands for the steps after it (its first
+    for the steps before). NaN for a rank with no sample at all."""
+    if steps["comm_s"].notna().all():  # timed on every step: nothing to carry
+        return steps["comm_s"]
+    keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
+    ordered = steps[[*keys, "step", "comm_s"]].reset_index(drop=True)
+    ordered = ordered.sort_values([*keys, "step"], kind="stable")
+    filled = ordered.groupby(keys, sort=False)["comm_s"].ffill()
+    filled = filled.groupby([ordered[k] for k in keys], sort=False).bfill()
+    return pd.Series(filled.sort_index().to_numpy(), index=steps.index, name="comm_s")
+
+
+def lower_is_better(metric_name: str | None) -> bool:
+    """Whether a smaller value of the named metric is better (loss, error, perplexity, ...)."""
+    name = (metric_name or "").lower()
+    return any(word in name for word in _LOWER_IS_BETTER)
+
+
+def _per_attempt(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run and attempt: ranks, measured steps, window start, end and length, samples."""
+    m = measured_steps(steps, ["world_size", "t_start_s", "step_s", "samples"])
+    m = m.assign(_end=m["t_start_s"] + m["step_s"])
+    per_attempt = m.groupby(["run_id", "attempt"], sort=True).agg(
+        world_size=("world_size", "max"),
+        ranks=("rank", "nunique"),
+        steps=("step", "nunique"),
+        start_s=("t_start_s", "min"),
+        end_s=("_end", "max"),
+        samples=("samples", "sum"),
+    )
+    per_attempt["measured_s"] = per_attempt["end_s"] - per_attempt["start_s"]
+    return per_attempt
+
+
+def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run: the measured window and the samples in it.
+
+    The window of one attempt runs from the first measured step's start to the last step's end
+    (``t_start_s + step_s``), across ranks. A resumed run (several ``attempt`` values) adds its
+    attempts' windows, since the time between them is not training; ``start_s`` is the first
+    attempt's start and ``end_s`` the last attempt's end. Columns: ``run_id, world_size, ranks,
+    attempts, steps`` (measured steps), ``start_s, end_s, measured_s, samples`` (all ranks),
+    ``samples_per_s`` (samples / measured_s: never a sum of per-rank rates) and ``step_s``
+    (measured_s / steps). A run with only warm-up steps gets NaN rates.
+    """
+    check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
+    out = (
+        _per_attempt(steps)
+        .groupby(level="run_id")
+        .agg(
+            world_size=("world_size", "max"),
+            ranks=("ranks", "max"),
+            attempts=("steps", "size"),
+            steps=("steps", "sum"),
+            start_s=("start_s", "first"),
+            end_s=("end_s", "last"),
+            measured_s=("measured_s", "sum"),
+            samples=("samples", "sum"),
+        )
+    )
+    all_runs = pd.Index(pd.unique(steps["run_id"]), name="run_id")
+    out = out.reindex(all_runs)
+    counts = ["ranks", "attempts", "steps", "samples"]
+    if out["world_size"].isna().any():  # runs with warm-up steps only
+        ws = steps.groupby("run_id")["world_size"].max()
+        out["world_size"] = out["world_size"].fillna(ws)
+        out[counts] = out[counts].fillna(0)
+    out = out.astype({c: "int64" for c in ("world_size", *counts)})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["samples_per_s"] = out["samples"] / out["measured_s"].where(out["measured_s"] > 0)
+        out["step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
+    return out.reset_index()
+
+
+def eval_rows(evals: pd.DataFrame) -> pd.DataFrame:
+    """One row per run and evaluation: rank 0's (lowest rank's) values, with a run-wide clock.
+
+    ``time_s`` is the evaluation's end in seconds since the run's first t0; a resumed attempt's
+    times are shifted by the earlier attempts' last evaluation ends (an approximation: the
+    attempt's training after its last evaluation is not known here). ``attempt`` is added (0)
+    when absent.
+    """
+    check_columns(evals, ("run_id", "rank", "step", "t_start_s", "eval_s", "metric_value"), "evals")
+    e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
+    first = e.groupby(["run_id", "attempt", "step"])["rank"].transform("min")
+    e = e[e["rank"] == first].sort_values(["run_id", "attempt", "step"])
+    end = e["t_start_s"] + e["eval_s"]
+    attempt_end = end.groupby([e["run_id"], e["attempt"]]).max()
+    offset = attempt_end.groupby(level="run_id").transform(lambda s: s.cumsum().shift(fill_value=0))
+    shift = offset.reindex(pd.MultiIndex.from_arrays([e["run_id"], e["attempt"]])).to_numpy()
+    return e.assign(time_s=end.to_numpy() + shift)

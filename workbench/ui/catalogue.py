@@ -1,0 +1,319 @@
+"""The figure catalogue: every figure of the report and the dashboard, declared once.
+
+A :class:`FigureSpec` names a figure (key, title, the dashboard's label), what it needs
+(:class:`Need`: a predicate on the :class:`FigureContext` and what to say when it does not hold)
+and how to build it from the context. The report draws every figure whose needs hold
+(:func:`available_figures`); the dashboard draws the one picked, or a message figure saying what
+is missing (:func:`draw`). No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.analysis.breakdown import eval_breakdown, phase_breakdown
+from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.memory import memory_by_rank
+from workbench.analysis.scaling import scaling_table
+from workbench.analysis.scaling_model import NetworkModel, measured_network, predicted_vs_measured
+from workbench.ui import plots
+
+
+@dataclass
+class FigureContext:
+    """What figures are drawn from: the selected runs' frames, the scaling table computed from
+    them with the explicit ``group_by``, the run shown per rank (``focus``) and the network for
+    the scaling model (``None``: measured from the traces). Derived tables are computed once, on
+    first use; ``focus`` may change between figures."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    evals: pd.DataFrame | None
+    table: pd.DataFrame
+    group_by: list[str]
+    focus: str | None = None
+    network: str | NetworkModel | None = None
+
+    @cached_property
+    def phases(self) -> pd.DataFrame:
+        """:func:`workbench.analysis.phase_breakdown` of the steps."""
+        return phase_breakdown(self.steps)
+
+    @cached_property
+    def memory(self) -> pd.DataFrame:
+        """:func:`workbench.analysis.memory_by_rank` of the steps."""
+        return memory_by_rank(self.steps)
+
+    @cached_property
+    def network_model(self) -> str | NetworkModel | None:
+        """``network``, or the one measured from multi-rank traces (``None`` if none can be)."""
+        return measured_network(self.steps) if self.network is None else self.network
+
+    @cached_property
+    def predicted(self) -> pd.DataFrame:
+        """The scaling model next to the measurements; empty without a network or a table."""
+        net = self.network_model
+        if net is None or not len(self.table):
+            return pd.DataFrame()
+        return predicted_vs_measured(self.runs, self.steps, net, group_by=self.group_by)
+
+
+def figure_context(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    group_by: Sequence[str] | None = None,
+    focus: str | None = None,
+    network: str | NetworkModel | None = None,
+) -> FigureContext:
+    """Resolve ``group_by`` once, compute the scaling table with it, and hold both for figures."""
+    evals = evals if evals is not None and len(evals) else None
+    keys = resolve_group_by(runs, group_by)
+    table = scaling_table(runs, steps, evals, group_by=keys)
+    return FigureContext(runs, steps, evals, table, keys, focus=focus, network=network)
+
+
+def focus_run(steps: pd.DataFrame, found: pd.DataFrame) -> str | None:
+    """The run to show per rank: the first with a straggler (``found``), else the largest."""
+    if len(found):
+        return str(found["run_id"].iloc[0])
+    if steps.empty:
+        return None
+    sizes = steps.groupby("run_id", sort=True)["world_size"].max()
+    return str(sizes.idxmax())
+
+
+def _has(frame: pd.DataFrame | None, column: str) -> bool:
+    return frame is not None and column in frame.columns and bool(frame[column].notna().any())
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing a figure needs: what (for people), whether it holds, and what to say if not
+    (``{focus}`` is filled in)."""
+
+    what: str
+    holds: Callable[[FigureContext], bool]
+    message: str
+
+
+SCALING = Need(
+    "the scaling table",
+    lambda c: len(c.table) > 0,
+    "No completed run with measured steps selected",
+)
+EPOCH = Need(
+    "epoch_s", lambda c: _has(c.table, "epoch_s"), "No train_samples recorded: no time per epoch"
+)
+FINAL_METRIC = Need(
+    "final_metric",
+    lambda c: _has(c.table, "final_metric"),
+    "No evaluation metric in the selected runs",
+)
+FINAL_LOSS = Need("final_loss", lambda c: _has(c.table, "final_loss"), "No final training loss")
+FOCUS_TRACED = Need(
+    "steps of the focus run",
+    lambda c: c.focus is not None and c.focus in set(c.steps["run_id"]),
+    "No traced steps in run {focus}",
+)
+FOCUS_MEASURED = Need(
+    "measured steps of the focus run",
+    lambda c: c.focus is not None and c.focus in set(c.phases["run_id"]),
+    "No measured steps in run {focus}",
+)
+FOCUS_MULTI_RANK = Need(
+    "a multi-rank focus run",
+    lambda c: c.steps.loc[c.steps["run_id"] == c.focus, "world_size"].max() > 1,
+    "Run {focus} has one rank: its compute time is its step time",
+)
+LOSS = Need("loss", lambda c: _has(c.steps, "loss"), "No training loss in the selected runs")
+EVALS = Need("evals", lambda c: c.evals is not None, "No evaluations in the selected runs")
+EVAL_METRIC = Need(
+    "metric_value",
+    lambda c: _has(c.evals, "metric_value"),
+    "No evaluation metric in the selected runs",
+)
+NETWORK = Need(
+    "a network model",
+    lambda c: c.network_model is not None,
+    "No multi-rank run with communication: no network estimate",
+)
+PREDICTED = Need(
+    "predicted rows", lambda c: len(c.predicted) > 0, "No run the scaling model can start from"
+)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure: its key, its title (the report's heading; one-run figures add the run), the
+    dashboard's dropdown label (``None``: report only), what it needs, how to build it, and the
+    figure the dashboard draws instead when a need is missing (``fallback``)."""
+
+    key: str
+    title: str
+    needs: tuple[Need, ...]
+    build: Callable[[FigureContext], go.Figure]
+    label: str | None = None
+    one_run: bool = False
+    fallback: str | None = None
+
+    def missing(self, ctx: FigureContext) -> str | None:
+        """What is missing to draw this figure from ``ctx`` (the first unmet need), or None."""
+        for need in self.needs:
+            if not need.holds(ctx):
+                return need.message.format(focus=ctx.focus)
+        return None
+
+    def heading(self, ctx: FigureContext) -> str:
+        """The title, naming the focus run for a one-run figure."""
+        return f"{self.title}, run {ctx.focus}" if self.one_run else self.title
+
+
+def _predicted(c: FigureContext) -> go.Figure:
+    net = c.network_model
+    name = net.description if isinstance(net, NetworkModel) else str(net)
+    return plots.predicted_vs_measured_figure(c.predicted, group_by=c.group_by, network=name)
+
+
+_FOCUS = (FOCUS_MEASURED,)
+
+#: Every figure, in the report's order (the dashboard lists those with a label, in this order).
+CATALOGUE: tuple[FigureSpec, ...] = (
+    FigureSpec(
+        "throughput",
+        "Throughput per device",
+        (SCALING,),
+        lambda c: plots.throughput_per_device_figure(c.table, group_by=c.group_by),
+        label="throughput per device",
+    ),
+    FigureSpec(
+        "speedup",
+        "Speedup",
+        (SCALING,),
+        lambda c: plots.speedup_figure(c.table, group_by=c.group_by),
+        label="speedup (with ideal)",
+    ),
+    FigureSpec(
+        "epoch_time",
+        "Time per epoch",
+        (SCALING, EPOCH),
+        lambda c: plots.epoch_time_figure(c.table, group_by=c.group_by),
+        label="time per epoch",
+    ),
+    FigureSpec(
+        "tradeoff",
+        "Accuracy against speed",
+        (SCALING, FINAL_METRIC),
+        lambda c: plots.tradeoff_figure(c.table, group_by=c.group_by),
+        label="accuracy vs devices (trade-off)",
+        fallback="quality",
+    ),
+    FigureSpec(
+        "quality",
+        "Quality against devices",
+        (SCALING, FINAL_LOSS),
+        lambda c: plots.quality_vs_devices_figure(c.table, group_by=c.group_by),
+    ),
+    FigureSpec(
+        "phases",
+        "Phases per run",
+        (),
+        lambda c: plots.phase_breakdown_figure(c.phases, by="run"),
+        label="phase breakdown (per run)",
+    ),
+    FigureSpec(
+        "phases_rank",
+        "Phases per rank",
+        _FOCUS,
+        lambda c: plots.phase_breakdown_figure(c.phases, c.focus),
+        label="phase breakdown (per rank of one run)",
+        one_run=True,
+    ),
+    FigureSpec(
+        "heatmap",
+        "Step time",
+        _FOCUS,
+        lambda c: plots.step_time_heatmap(c.steps, c.focus),
+        label="step-time heatmap (one run)",
+        one_run=True,
+    ),
+    FigureSpec(
+        "compute_heatmap",
+        "Compute time",
+        (*_FOCUS, FOCUS_MULTI_RANK),
+        lambda c: plots.step_time_heatmap(c.steps, c.focus, value="compute_s"),
+        one_run=True,
+    ),
+    FigureSpec(
+        "memory",
+        "Peak memory per rank",
+        (FOCUS_TRACED,),
+        lambda c: plots.memory_figure(c.memory, c.focus),
+        label="memory per rank",
+        one_run=True,
+    ),
+    FigureSpec(
+        "eval",
+        "Evaluation time",
+        (EVALS,),
+        lambda c: plots.eval_breakdown_figure(eval_breakdown(c.evals)),
+        label="evaluation breakdown",
+    ),
+    FigureSpec(
+        "loss",
+        "Training loss",
+        (LOSS,),
+        lambda c: plots.loss_curves_figure(c.steps),
+        label="loss curves",
+    ),
+    FigureSpec(
+        "metric",
+        "Evaluation metric",
+        (EVALS, EVAL_METRIC),
+        lambda c: plots.metric_curves_figure(c.evals),
+    ),
+    FigureSpec(
+        "predicted",
+        "Predicted against measured",
+        (SCALING, NETWORK, PREDICTED),
+        _predicted,
+        label="predicted vs measured",
+    ),
+)
+
+
+def figure_spec(key: str) -> FigureSpec:
+    """The catalogue's figure of that key; ValueError with the valid keys otherwise."""
+    for spec in CATALOGUE:
+        if spec.key == key:
+            return spec
+    raise ValueError(f"unknown figure {key!r}; valid names: {', '.join(s.key for s in CATALOGUE)}")
+
+
+def dashboard_figures() -> dict[str, str]:
+    """The dashboard's dropdown: label -> key for the figures that have a label."""
+    return {spec.label: spec.key for spec in CATALOGUE if spec.label is not None}
+
+
+def draw(key: str, ctx: FigureContext) -> go.Figure:
+    """The figure ``key`` from ``ctx``; its fallback, or a message figure saying what is missing,
+    when a need is not met."""
+    spec = figure_spec(key)
+    missing = spec.missing(ctx)
+    if missing is None:
+        return spec.build(ctx)
+    if spec.fallback is not None:
+        other = figure_spec(spec.fallback)
+        if other.missing(ctx) is None:
+            return other.build(ctx)
+    return plots.message_figure(missing)
+
+
+def available_figures(ctx: FigureContext) -> list[tuple[str, go.Figure]]:
+    """(heading, figure) for every figure whose needs ``ctx`` meets, in catalogue order."""
+    return [(spec.heading(ctx), spec.build(ctx)) for spec in CATALOGUE if spec.missing(ctx) is None]

@@ -1,0 +1,180 @@
+"""Scaling figures against devices, one line per config group: throughput per device, speedup,
+time per epoch, quality, the accuracy/speed trade-off and the scaling model's prediction.
+
+Pass the ``group_by`` list the table was computed with
+(:func:`workbench.analysis.resolve_group_by`); ``None`` falls back to the table's default
+grouping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.analysis.windows import check_columns
+from workbench.ui.plots.style import (
+    LAYOUT,
+    devices_axis,
+    error_bars,
+    group_line,
+    groups,
+    metric_title,
+)
+
+
+def _line_per_group(
+    table: pd.DataFrame,
+    y: str,
+    y_title: str,
+    hover: str,
+    title: str,
+    group_by: Sequence[str] | None,
+) -> go.Figure:
+    check_columns(table, ["world_size", y], "table")
+    fig = go.Figure()
+    for label, color, rows in groups(table, group_by):
+        fig.add_trace(group_line(rows, y, label, color, hover))
+    fig.update_layout(title=title, yaxis_title=y_title, **LAYOUT)
+    devices_axis(fig, table)
+    return fig
+
+
+def throughput_per_device_figure(
+    table: pd.DataFrame, group_by: Sequence[str] | None = None
+) -> go.Figure:
+    """Samples per second per device against devices, one line per config group."""
+    return _line_per_group(
+        table,
+        "samples_per_s_per_device",
+        "throughput per device (samples/s)",
+        "%{y:.4g} samples/s per device",
+        "Throughput per device",
+        group_by,
+    )
+
+
+def epoch_time_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> go.Figure:
+    """Time per epoch (train_samples / throughput) against devices."""
+    return _line_per_group(
+        table, "epoch_s", "time per epoch (s)", "%{y:.4g} s per epoch", "Time per epoch", group_by
+    )
+
+
+def speedup_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> go.Figure:
+    """Speedup against devices with the ideal (linear) line; efficiency as point labels."""
+    check_columns(table, ["world_size", "speedup", "efficiency", "base_world_size"], "table")
+    fig = go.Figure()
+    for label, color, rows in groups(table, group_by):
+        fig.add_trace(
+            go.Scatter(
+                x=rows["world_size"],
+                y=rows["speedup"],
+                error_y=error_bars(rows, "speedup"),
+                mode="lines+markers+text",
+                text=[f"{e:.0%}" for e in rows["efficiency"]],
+                textposition="top center",
+                customdata=rows["efficiency"],
+                name=label,
+                line={"color": color},
+                hovertemplate=f"{label}<br>%{{x}} devices<br>speedup %{{y:.3g}}x<br>"
+                "efficiency %{customdata:.1%}<extra></extra>",
+            )
+        )
+    for base in sorted(pd.unique(table["base_world_size"])):
+        top = table.loc[table["base_world_size"] == base, "world_size"].max()
+        x = np.array([base, top], dtype="float64")
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=x / base,
+                mode="lines",
+                name="ideal" if table["base_world_size"].nunique() == 1 else f"ideal (from {base})",
+                line={"color": "gray", "dash": "dash"},
+                hovertemplate="ideal<br>%{x} devices<br>speedup %{y:.3g}x<extra></extra>",
+            )
+        )
+    fig.update_layout(title="Speedup (labels: scaling efficiency)", yaxis_title="speedup (x)")
+    fig.update_layout(**LAYOUT)
+    devices_axis(fig, table)
+    return fig
+
+
+def quality_vs_devices_figure(
+    table: pd.DataFrame, group_by: Sequence[str] | None = None
+) -> go.Figure:
+    """Final training loss and final evaluation metric against devices (two panels)."""
+    check_columns(table, ["world_size", "final_loss"], "table")
+    metric = metric_title(table)
+    has_metric = "final_metric" in table.columns and table["final_metric"].notna().any()
+    titles = ("final training loss", f"final {metric}") if has_metric else ("final training loss",)
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles)
+    panels = [("final_loss", "loss")] + ([("final_metric", metric)] if has_metric else [])
+    for col_i, (col, unit) in enumerate(panels, start=1):
+        for label, color, rows in groups(table, group_by):
+            fig.add_trace(
+                group_line(rows, col, label, color, f"{unit} %{{y:.4g}}", col_i == 1),
+                row=1,
+                col=col_i,
+            )
+        fig.update_yaxes(title_text=unit, row=1, col=col_i)
+        devices_axis(fig, table, row=1, col=col_i)
+    fig.update_layout(title="Quality against devices", **LAYOUT)
+    return fig
+
+
+def tradeoff_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> go.Figure:
+    """The trade-off view: final metric against devices next to speedup against devices."""
+    check_columns(table, ["world_size", "final_metric", "speedup"], "table")
+    metric = metric_title(table)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"final {metric}", "speedup"))
+    for label, color, rows in groups(table, group_by):
+        for col_i, (col, hover) in enumerate(
+            (("final_metric", f"{metric} %{{y:.4g}}"), ("speedup", "speedup %{y:.3g}x")), start=1
+        ):
+            fig.add_trace(group_line(rows, col, label, color, hover, col_i == 1), row=1, col=col_i)
+    fig.update_yaxes(title_text=metric, row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
+    for col_i in (1, 2):
+        devices_axis(fig, table, row=1, col=col_i)
+    fig.update_layout(title=f"What more devices cost in {metric}, and buy in speed", **LAYOUT)
+    return fig
+
+
+def predicted_vs_measured_figure(
+    pvm: pd.DataFrame, group_by: Sequence[str] | None = None, network: str = ""
+) -> go.Figure:
+    """Measured speedup (markers) and the ring-allreduce model's prediction (dashed) per group."""
+    check_columns(pvm, ["world_size", "predicted_speedup", "measured_speedup"], "table")
+    fig = go.Figure()
+    model = f"predicted ({network})" if network else "predicted"
+    for label, color, rows in groups(pvm, group_by):
+        measured = rows[rows["measured_speedup"].notna()]
+        fig.add_trace(
+            go.Scatter(
+                x=measured["world_size"],
+                y=measured["measured_speedup"],
+                mode="markers",
+                marker={"color": color, "size": 10},
+                name=f"{label} measured",
+                hovertemplate=f"{label}<br>%{{x}} devices<br>measured %{{y:.3g}}x<extra></extra>",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=rows["world_size"],
+                y=rows["predicted_speedup"],
+                mode="lines",
+                line={"color": color, "dash": "dash"},
+                name=f"{label} {model}",
+                hovertemplate=f"{label}<br>%{{x}} devices<br>{model} %{{y:.3g}}x<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="Predicted against measured speedup", yaxis_title="speedup (x)", **LAYOUT
+    )
+    devices_axis(fig, pvm)
+    return fig

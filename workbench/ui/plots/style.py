@@ -1,0 +1,120 @@
+"""What every figure shares: layout, colours, group labels and lines, the devices axis, run checks
+and the empty figure that says why there is nothing to plot. No torch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from workbench.analysis.groups import default_group_by
+from workbench.analysis.windows import check_columns
+
+GIB = float(1 << 30)
+COLORS = qualitative.Plotly
+LAYOUT = {
+    "template": "plotly_white",
+    "hovermode": "closest",
+    "legend_title_text": "",
+    "showlegend": True,  # a single group still names its config
+}
+
+
+def group_keys(table: pd.DataFrame, group_by: Sequence[str] | str | None) -> list[str]:
+    """The group columns of ``table``: ``group_by`` checked, or (``None``) the default grouping
+    of the table's own config columns. Pass the list the table was computed with."""
+    if group_by is None:
+        group_by = default_group_by(table)
+    group_by = [group_by] if isinstance(group_by, str) else list(group_by)
+    check_columns(table, group_by, "table group")
+    return group_by
+
+
+def group_labels(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> pd.Series:
+    """A legend label per row: ``col=value`` for the group columns that differ between groups."""
+    cols = group_keys(table, group_by)
+    varying = [c for c in cols if table[c].nunique(dropna=False) > 1]
+    if not varying:
+        label = ", ".join(f"{c}={table[c].iloc[0]}" for c in cols[:2]) if len(table) else ""
+        return pd.Series(label or "all runs", index=table.index)
+    parts = [c + "=" + table[c].astype(str) for c in varying]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + ", " + p
+    return out
+
+
+def groups(
+    table: pd.DataFrame, group_by: Sequence[str] | None
+) -> Iterator[tuple[str, str, pd.DataFrame]]:
+    """(label, color, rows sorted by world size) per group, in table order."""
+    labels = group_labels(table, group_by)
+    for i, label in enumerate(pd.unique(labels)):
+        rows = table[labels == label].sort_values("world_size", kind="stable")
+        yield label, COLORS[i % len(COLORS)], rows
+
+
+def error_bars(rows: pd.DataFrame, col: str) -> dict[str, object] | None:
+    """Error bars from ``<col>_std`` when the table has a spread for ``col``."""
+    std = f"{col}_std"
+    if std not in rows.columns or rows[std].isna().all():
+        return None
+    return {"type": "data", "array": rows[std].fillna(0).to_numpy(), "visible": True}
+
+
+def devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:
+    """The x axis of a scaling figure: devices, a tick per measured world size."""
+    ticks = sorted(pd.unique(table["world_size"]))
+    fig.update_xaxes(title_text="devices (world size)", tickvals=ticks, **where)
+
+
+def group_line(
+    rows: pd.DataFrame, y: str, label: str, color: str, hover: str, showlegend: bool = True
+) -> go.Scatter:
+    """One configuration group's line against devices, with its spread as error bars."""
+    return go.Scatter(
+        x=rows["world_size"],
+        y=rows[y],
+        error_y=error_bars(rows, y),
+        mode="lines+markers",
+        name=label,
+        legendgroup=label,
+        showlegend=showlegend,
+        line={"color": color},
+        hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
+    )
+
+
+def check_run(frame: pd.DataFrame, run_id: str) -> None:
+    """Raise ValueError listing the valid run ids when ``run_id`` is not in ``frame``."""
+    runs = pd.unique(frame["run_id"])
+    if run_id not in set(runs):
+        raise ValueError(f"unknown run_id {run_id!r}; valid names: {', '.join(map(str, runs))}")
+
+
+def one_run(frame: pd.DataFrame, run_id: str | None) -> str:
+    """``run_id`` checked, or the frame's only run; ValueError when there are several."""
+    runs = pd.unique(frame["run_id"])
+    if run_id is None:
+        if len(runs) != 1:
+            raise ValueError(f"several runs: pass run_id, one of {', '.join(map(str, runs))}")
+        return str(runs[0])
+    check_run(frame, run_id)
+    return run_id
+
+
+def metric_title(table: pd.DataFrame) -> str:
+    """The evaluation metric's name in ``table`` (``metric_name``), else ``"metric"``."""
+    if "metric_name" in table.columns and table["metric_name"].notna().any():
+        return str(table["metric_name"].dropna().iloc[0])
+    return "metric"
+
+
+def message_figure(text: str) -> go.Figure:
+    """An empty figure that says why there is nothing to plot."""
+    fig = go.Figure(layout={"template": "plotly_white", "title": {"text": text}})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
