@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.config.run_config import FaultInjection, RunConfig
+from workbench.config.run_config import FaultInjection, RunConfig, field_help
 from workbench.errors import ConfigError
 
 GOOD = dict(model="mlp", world_size=2, per_device_batch_size=8)
@@ -88,6 +88,31 @@ BAD = [
     ({"sweep": "a/b"}, "sweep", "folder name"),
     ({"fault": {"rank": 5, "step": 1, "kind": "raise"}}, "fault.rank", "0..1"),
     ({"fault": {"rank": 0, "step": 1, "kind": "explode"}}, "fault.kind", "raise, exit, hang, kill"),
+    # unknown keywords: a ConfigError naming the field, the closest valid one and all valid ones
+    ({"wrold_size": 2}, "wrold_size", "did you mean 'world_size'?"),
+    ({"wrold_size": 2}, "wrold_size", "valid: sweep, run_name"),
+    ({"learning_rat": 0.1}, "learning_rat", "did you mean 'learning_rate'?"),
+    ({"fault": {"rank": 0, "kidn": "raise"}}, "fault.kidn", "did you mean 'kind'?"),
+    ({"fault": 3}, "fault", "a FaultInjection or a dict"),
+    ({"fault": {"rank": 0, "step": 0}}, "fault.step", ">= 1"),
+    # values of the wrong shape: a Problem, not a TypeError from deep inside
+    ({"model_options": "big"}, "model_options", "a mapping of option -> value"),
+    ({"dataset_options": [1]}, "dataset_options", "a mapping of option -> value"),
+    ({"model": "gpt", "model_options": {"num_heads": 0}}, "model_options.num_heads", ">= 1"),
+    ({"world_size": "2"}, "world_size", "must be an integer >= 1"),
+    ({"static_graph": "yes"}, "static_graph", "true or false"),
+    ({"profile_steps": [3, 1]}, "profile_steps", "1 <= first <= last"),
+    # numbers must be finite
+    ({"learning_rate": float("inf")}, "learning_rate", "must be a finite number > 0"),
+    ({"learning_rate": float("nan")}, "learning_rate", "must be a finite number > 0"),
+    ({"momentum": float("inf")}, "momentum", "must be a finite number >= 0"),
+    ({"timeout_min": float("-inf")}, "timeout_min", "> 0"),
+    # folder names are whole matches: a trailing newline is refused
+    ({"run_name": "ok\n"}, "run_name", "folder name"),
+    ({"sweep": "ok\n"}, "sweep", "folder name"),
+    ({"run_name": "-x"}, "run_name", "starting with a letter or digit"),
+    ({"output_dir": ""}, "output_dir", "a folder path"),
+    ({"model": "pkg.mod:factory\n"}, "model", "'package.module:factory'"),
 ]
 
 
@@ -108,3 +133,23 @@ def test_every_problem_is_reported_at_once() -> None:
             model="nope", world_size=0, per_device_batch_size=8, precision="fp8", learning_rate=-1
         )
     assert set(err.value.fields) >= {"model", "world_size", "precision", "learning_rate"}
+
+
+def test_unknown_keyword_is_reported_with_the_other_problems() -> None:
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**GOOD, wrold_size=2, precision="fp8")
+    assert err.value.fields == ["wrold_size", "precision"]
+    assert not isinstance(err.value, TypeError)
+
+
+def test_fault_injection_checks_itself() -> None:
+    with pytest.raises(ConfigError) as err:
+        FaultInjection(rnak=1, kind="boom")
+    assert err.value.fields == ["rnak", "kind"]
+    assert "did you mean 'rank'?" in str(err.value)
+
+
+def test_every_field_has_help_and_plugins_are_accepted() -> None:
+    assert all(field_help().values())
+    c = RunConfig(**{**GOOD, "model": "tests.plugins:tiny", "dataset": "tests.plugins:data"})
+    assert c.model_kwargs == {}

@@ -1,0 +1,194 @@
+"""The checks that span fields of a RunConfig, one named function each.
+
+Each field's own constraint (type, choices, bounds) is declared beside it and checked by
+``fields.check_fields`` first; a rule is given the names of the fields that failed there (``bad``)
+and skips reasoning about them, so one mistake is reported once. Rules take the config loosely
+typed (``Any``): its values are not yet known to be well typed, and ``run_config`` imports this
+module (not the other way round).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from workbench.config.choices import ATTENTION_MODELS, MODEL_OPTIONS
+from workbench.config.fault import FaultInjection
+from workbench.config.fields import check_fields, did_you_mean, is_int
+from workbench.errors import Problem
+
+#: A rule: the config and the fields already found bad -> its problems.
+Rule = Callable[[Any, frozenset[str]], list[Problem]]
+LAYOUT_FIELDS = frozenset({"nodes", "world_size", "tasks_per_node"})
+BATCH_FIELDS = ("per_device_batch_size", "global_batch_size")
+
+
+def world(c: Any) -> int:
+    """Total ranks as the layout fields give them (``RunConfig`` derives it the same way)."""
+    return int(c.world_size or c.nodes * (c.tasks_per_node or 1))
+
+
+def layout(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``world_size`` is ``nodes x tasks_per_node`` when both are given, else a multiple of
+    ``nodes``."""
+    if bad & LAYOUT_FIELDS or c.world_size is None:
+        return []
+    if c.tasks_per_node is not None and c.world_size != c.nodes * c.tasks_per_node:
+        rule = f"must equal nodes x tasks_per_node = {c.nodes} x {c.tasks_per_node}"
+        return [Problem("world_size", c.world_size, rule)]
+    if c.tasks_per_node is None and c.world_size % c.nodes:
+        return [Problem("world_size", c.world_size, f"must be a multiple of nodes={c.nodes}")]
+    return []
+
+
+def batch(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """Exactly one of the two batch sizes; the global batch splits evenly over ranks and
+    micro-steps; one global batch fits in the training set."""
+    given = [n for n in BATCH_FIELDS if getattr(c, n) is not None]
+    if len(given) != 1:
+        return [
+            Problem(
+                "global_batch_size" if given else "per_device_batch_size",
+                {n: getattr(c, n) for n in BATCH_FIELDS},
+                "give exactly one of per_device_batch_size and global_batch_size",
+            )
+        ]
+    if bad & {*LAYOUT_FIELDS, *BATCH_FIELDS, "gradient_accumulation_steps"}:
+        return []
+    per_step = world(c) * c.gradient_accumulation_steps
+    if c.global_batch_size is not None and c.global_batch_size % per_step:
+        rule = f"must be divisible by world_size x gradient_accumulation_steps = {per_step}"
+        return [Problem("global_batch_size", c.global_batch_size, rule)]
+    global_batch = c.global_batch_size or c.per_device_batch_size * per_step
+    if "train_samples" not in bad and c.train_samples < global_batch:
+        rule = (
+            f"smaller than one global batch ({global_batch}); use more samples or a smaller batch"
+        )
+        return [Problem("train_samples", c.train_samples, rule)]
+    return []
+
+
+def model_options(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """A built-in model's options: known names, integers >= 1, and ``d_model`` divisible by
+    ``num_heads`` for attention models. A plug-in's options are its own business."""
+    if bad & {"model", "model_options"} or c.model not in MODEL_OPTIONS:
+        return []
+    valid = MODEL_OPTIONS[c.model]
+    p = []
+    for key, value in c.model_options.items():
+        if key not in valid:
+            rule = f"unknown option of model {c.model!r}; {did_you_mean(key, list(valid))}"
+            p.append(Problem(f"model_options.{key}", value, rule + f"valid: {', '.join(valid)}"))
+        elif not is_int(value) or value < 1:
+            p.append(Problem(f"model_options.{key}", value, "must be an integer >= 1"))
+    opts = {**valid, **c.model_options}
+    if c.model in ATTENTION_MODELS:
+        d_model, heads = opts["d_model"], opts["num_heads"]
+        sizes_ok = all(is_int(v) and v >= 1 for v in (d_model, heads))
+        if sizes_ok and d_model % heads:
+            rule = f"must be divisible by num_heads={heads}"
+            p.append(Problem("model_options.d_model", d_model, rule))
+    return p
+
+
+def dataset(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``dataset='parquet'`` needs the paths of its train and eval files in ``dataset_options``."""
+    if c.dataset != "parquet" or "dataset_options" in bad:
+        return []
+    return [
+        Problem(
+            f"dataset_options.{key}",
+            c.dataset_options.get(key),
+            "dataset='parquet' needs the path of a Parquet file",
+        )
+        for key in ("train", "eval")
+        if not isinstance(c.dataset_options.get(key), str)
+    ]
+
+
+def strategy(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """What each strategy allows: hooks only with DDP, 'single' on one device, DataParallel on
+    the CUDA devices of one node."""
+    if "strategy" in bad:
+        return []
+    p = []
+    if c.strategy != "ddp" and c.comm_hook != "allreduce" and "comm_hook" not in bad:
+        rule = f"communication hooks need strategy='ddp', not {c.strategy!r}"
+        p.append(Problem("comm_hook", c.comm_hook, rule))
+    if c.strategy == "single" and not bad & LAYOUT_FIELDS and world(c) != 1:
+        given = {"world_size": c.world_size, "nodes": c.nodes, "tasks_per_node": c.tasks_per_node}
+        rule = "strategy='single' runs on one device: use world_size=1"
+        p.append(Problem("world_size", given, rule))
+    if c.strategy == "dp" and c.device == "cpu":
+        rule = (
+            "DataParallel splits batches over CUDA devices; on CPU "
+            "use 'ddp' (one process per rank) or 'single'"
+        )
+        p.append(Problem("strategy", c.strategy, rule))
+    if c.strategy == "dp" and c.nodes != 1 and "nodes" not in bad:
+        rule = "strategy='dp' drives the GPUs of one node: use nodes=1"
+        p.append(Problem("nodes", c.nodes, rule))
+    return p
+
+
+def needs_cuda(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """What torch runs on CUDA only (NCCL, SyncBatchNorm, fp16 with a GradScaler), refused on
+    ``device='cpu'``."""
+    if c.device != "cpu":
+        return []
+    p = []
+    if c.backend == "nccl":
+        rule = "nccl needs device='cuda' (or 'auto'); use gloo on CPU"
+        p.append(Problem("backend", c.backend, rule))
+    if c.sync_batchnorm is True:
+        rule = (
+            "SyncBatchNorm needs CUDA (torch runs it on GPU tensors only); on device='cpu' "
+            "leave it off"
+        )
+        p.append(Problem("sync_batchnorm", c.sync_batchnorm, rule))
+    if c.precision == "fp16":
+        rule = "fp16 needs CUDA (GradScaler); on device='cpu' use fp32 or bf16"
+        p.append(Problem("precision", c.precision, rule))
+    return p
+
+
+def profile_window(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``profile_steps``: omitted, or two steps (first, last) with 1 <= first <= last."""
+    w = c.profile_steps
+    if w is None or (
+        isinstance(w, tuple) and len(w) == 2 and all(is_int(x) for x in w) and 1 <= w[0] <= w[1]
+    ):
+        return []
+    return [Problem("profile_steps", w, "two steps (first, last) with 1 <= first <= last")]
+
+
+def fault(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``fault``: a valid FaultInjection (a dict of its fields is turned into one before the
+    checks) whose rank exists."""
+    f = c.fault
+    if f is None or "fault" in bad:
+        return []
+    if not isinstance(f, FaultInjection):
+        return [Problem("fault", f, "a FaultInjection or a dict with rank, step, kind")]
+    p = check_fields(f, "fault.")
+    if not p and not bad & LAYOUT_FIELDS and f.rank >= world(c):
+        p.append(Problem("fault.rank", f.rank, f"must be a rank in 0..{world(c) - 1}"))
+    return p
+
+
+#: Every cross-field rule, in the order their problems are listed.
+RULES: tuple[Rule, ...] = (
+    layout,
+    batch,
+    model_options,
+    dataset,
+    strategy,
+    needs_cuda,
+    profile_window,
+    fault,
+)
+
+
+def check(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """Every cross-field problem of the config ``c``; ``bad``: fields whose own check failed."""
+    return [problem for rule in RULES for problem in rule(c, bad)]
