@@ -48,8 +48,10 @@ def fmt_ratio(s: dict[str, float], digits: int = 3) -> str:
     if not s.get("n"):
         return "n/a"
     d = digits
-    return (f"{s['median']:.{d}f} [IQR {s['p25']:.{d}f}-{s['p75']:.{d}f}, "
-            f"CI95 {s['ci95_lo']:.{d}f}-{s['ci95_hi']:.{d}f}, n={s['n']}]")
+    return (
+        f"{s['median']:.{d}f} [IQR {s['p25']:.{d}f}-{s['p75']:.{d}f}, "
+        f"CI95 {s['ci95_lo']:.{d}f}-{s['ci95_hi']:.{d}f}, n={s['n']}]"
+    )
 
 
 def cpu_model() -> str:
@@ -82,4 +84,3 @@ def write_result(path: str | None, name: str, result: dict[str, Any]) -> None:
     payload = {"benchmark": name, "machine": machine(), **result}
     if path:
         Path(path).write_text(json.dumps(payload, indent=2, default=float) + "\n")
-

@@ -22,24 +22,44 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 PLAIN = Path(__file__).resolve().with_name("plain_ddp.py")
 
 
-def workbench_config(model: str, world_size: int, batch: int, steps: int, warmup: int,
-                     train_samples: int, output_dir: str) -> Any:
+def workbench_config(
+    model: str,
+    world_size: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    train_samples: int,
+    output_dir: str,
+) -> Any:
     """The RunConfig of the job: no evaluation or checkpoints (the plain script has none), every
     other field at its default (so the preemption check every 100 steps stays: it is part of what
     a workbench run costs)."""
     from workbench import RunConfig
 
-    return RunConfig(model=model, world_size=world_size, per_device_batch_size=batch,
-                     max_steps=steps, warmup_steps=warmup, train_samples=train_samples,
-                     eval_every_epochs=0, eval_at_end=False, device="cpu", backend="gloo",
-                     threads_per_rank=1, output_dir=output_dir, sweep="bench")
+    return RunConfig(
+        model=model,
+        world_size=world_size,
+        per_device_batch_size=batch,
+        max_steps=steps,
+        warmup_steps=warmup,
+        train_samples=train_samples,
+        eval_every_epochs=0,
+        eval_at_end=False,
+        device="cpu",
+        backend="gloo",
+        threads_per_rank=1,
+        output_dir=output_dir,
+        sweep="bench",
+    )
 
 
-def run_workbench(model: str, world_size: int, batch: int, steps: int, warmup: int,
-                  train_samples: int) -> dict[str, Any]:
-    """``launch()`` then ``wait()``; throughput from ``summary.run_summary``."""
-    from workbench.run import launch
+def run_workbench(
+    model: str, world_size: int, batch: int, steps: int, warmup: int, train_samples: int
+) -> dict[str, Any]:
+    """``launch()`` then ``wait()``; throughput from ``analysis.summary.run_summary``."""
+    from workbench import launch
     from workbench.analysis.summary import run_summary
+    from workbench.store.load import load_traces
 
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
         config = workbench_config(model, world_size, batch, steps, warmup, train_samples, tmp)
@@ -49,11 +69,12 @@ def run_workbench(model: str, world_size: int, batch: int, steps: int, warmup: i
         t_result = time.time()
         summaries = run.result()
         steps_frame = run.traces()
-        summary = run_summary(run.path)
+        summary = run_summary(load_traces(run.path, "steps"), load_traces(run.path, "eval"))
         submitted = json.loads((run.path / "run.json").read_text())["submitted_at"]
     first = steps_frame[steps_frame["step"] == steps_frame["step"].min()]
-    first_step_unix = [summaries[int(r.rank)]["t0_unix"] + float(r.t_start_s)
-                       for r in first.itertuples()]
+    first_step_unix = [
+        summaries[int(r.rank)]["t0_unix"] + float(r.t_start_s) for r in first.itertuples()
+    ]
     return {
         "status": status,
         "samples_per_s": summary["samples_per_s"],
@@ -72,14 +93,35 @@ def plain_throughput(ranks: list[dict[str, Any]]) -> float:
     return sum(r[2] for r in rows) / (end - start)
 
 
-def run_torchrun(model: str, world_size: int, batch: int, steps: int, warmup: int,
-                 train_samples: int) -> dict[str, Any]:
+def run_torchrun(
+    model: str, world_size: int, batch: int, steps: int, warmup: int, train_samples: int
+) -> dict[str, Any]:
     """``torchrun --standalone`` on plain_ddp.py; the result is the process's exit."""
     with tempfile.TemporaryDirectory(prefix="wb-bench-torchrun-") as tmp:
-        cmd = [str(TORCHRUN), "--nnodes", "1", "--nproc-per-node", str(world_size),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-               str(PLAIN), "--model", model, "--batch", str(batch), "--steps", str(steps),
-               "--warmup", str(warmup), "--train-samples", str(train_samples), "--out", tmp]
+        cmd = [
+            str(TORCHRUN),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(world_size),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}",
+            str(PLAIN),
+            "--model",
+            model,
+            "--batch",
+            str(batch),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--train-samples",
+            str(train_samples),
+            "--out",
+            tmp,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torchrun's own default for >1 rank
         t_launch = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -30,9 +30,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.analysis import tables as analysis
-from workbench.ui import plots
+from workbench import analysis
 from workbench.schema import STEP_COLUMNS, steps_file
+from workbench.ui import plots
 
 ARROW_TYPES = {
     "string": pa.string(),

@@ -31,17 +31,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", help="write the result here")
     a = parser.parse_args(argv)
     repeats = 1 if a.quick else a.repeats
-    job = dict(model="mlp", world_size=a.world_size, batch=32, steps=5, warmup=2,
-               train_samples=4096)
+    job = dict(
+        model="mlp", world_size=a.world_size, batch=32, steps=5, warmup=2, train_samples=4096
+    )
     got: dict[str, list[dict[str, Any]]] = {"workbench": [], "torchrun": []}
     for r in range(repeats):
         order = ("workbench", "torchrun") if r % 2 == 0 else ("torchrun", "workbench")
         for variant in order:
             out = (run_workbench if variant == "workbench" else run_torchrun)(**job)
             got[variant].append(out)
-            print(f"  repeat {r} {variant:<9} first step on all ranks "
-                  f"{out['to_first_step_all_s']:5.2f} s, result {out['to_result_s']:5.2f} s",
-                  flush=True)
+            print(
+                f"  repeat {r} {variant:<9} first step on all ranks "
+                f"{out['to_first_step_all_s']:5.2f} s, result {out['to_result_s']:5.2f} s",
+                flush=True,
+            )
     wb, tr = got["workbench"], got["torchrun"]
     result: dict[str, Any] = {"job": job, "repeats": repeats}
     for point in ("to_first_step_all_s", "to_result_s"):
@@ -51,8 +54,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ratio": ratio_stats([w[point] / t[point] for w, t in zip(wb, tr, strict=True)]),
         }
         p = result[point]
-        print(f"{point}: workbench {p['workbench_median_s']:.2f} s, torchrun "
-              f"{p['torchrun_median_s']:.2f} s, ratio {fmt_ratio(p['ratio'])}")
+        print(
+            f"{point}: workbench {p['workbench_median_s']:.2f} s, torchrun "
+            f"{p['torchrun_median_s']:.2f} s, ratio {fmt_ratio(p['ratio'])}"
+        )
     result["workbench_to_submitted_s"] = statistics.median(x["to_submitted_s"] for x in wb)
     write_result(a.json, "launch_latency", result)
     return result

@@ -51,14 +51,24 @@ def main() -> None:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     # The config is only used to build the same dataset the workbench builds.
-    config = RunConfig(model=a.model, world_size=world_size, per_device_batch_size=a.batch,
-                       train_samples=a.train_samples, seed=a.seed, device="cpu")
+    config = RunConfig(
+        model=a.model,
+        world_size=world_size,
+        per_device_batch_size=a.batch,
+        train_samples=a.train_samples,
+        seed=a.seed,
+        device="cpu",
+    )
     torch.manual_seed(a.seed)
     model = DDP(build_model(a.model, {}))
     train_set, _ = build_datasets(config)
     # Same optimizer and hyper-parameters as RunConfig's defaults (SGD, lr 0.05, momentum 0.9).
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate,
-                                momentum=config.momentum, weight_decay=config.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=config.learning_rate,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+    )
     loss_fn = torch.nn.functional.cross_entropy
 
     dist.barrier()
@@ -84,9 +94,18 @@ def main() -> None:
         epoch += 1
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank-{rank}.json").write_text(json.dumps(
-        {"rank": rank, "world_size": world_size, "t0_unix": t0_unix,
-         "first_step_unix": first_step_unix, "steps": rows, "end_unix": time.time()}))
+    (out / f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "world_size": world_size,
+                "t0_unix": t0_unix,
+                "first_step_unix": first_step_unix,
+                "steps": rows,
+                "end_unix": time.time(),
+            }
+        )
+    )
     del model, optimizer  # free the DDP model before the group goes (FACTS: gloo deadlock)
     dist.barrier()
     dist.destroy_process_group()

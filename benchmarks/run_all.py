@@ -63,9 +63,15 @@ def run(name: str, quick: bool, tmp: Path) -> dict[str, Any]:
     if name == "analysis":
         m = re.search(r"pyarrow alone: ([\d.]+) s; workbench total: ([\d.]+) s; ratio", stdout)
         rows = re.search(r"^([\d,]+) step rows", stdout, re.M)
-        result: dict[str, Any] = {"pyarrow_s": float(m.group(1)), "workbench_s": float(m.group(2)),
-                                  "rows": rows.group(1) if rows else "?"} if m else {
-            "error": "could not parse the output of analysis_scale.py"}
+        result: dict[str, Any] = (
+            {
+                "pyarrow_s": float(m.group(1)),
+                "workbench_s": float(m.group(2)),
+                "rows": rows.group(1) if rows else "?",
+            }
+            if m
+            else {"error": "could not parse the output of analysis_scale.py"}
+        )
     else:
         result = json.loads(out_json.read_text())
     result["seconds"] = time.perf_counter() - start
@@ -85,61 +91,110 @@ def table(results: dict[str, dict[str, Any]]) -> list[tuple[str, str, str, str]]
     rows: list[tuple[str, str, str, str]] = []
 
     def spread(s: dict[str, float]) -> str:
-        return (f"{s['median']:.3f} (IQR {s['p25']:.3f}-{s['p75']:.3f}, "
-                f"CI95 {s['ci95_lo']:.3f}-{s['ci95_hi']:.3f}, n={s['n']})")
+        return (
+            f"{s['median']:.3f} (IQR {s['p25']:.3f}-{s['p75']:.3f}, "
+            f"CI95 {s['ci95_lo']:.3f}-{s['ci95_hi']:.3f}, n={s['n']})"
+        )
 
     r = results.get("tracing", {})
     for row in r.get("rows", []):
         label = f"tracing {row['model']} {row['world_size']}r"
-        rows.append((f"{label}: traced/untraced end to end", spread(row["traced"]), "<= 1.01",
-                     verdict(row["traced"], 1.01, upper=True)))
-        rows.append((f"{label}: 1 + tracer calls / step (direct)", f"{row['direct_ratio']:.4f}",
-                     "<= 1.01", "yes" if row["direct_ratio"] <= 1.01 else "no"))
+        rows.append(
+            (
+                f"{label}: traced/untraced end to end",
+                spread(row["traced"]),
+                "<= 1.01",
+                verdict(row["traced"], 1.01, upper=True),
+            )
+        )
+        rows.append(
+            (
+                f"{label}: 1 + tracer calls / step (direct)",
+                f"{row['direct_ratio']:.4f}",
+                "<= 1.01",
+                "yes" if row["direct_ratio"] <= 1.01 else "no",
+            )
+        )
         rows.append((f"{label}: trace_comm='hook' only/untraced", spread(row["hook_only"]), "", ""))
-        rows.append((f"{label}: torch.profiler/untraced", spread(row["profiler"]), "(contrast)",
-                     ""))
+        rows.append(
+            (f"{label}: torch.profiler/untraced", spread(row["profiler"]), "(contrast)", "")
+        )
     if "direct" in r:
         d, h = r["direct"], r["hook"]
-        rows.append(("tracer calls (us): PhaseClock / Tracer.step / comm timer read / "
-                     "hook per bucket",
-                     f"{d['phaseclock_us_per_step']:.1f} / {d['tracer_step_us']:.1f} / "
-                     f"{h['sampler_read_us']:.1f} / {h['commmeter_extra_us_per_bucket']:.0f}",
-                     "", ""))
+        rows.append(
+            (
+                "tracer calls (us): PhaseClock / Tracer.step / comm timer read / hook per bucket",
+                f"{d['phaseclock_us_per_step']:.1f} / {d['tracer_step_us']:.1f} / "
+                f"{h['sampler_read_us']:.1f} / {h['commmeter_extra_us_per_bucket']:.0f}",
+                "",
+                "",
+            )
+        )
     for row in results.get("fidelity", {}).get("rows", []):
-        for key, label in (("throughput_1", "throughput 1r"), ("throughput_2", "throughput 2r"),
-                           ("speedup", "speedup 2r/1r")):
+        for key, label in (
+            ("throughput_1", "throughput 1r"),
+            ("throughput_2", "throughput 2r"),
+            ("speedup", "speedup 2r/1r"),
+        ):
             s = row[key]
-            rows.append((f"fidelity {row['model']}: workbench/torchrun {label}", spread(s),
-                         ">= 0.98", verdict(s, 0.98, upper=False)))
+            rows.append(
+                (
+                    f"fidelity {row['model']}: workbench/torchrun {label}",
+                    spread(s),
+                    ">= 0.98",
+                    verdict(s, 0.98, upper=False),
+                )
+            )
     r = results.get("latency", {})
-    for key, label in (("to_first_step_all_s", "first step on all ranks"),
-                       ("to_result_s", "result")):
+    for key, label in (
+        ("to_first_step_all_s", "first step on all ranks"),
+        ("to_result_s", "result"),
+    ):
         if key in r:
             s = r[key]
-            rows.append((f"launch latency to {label}: workbench/torchrun",
-                         f"{spread(s['ratio'])}; {s['workbench_median_s']:.1f} s vs "
-                         f"{s['torchrun_median_s']:.1f} s", "<= 1.5",
-                         verdict(s["ratio"], 1.5, upper=True)))
+            rows.append(
+                (
+                    f"launch latency to {label}: workbench/torchrun",
+                    f"{spread(s['ratio'])}; {s['workbench_median_s']:.1f} s vs "
+                    f"{s['torchrun_median_s']:.1f} s",
+                    "<= 1.5",
+                    verdict(s["ratio"], 1.5, upper=True),
+                )
+            )
     r = results.get("analysis", {})
     if "pyarrow_s" in r:
         ratio = r["workbench_s"] / r["pyarrow_s"]
-        rows.append((f"analysis of {r['rows']} rows: workbench/pyarrow", f"{ratio:.2f}", "<= 3",
-                     "yes" if ratio <= 3 else "no"))
+        rows.append(
+            (
+                f"analysis of {r['rows']} rows: workbench/pyarrow",
+                f"{ratio:.2f}",
+                "<= 3",
+                "yes" if ratio <= 3 else "no",
+            )
+        )
     r = results.get("memory", {})
     for mode in ("rss", "tracemalloc"):
         if mode in r:
             s = r[mode]["samples"]
-            rows.append((f"tracer memory ({mode}) growth, steps {s[1][0]:,}-{s[-1][0]:,}",
-                         f"{r[mode]['growth_from_first_sample_bytes'] / 1024:+.0f} KiB", "flat",
-                         ""))
+            rows.append(
+                (
+                    f"tracer memory ({mode}) growth, steps {s[1][0]:,}-{s[-1][0]:,}",
+                    f"{r[mode]['growth_from_first_sample_bytes'] / 1024:+.0f} KiB",
+                    "flat",
+                    "",
+                )
+            )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of everything")
-    parser.add_argument("--only", default=",".join(BENCHMARKS),
-                        help=f"comma-separated subset of {', '.join(BENCHMARKS)}")
+    parser.add_argument(
+        "--only",
+        default=",".join(BENCHMARKS),
+        help=f"comma-separated subset of {', '.join(BENCHMARKS)}",
+    )
     parser.add_argument("--out", help="write every result (JSON) here")
     a = parser.parse_args()
     names = a.only.split(",")
@@ -151,12 +206,14 @@ def main() -> None:
         for name in names:
             results[name] = run(name, a.quick, Path(tmp))
     m = machine()
-    print(f"\n{m['cpu_model']}, {m['cores']} cores, torch {m['torch']}, Python {m['python']}, "
-          f"load average now {m['loadavg'][0]:.1f}"
-          + (" (--quick: smoke figures)" if a.quick else ""))
+    print(
+        f"\n{m['cpu_model']}, {m['cores']} cores, torch {m['torch']}, Python {m['python']}, "
+        f"load average now {m['loadavg'][0]:.1f}" + (" (--quick: smoke figures)" if a.quick else "")
+    )
     rows = table(results)
-    widths = [max(len(r[i]) for r in rows + [("figure", "value", "target", "met")])
-              for i in range(4)]
+    widths = [
+        max(len(r[i]) for r in rows + [("figure", "value", "target", "met")]) for i in range(4)
+    ]
     for r in [("figure", "value", "target", "met"), tuple("-" * w for w in widths)] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     for name, r in results.items():

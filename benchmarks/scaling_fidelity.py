@@ -4,7 +4,7 @@ those of a plain ``torchrun`` DDP script (``plain_ddp.py``) running the same job
 Same model, same synthetic dataset (``workbench.data.build_datasets``), same per-device batch, one
 thread per rank, same warm-up steps left out, same window definition (first measured step start
 to last step end across ranks). The workbench figure is what a user reads:
-``summary.run_summary(run.path)["samples_per_s"]`` after ``launch()`` and ``wait()``.
+``the run's `samples_per_s` summary (`run.json`)`` after ``launch()`` and ``wait()``.
 
 Each repeat runs the four jobs (workbench and torchrun at 1 and 2 ranks) with the two variants
 interleaved and their order alternating between repeats, so load hits both; the figures are the
@@ -53,25 +53,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     job = run_workbench if variant == "workbench" else run_torchrun
                     out = job(model, world_size, a.batch, steps, a.warmup, samples)
                     runs.setdefault((variant, world_size), []).append(out["samples_per_s"])
-                    print(f"  {model} repeat {r} {variant:<9} {world_size} rank(s): "
-                          f"{out['samples_per_s']:8.1f} samples/s", flush=True)
+                    print(
+                        f"  {model} repeat {r} {variant:<9} {world_size} rank(s): "
+                        f"{out['samples_per_s']:8.1f} samples/s",
+                        flush=True,
+                    )
         wb1, wb2 = runs[("workbench", 1)], runs[("workbench", 2)]
         tr1, tr2 = runs[("torchrun", 1)], runs[("torchrun", 2)]
         row = {
-            "model": model, "batch": a.batch, "steps": steps, "repeats": repeats, "runs": {
-                f"{v}_{w}": x for (v, w), x in runs.items()},
+            "model": model,
+            "batch": a.batch,
+            "steps": steps,
+            "repeats": repeats,
+            "runs": {f"{v}_{w}": x for (v, w), x in runs.items()},
             "throughput_1": ratio_stats([w / t for w, t in zip(wb1, tr1, strict=True)]),
             "throughput_2": ratio_stats([w / t for w, t in zip(wb2, tr2, strict=True)]),
             "speedup_workbench": ratio_stats([b / a_ for a_, b in zip(wb1, wb2, strict=True)]),
             "speedup_torchrun": ratio_stats([b / a_ for a_, b in zip(tr1, tr2, strict=True)]),
-            "speedup": ratio_stats([(w2 / w1) / (t2 / t1)
-                                    for w1, w2, t1, t2 in zip(wb1, wb2, tr1, tr2, strict=True)]),
+            "speedup": ratio_stats(
+                [(w2 / w1) / (t2 / t1) for w1, w2, t1, t2 in zip(wb1, wb2, tr1, tr2, strict=True)]
+            ),
         }
         rows.append(row)
         print(f"{model}: workbench/torchrun throughput 1 rank {fmt_ratio(row['throughput_1'])}")
         print(f"{model}: workbench/torchrun throughput 2 ranks {fmt_ratio(row['throughput_2'])}")
-        print(f"{model}: speedup workbench {row['speedup_workbench']['median']:.3f}, torchrun "
-              f"{row['speedup_torchrun']['median']:.3f}, ratio {fmt_ratio(row['speedup'])}")
+        print(
+            f"{model}: speedup workbench {row['speedup_workbench']['median']:.3f}, torchrun "
+            f"{row['speedup_torchrun']['median']:.3f}, ratio {fmt_ratio(row['speedup'])}"
+        )
     result = {"rows": rows}
     write_result(a.json, "scaling_fidelity", result)
     return result

@@ -42,18 +42,39 @@ def drive(steps: int, every: int, mode: str) -> dict[str, Any]:
         tracemalloc.start()
     samples = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-mem-") as tmp:
-        tracer = Tracer(Path(tmp), run_id="transformer-w2-20260101-000000-abcd", rank=1,
-                        local_rank=1, host="node-0001", world_size=2, attempt=0, flush_s=2.0,
-                        device=torch.device("cpu"))
+        tracer = Tracer(
+            Path(tmp),
+            run_id="transformer-w2-20260101-000000-abcd",
+            rank=1,
+            local_rank=1,
+            host="node-0001",
+            world_size=2,
+            attempt=0,
+            flush_s=2.0,
+            device=torch.device("cpu"),
+        )
         tracer.set_t0()
         samples.append((0, measure()))
         start = time.process_time()  # CPU time: the wall clock of a loaded machine says little
         for step in range(1, steps + 1):
             x = 0.003 * (1 + (step % 13) / 50)
-            tracer.step(epoch=step // 128, step=step, warmup=step <= 2, t_start_s=step * 0.0031,
-                        data_s=x / 10, forward_s=x, backward_s=2 * x, optimizer_s=x / 3,
-                        step_s=3.4 * x, comm_s=x / 2, comm_bytes=417_808, comm_buckets=1,
-                        samples=32, loss=2.0 / (1 + step * 1e-4), lr=0.05)
+            tracer.step(
+                epoch=step // 128,
+                step=step,
+                warmup=step <= 2,
+                t_start_s=step * 0.0031,
+                data_s=x / 10,
+                forward_s=x,
+                backward_s=2 * x,
+                optimizer_s=x / 3,
+                step_s=3.4 * x,
+                comm_s=x / 2,
+                comm_bytes=417_808,
+                comm_buckets=1,
+                samples=32,
+                loss=2.0 / (1 + step * 1e-4),
+                lr=0.05,
+            )
             if step % every == 0:
                 samples.append((step, measure()))
         elapsed = time.process_time() - start
@@ -62,9 +83,13 @@ def drive(steps: int, every: int, mode: str) -> dict[str, Any]:
         peak = tracemalloc.get_traced_memory()[1] if mode == "tracemalloc" else None
         tracer.close()
         file_bytes = sum(p.stat().st_size for p in Path(tmp).iterdir())
-    return {"mode": mode, "samples": samples, "cpu_us_per_step": elapsed / steps * 1e6,
-            "tracemalloc_peak_bytes": peak,
-            "trace_file_bytes": file_bytes}
+    return {
+        "mode": mode,
+        "samples": samples,
+        "cpu_us_per_step": elapsed / steps * 1e6,
+        "tracemalloc_peak_bytes": peak,
+        "trace_file_bytes": file_bytes,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -81,23 +106,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     result: dict[str, Any] = {"steps": steps, "every": every}
     for mode in ("rss", "tracemalloc"):
-        cmd = [sys.executable, __file__, "--child", mode, "--steps", str(steps), "--every",
-               str(every)] + (["--quick"] if a.quick else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            mode,
+            "--steps",
+            str(steps),
+            "--every",
+            str(every),
+        ] + (["--quick"] if a.quick else [])
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         s = out["samples"]
         out["growth_from_first_sample_bytes"] = s[-1][1] - s[1][1]
         out["growth_from_start_bytes"] = s[-1][1] - s[0][1]
         out["max_minus_min_after_first_sample_bytes"] = max(v for _, v in s[1:]) - min(
-            v for _, v in s[1:])
+            v for _, v in s[1:]
+        )
         result[mode] = out
         print(f"{mode}: " + ", ".join(f"{k // 1000}k {v / 2**20:.2f}" for k, v in s) + " MiB")
-        print(f"{mode}: growth {out['growth_from_first_sample_bytes'] / 1024:+.0f} KiB from step "
-              f"{s[1][0]} to {s[-1][0]} ({out['growth_from_start_bytes'] / 1024:+.0f} KiB from "
-              f"step 0); {out['cpu_us_per_step']:.1f} us CPU/step; trace file "
-              f"{out['trace_file_bytes'] / 2**20:.1f} MiB")
+        print(
+            f"{mode}: growth {out['growth_from_first_sample_bytes'] / 1024:+.0f} KiB from step "
+            f"{s[1][0]} to {s[-1][0]} ({out['growth_from_start_bytes'] / 1024:+.0f} KiB from "
+            f"step 0); {out['cpu_us_per_step']:.1f} us CPU/step; trace file "
+            f"{out['trace_file_bytes'] / 2**20:.1f} MiB"
+        )
         if out["tracemalloc_peak_bytes"] is not None:
-            print(f"tracemalloc: peak {out['tracemalloc_peak_bytes'] / 2**20:.2f} MiB over the run "
-                  "(the row buffer just before a flush)")
+            print(
+                f"tracemalloc: peak {out['tracemalloc_peak_bytes'] / 2**20:.2f} MiB over the run "
+                "(the row buffer just before a flush)"
+            )
     write_result(a.json, "tracer_memory", result)
     return result
 

@@ -7,8 +7,8 @@ interleaved blocks of steps on the same batches:
 
 - ``untraced``: the workbench's step (fetch, forward, loss, backward, GradScaler calls, optimizer)
   on a DDP model without a comm hook and without any tracer call;
-- ``traced``: exactly what ``workbench.train._train`` does per step with the default
-  ``trace_comm="sampled"``: ``_Trainer.step`` (PhaseClock marks, ``DDPCommSampler.take``, which
+- ``traced``: exactly what ``workbench.rank.loop.train_step`` does with the default
+  ``trace_comm="sampled"``: ``Trainer.step`` (PhaseClock marks, ``DDPCommSampler.take``, which
   reads DDP's own comm timer on the first 10 steps and every 10th) then ``Tracer.step`` (RSS
   read, JSONL writer);
 - ``hook_only``: the untraced step with the ``trace_comm="hook"`` comm hook (CommMeter) and no
@@ -56,22 +56,34 @@ from _common import fmt_ratio, ratio_stats, write_result  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from workbench.rank import distributed
 from workbench.config.run_config import RunConfig  # noqa: E402
+from workbench.ports import free_port  # noqa: E402
+from workbench.rank import distributed
 from workbench.rank.data import fetch_batch, train_batches  # noqa: E402
 from workbench.rank.models import build_model  # noqa: E402
-from workbench.ports import free_port  # noqa: E402
-from workbench.rank.profiling import _NoProfiler  # noqa: E402
+from workbench.rank.profiling import NoProfiler  # noqa: E402
 from workbench.rank.tracer import PhaseClock, Tracer, rss_bytes  # noqa: E402
-from workbench.rank.loop import _loss, _make_optimizer, _seed_everything, _Trainer  # noqa: E402
+from workbench.rank.trainer import (  # noqa: E402
+    Trainer,
+    make_optimizer,
+    seed_everything,
+    training_loss,
+)
 
 VARIANTS = ("untraced", "hook_only", "traced", "profiler")
 
 
 def make_config(model: str, world_size: int, batch: int) -> RunConfig:
     """The run these loops stand for (its defaults: SGD, fp32, trace_flush_s=2)."""
-    return RunConfig(model=model, world_size=world_size, per_device_batch_size=batch, device="cpu",
-                     backend="gloo", threads_per_rank=1, sweep="bench")
+    return RunConfig(
+        model=model,
+        world_size=world_size,
+        per_device_batch_size=batch,
+        device="cpu",
+        backend="gloo",
+        threads_per_rank=1,
+        sweep="bench",
+    )
 
 
 class _PlainStep:
@@ -79,16 +91,23 @@ class _PlainStep:
     GradScaler/autocast calls (they are not tracing), no PhaseClock, no comm hook."""
 
     def __init__(self, config: RunConfig, train_set: Any, hook: Any = None) -> None:
-        _seed_everything(config.seed)  # same initial weights as the traced trainer's
+        seed_everything(config.seed)  # same initial weights as the traced trainer's
         self.module = build_model(config.model, dict(config.model_options))
         # The same DDP knobs the trainer passes (getattr: the package grows them over time).
-        knobs = {k: getattr(config, k) for k in ("bucket_cap_mb", "gradient_as_bucket_view",
-                                                 "static_graph", "find_unused_parameters")
-                 if hasattr(config, k)}
+        knobs = {
+            k: getattr(config, k)
+            for k in (
+                "bucket_cap_mb",
+                "gradient_as_bucket_view",
+                "static_graph",
+                "find_unused_parameters",
+            )
+            if hasattr(config, k)
+        }
         self.ddp = DDP(self.module, **knobs)
         if hook is not None:  # the hook_only variant: the comm hook's share of the overhead
             self.ddp.register_comm_hook(None, hook)
-        self.optimizer = _make_optimizer(config, self.ddp.parameters())
+        self.optimizer = make_optimizer(config, self.ddp.parameters())
         self.scaler = torch.amp.GradScaler("cpu", enabled=False)
         self.train_set = train_set
 
@@ -101,7 +120,7 @@ class _PlainStep:
             targets = targets.to("cpu", non_blocking=True)
             with self.ddp.no_sync() if m < accum - 1 else contextlib.nullcontext():
                 with contextlib.nullcontext():
-                    loss = _loss(self.module, self.ddp(inputs), targets) / accum
+                    loss = training_loss(self.module, self.ddp(inputs), targets) / accum
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         self.scaler.step(self.optimizer)
@@ -110,8 +129,14 @@ class _PlainStep:
         return float(loss_sum)
 
 
-def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds: float,
-                       workdir: Path, quick: bool = False) -> dict[str, Any]:
+def measure_end_to_end(
+    model: str,
+    env: distributed.RankEnv,
+    batch: int,
+    seconds: float,
+    workdir: Path,
+    quick: bool = False,
+) -> dict[str, Any]:
     """Interleaved blocks of the three variants on this rank; per-round ratios to untraced.
 
     Steps per block and rounds follow from the step time measured in warm-up, so each model gets
@@ -119,18 +144,26 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
     rounds as fit (more pairs, a tighter CI)."""
     device = torch.device("cpu")
     config = make_config(model, env.world_size, batch)
-    trainer = _Trainer(config, env, device, workdir, attempt=0)  # trace_comm="sampled"
+    trainer = Trainer(config, env, device, workdir, attempt=0)  # trace_comm="sampled"
     plain = _PlainStep(config, trainer.train_set)
     meter = distributed.CommMeter()
-    meter.active = True  # registered by hand below, as _Trainer does
+    meter.active = True  # registered by hand below, as Trainer does
     hooked = _PlainStep(config, trainer.train_set, hook=meter.hook)
     batches = train_batches(trainer.train_set, env.rank, env.world_size, batch, config.seed, 0)
     clock = PhaseClock(device)
-    noprof = _NoProfiler()
+    noprof = NoProfiler()
     counter = {"step": 0, "buckets": 0}
-    tracer = Tracer(workdir / "traces", run_id="bench", rank=env.rank, local_rank=env.local_rank,
-                    host=env.host, world_size=env.world_size, attempt=0,
-                    flush_s=config.trace_flush_s, device=device)
+    tracer = Tracer(
+        workdir / "traces",
+        run_id="bench",
+        rank=env.rank,
+        local_rank=env.local_rank,
+        host=env.host,
+        world_size=env.world_size,
+        attempt=0,
+        flush_s=config.trace_flush_s,
+        device=device,
+    )
 
     block = 5  # warm-up blocks; the measured ones are sized below
 
@@ -143,8 +176,13 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
         for _ in range(block):
             start = time.perf_counter()
             fields = trainer.step(micro(), clock)
-            tracer.step(epoch=0, step=counter["step"], warmup=False,
-                        t_start_s=tracer.since_t0(clock.started_at), **fields)
+            tracer.step(
+                epoch=0,
+                step=counter["step"],
+                warmup=False,
+                t_start_s=tracer.since_t0(clock.started_at),
+                **fields,
+            )
             noprof.step()
             times.append(time.perf_counter() - start)
             counter["buckets"] = fields["comm_buckets"]
@@ -184,8 +222,11 @@ def measure_end_to_end(model: str, env: distributed.RankEnv, batch: int, seconds
         return times
 
     run: dict[str, Callable[[], list[float]]] = {
-        "untraced": untraced_block, "hook_only": hook_only_block, "traced": traced_block,
-        "profiler": profiler_block}
+        "untraced": untraced_block,
+        "hook_only": hook_only_block,
+        "traced": traced_block,
+        "profiler": profiler_block,
+    }
     distributed.barrier()
     tracer.set_t0()
     for name in VARIANTS:  # warm-up: allocator, DDP bucket rebuild, profiler's first start
@@ -243,11 +284,21 @@ def _per_call_us(fn: Callable[[], Any], calls: int, repeats: int = 7) -> float:
 
 
 def _realistic_fields(step: int) -> dict[str, Any]:
-    """What ``_Trainer.step`` returns (values vary so JSON encoding is realistic)."""
+    """What ``Trainer.step`` returns (values vary so JSON encoding is realistic)."""
     x = 0.001 * (1 + (step % 7) / 10)
-    return dict(data_s=x / 10, forward_s=x, backward_s=2 * x, optimizer_s=x / 3, step_s=3.4 * x,
-                comm_s=x / 2, comm_bytes=417_808, comm_buckets=1, samples=32,
-                loss=1.386 - step * 1e-6, lr=0.05)
+    return dict(
+        data_s=x / 10,
+        forward_s=x,
+        backward_s=2 * x,
+        optimizer_s=x / 3,
+        step_s=3.4 * x,
+        comm_s=x / 2,
+        comm_bytes=417_808,
+        comm_buckets=1,
+        samples=32,
+        loss=1.386 - step * 1e-6,
+        lr=0.05,
+    )
 
 
 def measure_direct_costs(calls: int, workdir: Path) -> dict[str, float]:
@@ -264,14 +315,28 @@ def measure_direct_costs(calls: int, workdir: Path) -> dict[str, float]:
         clock.durations()
         return clock.started_at
 
-    tracer = Tracer(workdir / "direct", run_id="bench", rank=0, local_rank=0,
-                    host=socket.gethostname(), world_size=2, attempt=0, flush_s=2.0, device=device)
+    tracer = Tracer(
+        workdir / "direct",
+        run_id="bench",
+        rank=0,
+        local_rank=0,
+        host=socket.gethostname(),
+        world_size=2,
+        attempt=0,
+        flush_s=2.0,
+        device=device,
+    )
     n = {"step": 0}
 
     def tracer_step() -> None:
         n["step"] += 1
-        tracer.step(epoch=0, step=n["step"], warmup=False, t_start_s=n["step"] * 0.003,
-                    **_realistic_fields(n["step"]))
+        tracer.step(
+            epoch=0,
+            step=n["step"],
+            warmup=False,
+            t_start_s=n["step"] * 0.003,
+            **_realistic_fields(n["step"]),
+        )
 
     fields_cost = _per_call_us(lambda: _realistic_fields(5), calls)
     out = {
@@ -309,9 +374,12 @@ def measure_hook_cost(rounds: int, block: int) -> dict[str, float]:
         return ddp
 
     meter = distributed.CommMeter()
-    meter.active = True  # registered by hand below, as _Trainer does
-    models = {"builtin": build(None), "python_default": build(default_hooks.allreduce_hook),
-              "commmeter": build(meter.hook)}
+    meter.active = True  # registered by hand below, as Trainer does
+    models = {
+        "builtin": build(None),
+        "python_default": build(default_hooks.allreduce_hook),
+        "commmeter": build(meter.hook),
+    }
     x = torch.randn(8, 32)
 
     def block_of(ddp: DDP) -> tuple[float, float]:
@@ -333,7 +401,7 @@ def measure_hook_cost(rounds: int, block: int) -> dict[str, float]:
     diffs: dict[str, list[float]] = {"python_default": [], "commmeter": [], "commmeter_cpu": []}
     names = list(models)
     for r in range(rounds):
-        order = names[r % 3:] + names[:r % 3]
+        order = names[r % 3 :] + names[: r % 3]
         t = {name: block_of(models[name]) for name in order}
         for name in ("python_default", "commmeter"):
             diffs[name].append((t[name][0] - t["builtin"][0]) / buckets * 1e6)
@@ -362,15 +430,26 @@ def measure_hook_cost(rounds: int, block: int) -> dict[str, float]:
 
 def _rank_main(rank: int, world_size: int, port: int, args: dict[str, Any], out: str) -> None:
     torch.set_num_threads(1)
-    env = distributed.RankEnv(rank=rank, local_rank=rank, world_size=world_size,
-                              local_world_size=world_size, node_rank=0, host=socket.gethostname(),
-                              master_addr="127.0.0.1", master_port=port, job_id="bench")
+    env = distributed.RankEnv(
+        rank=rank,
+        local_rank=rank,
+        world_size=world_size,
+        local_world_size=world_size,
+        node_rank=0,
+        host=socket.gethostname(),
+        master_addr="127.0.0.1",
+        master_port=port,
+        job_id="bench",
+    )
     distributed.init_process_group(env, "gloo", torch.device("cpu"), 300.0)
     results: dict[str, Any] = {"end_to_end": []}
     with tempfile.TemporaryDirectory(prefix=f"wb-bench-r{rank}-") as tmp:
         for model in args["models"]:
-            results["end_to_end"].append(measure_end_to_end(
-                model, env, args["batch"], args["seconds"], Path(tmp) / model, args["quick"]))
+            results["end_to_end"].append(
+                measure_end_to_end(
+                    model, env, args["batch"], args["seconds"], Path(tmp) / model, args["quick"]
+                )
+            )
             gc.collect()  # free the DDP models (their cycles too) before the next collective
             dist.barrier()
         if world_size == 1:
@@ -386,8 +465,9 @@ def run_world(world_size: int, args: dict[str, Any]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     try:
-        mp.spawn(_rank_main, args=(world_size, free_port(), args, out), nprocs=world_size,
-                 join=True)
+        mp.spawn(
+            _rank_main, args=(world_size, free_port(), args, out), nprocs=world_size, join=True
+        )
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
@@ -395,8 +475,11 @@ def run_world(world_size: int, args: dict[str, Any]) -> dict[str, Any]:
 
 def direct_ratio(row: dict[str, Any], direct: dict[str, float], hook: dict[str, float]) -> float:
     """1 + (the default tracing's calls per step) / untraced step time."""
-    us = (direct["phaseclock_us_per_step"] + direct["tracer_step_us"]
-          + hook["sampler_read_us"] / row["comm_every_steps"])
+    us = (
+        direct["phaseclock_us_per_step"]
+        + direct["tracer_step_us"]
+        + hook["sampler_read_us"] / row["comm_every_steps"]
+    )
     return 1.0 + us / (row["untraced_step_ms"] * 1e3)
 
 
@@ -405,13 +488,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--world-sizes", default="1,2")
     parser.add_argument("--batch", type=int, default=32, help="per-device batch size")
-    parser.add_argument("--seconds", type=float, default=35.0,
-                        help="measuring time per model and world size (rounds follow from it)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=35.0,
+        help="measuring time per model and world size (rounds follow from it)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run (few rounds)")
     parser.add_argument("--json", help="write the result here")
     a = parser.parse_args(argv)
-    args = {"models": a.models.split(","), "batch": a.batch, "seconds": a.seconds,
-            "calls": 20_000, "hook_rounds": 40, "quick": a.quick}
+    args = {
+        "models": a.models.split(","),
+        "batch": a.batch,
+        "seconds": a.seconds,
+        "calls": 20_000,
+        "hook_rounds": 40,
+        "quick": a.quick,
+    }
     if a.quick:
         args.update(calls=2000, hook_rounds=4)
     rows: list[dict[str, Any]] = []
@@ -425,17 +518,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if not direct:  # world size 1 not asked: the direct costs still need measuring
         direct, hook = (lambda r: (r["direct"], r["hook"]))(run_world(1, {**args, "models": []}))
     print(f"direct costs (us): {json.dumps({**direct, **hook})}")
-    print(f"{'model':<12}{'ranks':>6}{'step ms':>9}{'buckets':>8}  "
-          f"{'traced/untraced (end to end)':<58}{'direct':>8}  {'profiler/untraced':<22}")
+    print(
+        f"{'model':<12}{'ranks':>6}{'step ms':>9}{'buckets':>8}  "
+        f"{'traced/untraced (end to end)':<58}{'direct':>8}  {'profiler/untraced':<22}"
+    )
     for row in rows:
         row["direct_ratio"] = direct_ratio(row, direct, hook)
-        print(f"{row['model']:<12}{row['world_size']:>6}{row['untraced_step_ms']:>9.2f}"
-              f"{row['buckets_per_step']:>8}  {fmt_ratio(row['traced']):<58}"
-              f"{row['direct_ratio']:>8.4f}"
-              f"  {row['profiler']['median']:.3f} (+{row['profiler_exit_ms_per_step']:.2f} ms/step "
-              "at exit)")
-        print(f"{'':<26}trace_comm='hook' only, no tracer calls: "
-              f"{fmt_ratio(row['hook_only'])}")
+        print(
+            f"{row['model']:<12}{row['world_size']:>6}{row['untraced_step_ms']:>9.2f}"
+            f"{row['buckets_per_step']:>8}  {fmt_ratio(row['traced']):<58}"
+            f"{row['direct_ratio']:>8.4f}"
+            f"  {row['profiler']['median']:.3f} (+{row['profiler_exit_ms_per_step']:.2f} ms/step "
+            "at exit)"
+        )
+        print(f"{'':<26}trace_comm='hook' only, no tracer calls: {fmt_ratio(row['hook_only'])}")
     result = {"rows": rows, "direct": direct, "hook": hook, "args": args}
     write_result(a.json, "tracing_overhead", result)
     return result

@@ -61,12 +61,12 @@ def sleepy_mlp(sleep_s: float = 0.0, eval_sleep_s: float = 0.0) -> nn.Module:
 def synthetic_like_mlp(train_samples: int, eval_samples: int, seed: int) -> tuple[Dataset, Dataset]:
     """The built-in synthetic data of the default mlp, for plug-in models that mimic it."""
     from workbench.config.run_config import MODEL_OPTIONS
-    from workbench.rank.data import _synthetic
+    from workbench.rank.data import synthetic_dataset
 
     opts = MODEL_OPTIONS["mlp"]
     return (
-        _synthetic("mlp", opts, train_samples, seed, 0),
-        _synthetic("mlp", opts, eval_samples, seed, 1),
+        synthetic_dataset("mlp", opts, train_samples, seed, 0),
+        synthetic_dataset("mlp", opts, eval_samples, seed, 1),
     )
 
 

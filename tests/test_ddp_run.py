@@ -10,8 +10,8 @@ import torch
 
 from workbench import schema
 from workbench.rank.models import build_model, gradient_bytes
-from workbench.store.load import load_runs
 from workbench.store.files import read_json
+from workbench.store.load import load_runs
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import pytest
 from workbench import schema
 from workbench.errors import RunFailedError
 from workbench.run.launch import launch
-from workbench.store.load import load_traces
 from workbench.store.files import read_json
+from workbench.store.load import load_traces
 
 from .conftest import base_config
 from .helpers import job_processes

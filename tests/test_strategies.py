@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from workbench.store import row_groups as parquet_data
 from workbench.errors import PreflightError
-from workbench.run.launch import launch
 from workbench.rank.models import build_model, gradient_bytes
+from workbench.run.launch import launch
+from workbench.store import row_groups as parquet_data
 
 from .conftest import base_config
 

@@ -20,7 +20,16 @@ from nbformat.v4 import new_code_cell, new_notebook
 from tests.helpers import job_processes
 from workbench.cli import main
 from workbench.errors import ConfigError
-from workbench.sweeps.runner import FAILED_NOTEBOOK_FILE, NOTEBOOK_FILE, NOTEBOOK_PARAMETERS, POINT_FILE, check_notebook, plan, point_state, run_sweep
+from workbench.sweeps.runner import (
+    FAILED_NOTEBOOK_FILE,
+    NOTEBOOK_FILE,
+    NOTEBOOK_PARAMETERS,
+    POINT_FILE,
+    check_notebook,
+    plan,
+    point_state,
+    run_sweep,
+)
 from workbench.sweeps.spec import SweepSpec
 
 ROOT = Path(__file__).resolve().parent.parent

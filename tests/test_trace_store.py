@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from workbench import schema
-from workbench.store.files import atomic_write_bytes, read_json, write_json
-from workbench.store.load import load_traces
 from workbench.rank.tracer import PhaseClock, Tracer
-from workbench.store.trace_files import consolidate, trim_for_resume
+from workbench.store.files import atomic_write_bytes, read_json, write_json
 from workbench.store.jsonl import read_jsonl
+from workbench.store.load import load_traces
+from workbench.store.trace_files import consolidate, trim_for_resume
 
 
 def _tracer(tmp_path: Path, rank: int = 0, flush_s: float = 60.0) -> Tracer:

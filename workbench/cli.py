@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.run_config import RunConfig, field_help
+from workbench.run.backends import BACKENDS
 
 _ALIASES = {"max_steps": ["--steps"]}
 
@@ -253,11 +254,18 @@ def _cmd_repartition(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``workbench`` command and its sub-commands."""
     parser = argparse.ArgumentParser(
         prog="workbench", description=__doc__.splitlines()[0].strip("`")
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report):
+        add(sub)
+    return parser
 
+
+def _add_run(sub: Any) -> None:
+    """``workbench run``: one run, then its summary."""
     run = sub.add_parser(
         "run",
         help="launch one training run and print its summary",
@@ -266,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--executor",
         default="local",
-        choices=["local", "debug"],
+        choices=[name for name, b in BACKENDS.items() if b.on_this_machine],
         help="local: one subprocess per rank; debug: world size 1 in this process",
     )
     run.add_argument(
@@ -277,11 +285,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(run)
     run.set_defaults(func=_cmd_run)
 
+
+def _add_ls(sub: Any) -> None:
+    """``workbench ls``: the runs in the store."""
     ls = sub.add_parser("ls", help="list runs in the store", description="List runs in the store.")
     ls.add_argument("--output-dir", default="experiments/results", help="root of the result store")
     ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
     ls.set_defaults(func=_cmd_ls)
 
+
+def _add_scale(sub: Any) -> None:
+    """``workbench scale``: one config at several world sizes."""
     scale = sub.add_parser(
         "scale",
         help="one config at several world sizes, then a report",
@@ -298,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
     scale.set_defaults(func=_cmd_scale)
 
+
+def _add_sweep(sub: Any) -> None:
+    """``workbench sweep``: a YAML grid, one executed notebook per point."""
     sweep = sub.add_parser(
         "sweep",
         help="run a YAML grid of configs, one executed notebook per point",
@@ -321,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--output-dir", help="root of the result store (default: the spec's)")
     sweep.set_defaults(func=_cmd_sweep)
 
+
+def _add_repartition(sub: Any) -> None:
+    """``workbench repartition``: Parquet row groups."""
     rep = sub.add_parser(
         "repartition",
         help="rewrite a Parquet file with another row-group layout",
@@ -339,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=_cmd_repartition)
 
+
+def _add_report(sub: Any) -> None:
+    """``workbench report``: the offline HTML report."""
     report = sub.add_parser(
         "report",
         help="write one offline HTML report of a sweep or run",
@@ -350,7 +373,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir", default="experiments/results", help="root of the result store"
     )
     report.set_defaults(func=_cmd_report)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,9 +40,11 @@ def _teacher_labels(features: torch.Tensor, num_classes: int, gen: torch.Generat
     return (torch.tanh(features @ hidden) @ out).argmax(dim=1)
 
 
-def _synthetic(
+def synthetic_dataset(
     model: str, opts: dict[str, Any], n: int, seed: int, split: int
 ) -> TensorPairDataset:
+    """``n`` samples of a built-in model's synthetic data (``opts``: its model options), split 0
+    (train) or 1 (eval): the same labelling teacher for both splits, different inputs."""
     teacher = torch.Generator().manual_seed(seed * 7919 + 17)  # same teacher for both splits
     gen = torch.Generator().manual_seed(seed * 7919 + 1000 + split)
     if model == "mlp":
@@ -84,8 +86,8 @@ def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tupl
     if config.dataset == "synthetic":
         opts = config.model_kwargs
         return (
-            _synthetic(config.model, opts, config.train_samples, config.seed, split=0),
-            _synthetic(config.model, opts, config.eval_samples, config.seed, split=1),
+            synthetic_dataset(config.model, opts, config.train_samples, config.seed, split=0),
+            synthetic_dataset(config.model, opts, config.eval_samples, config.seed, split=1),
         )
     factory = load_plugin(config.dataset, "dataset")
     result = factory(

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench import jobs
+
 
 @dataclass(frozen=True)
 class RankEnv:
@@ -28,30 +30,23 @@ class RankEnv:
     job_id: str
 
     @classmethod
-    def from_submitit(cls, master_port: int | None) -> RankEnv:
-        """From submitit's environment (local, debug or Slurm). ``master_port`` overrides the
-        port submitit derives from the job id (the launcher picks a free one locally)."""
-        import submitit
-        from submitit.helpers import TorchDistributedEnvironment
-
-        if master_port is not None:
-            os.environ["MASTER_PORT"] = str(master_port)
-        job = submitit.JobEnvironment()
-        tde = TorchDistributedEnvironment()
-        master = tde.master_addr
+    def from_job(cls, master_port: int | None) -> RankEnv:
+        """From the job's environment (local, debug or Slurm; see ``jobs.job_facts``).
+        ``master_port`` overrides the port derived from the job id (the launcher picks a free one
+        locally)."""
+        facts = jobs.job_facts(master_port)
         # Local and debug jobs run on this host; resolve by loopback so no DNS is needed.
-        if job.num_nodes == 1:
-            master = "127.0.0.1"
+        master = "127.0.0.1" if facts.num_nodes == 1 else facts.master_addr
         return cls(
-            rank=tde.rank,
-            local_rank=tde.local_rank,
-            world_size=tde.world_size,
-            local_world_size=tde.local_world_size,
-            node_rank=job.node,
+            rank=facts.rank,
+            local_rank=facts.local_rank,
+            world_size=facts.world_size,
+            local_world_size=facts.local_world_size,
+            node_rank=facts.node_rank,
             host=socket.gethostname(),
             master_addr=master,
-            master_port=tde.master_port,
-            job_id=str(job.job_id),
+            master_port=facts.master_port,
+            job_id=facts.job_id,
         )
 
     def export(self) -> None:

@@ -13,6 +13,8 @@ import signal
 from types import FrameType
 from typing import Any, Callable
 
+from workbench import jobs
+
 
 class PreemptionSignal:
     """Records the scheduler's warning signal (USR2 by default) instead of acting on it at once."""
@@ -22,10 +24,10 @@ class PreemptionSignal:
         self._signum: int | None = None
         self._original: Callable[..., Any] | int | None = None
 
-    def install(self) -> "PreemptionSignal":
-        from submitit import JobEnvironment
-
-        self._signum = JobEnvironment._usr_sig()
+    def install(self) -> PreemptionSignal:
+        """Record the job's preemption signal from now on (keeping submitit's handler, if any,
+        for ``requeue``); returns self."""
+        self._signum = jobs.preemption_signal()
         self._original = signal.getsignal(self._signum)
         signal.signal(self._signum, self._record)
         return self

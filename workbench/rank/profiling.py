@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 
-class _NoProfiler:
+class NoProfiler:
+    """What ``step_profiler`` yields outside its window: a ``step()`` that does nothing."""
+
     def step(self) -> None:
-        pass
+        """Nothing to record."""
 
 
 @contextlib.contextmanager
@@ -27,7 +29,7 @@ def step_profiler(
     """A profiler whose ``step()`` the loop calls after every step; it records only the steps of
     ``window`` (global, from 1), so the rest of the run pays nothing."""
     if window is None or window[1] <= done_steps:
-        yield _NoProfiler()
+        yield NoProfiler()
         return
     first, last = max(window[0], done_steps + 1), window[1]
     activities = [torch.profiler.ProfilerActivity.CPU]

@@ -91,7 +91,7 @@ def _prepare(
     config: RunConfig, executor: str, options: dict[str, Any], resume: bool
 ) -> tuple[RunConfig, Path, Any]:
     """Name the run, check it, write its config and pending record; the task submitit runs."""
-    from workbench.rank.loop import RankTask
+    from workbench.rank.task import RankTask
 
     if config.run_name is None:
         config = config.replace(run_name=_new_run_id(config))

@@ -1,0 +1,112 @@
+"""The callable submitit runs once per rank, and what it does around the training loop: signals,
+the rank's status file, the process group, and the requeue after an agreed preemption stop.
+
+``RankTask`` is pickled by its module path: the launcher imports it from here."""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import jobs, schema
+from workbench.config.run_config import RunConfig
+from workbench.ports import free_port
+from workbench.rank import distributed
+from workbench.rank.loop import train
+from workbench.rank.preemption import PreemptionSignal
+from workbench.store.files import rank_file, write_json
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """The callable submitit runs once per rank (pickled with its config)."""
+
+    config: RunConfig
+    run_dir: str
+    run_id: str
+    master_port: int | None
+    attempt: int = 0
+
+    def __call__(self) -> dict[str, Any]:
+        """Run this rank, recording its status (running, then completed, preempted or failed
+        with the traceback) in its rank file; returns its summary."""
+        stop = PreemptionSignal().install()
+        # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        env = distributed.RankEnv.from_job(self.master_port)
+        state_path = rank_file(Path(self.run_dir), env.rank)
+        base = {
+            "rank": env.rank,
+            "local_rank": env.local_rank,
+            "host": env.host,
+            "pid": os.getpid(),
+            "attempt": self.attempt,
+            "job_id": env.job_id,
+        }
+        write_json(state_path, {**base, "status": "running", "started_at": time.time()})
+        try:
+            summary = run_rank(
+                self.config, env, Path(self.run_dir), self.run_id, self.attempt, stop
+            )
+        except BaseException as exc:
+            write_json(
+                state_path,
+                {
+                    **base,
+                    "status": "failed",
+                    "ended_at": time.time(),
+                    "exception": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                },
+            )
+            raise
+        status = "preempted" if summary["preempted"] else "completed"
+        write_json(
+            state_path, {**base, "status": status, "ended_at": time.time(), "summary": summary}
+        )
+        if summary["preempted"] and env.rank == 0:
+            stop.requeue()  # submitit: checkpoint() below, requeue, exit
+        return summary
+
+    def checkpoint(self) -> Any:
+        """submitit's requeue hook: the same task, next attempt, a fresh rendezvous port (a
+        stale store from the previous attempt must never be joined)."""
+        # Runs on global rank 0, which is on the master host: a port free here is free there.
+        return jobs.resubmission(
+            dataclasses.replace(self, attempt=self.attempt + 1, master_port=free_port())
+        )
+
+
+def run_rank(
+    config: RunConfig,
+    env: distributed.RankEnv,
+    run_dir: Path,
+    run_id: str,
+    attempt: int,
+    stop: PreemptionSignal | None = None,
+) -> dict[str, Any]:
+    """Train on this rank and return its summary. Runs in a fresh process per rank."""
+    torch.set_num_threads(config.threads_per_rank)
+    device = distributed.pick_device(config.device, env.local_rank)
+    distributed.init_process_group(
+        env,
+        config.backend,
+        device,
+        config.collective_timeout_s,
+        dump_dir=str(run_dir / schema.LOGS_DIR),
+    )
+    summary = train(config, env, device, run_dir, run_id, attempt, stop or PreemptionSignal())
+    # Only a rank that finished tears down with a barrier. A failing rank leaves without one: its
+    # peers may be inside another collective, and its exit closes the sockets, which fails them
+    # at once instead of after the collective timeout.
+    distributed.teardown()
+    return summary

@@ -1,0 +1,208 @@
+"""One rank's training state: model, strategy wrapper, optimizer, scaler, comm meter, and one
+optimizer step over a list of micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from workbench.config.run_config import RunConfig
+from workbench.errors import UnusedParametersError
+from workbench.rank import checkpoint, distributed
+from workbench.rank.data import build_datasets, fetch_batch
+from workbench.rank.evaluation import EvalContext, evaluate
+from workbench.rank.models import build_model, model_task
+from workbench.rank.tracer import PhaseClock, Tracer
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators (same initial weights on every rank)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def training_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in fp32, per token for a language model, per sample otherwise."""
+    if model_task(model) == "lm":
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return nn.functional.cross_entropy(logits.float(), targets)
+
+
+def make_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
+    """SGD with momentum or AdamW, at the config's base learning rate."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=config.learning_rate,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
+    return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+
+
+class Trainer:
+    """The state of one rank's training: model, DDP wrapper, optimizer, scaler, comm meter.
+
+    On a resumed attempt (``attempt > 0``) the model, optimizer and scaler come from the latest
+    checkpoint and ``done_steps`` is the step it was taken at."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        env: distributed.RankEnv,
+        device: torch.device,
+        run_dir: Path,
+        attempt: int,
+    ) -> None:
+        self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
+        seed_everything(config.seed)
+        self.module = build_model(config.model, dict(config.model_options)).to(device)
+        self.train_set, self.eval_set = build_datasets(config, env.rank, env.world_size)
+        start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
+        if config.sync_batchnorm:
+            self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
+        self.ddp, self.comm = self._wrap(self.module)
+        self.eval_group = distributed.new_eval_group(
+            max(config.eval_timeout_s, config.collective_timeout_s)
+        )
+        self.optimizer = make_optimizer(config, self.ddp.parameters())
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+        self.done_steps = 0
+        # DDP alone fails on parameters without gradients, and not with static_graph or
+        # find_unused_parameters; a bare module or DataParallel never does.
+        self.checked_unused = (
+            not isinstance(self.ddp, DDP) or config.find_unused_parameters or config.static_graph
+        )
+        if start is not None:
+            self.done_steps = checkpoint.restore_training(
+                start, self.optimizer, self.scaler, env.rank
+            )
+
+    def _wrap(
+        self, module: nn.Module
+    ) -> tuple[nn.Module, distributed.CommMeter | distributed.DDPCommSampler]:
+        """The strategy (DDP with its knobs, DataParallel over this node's GPUs, or the bare
+        module on one device) and what times its gradient communication."""
+        config, device = self.config, self.device
+        meter = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
+        if config.strategy == "single":
+            meter.active = True  # nothing is communicated: zeros are the measurement
+            return module, meter
+        if config.strategy == "dp":
+            dp = nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
+            return dp, meter
+        ddp = DDP(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=config.find_unused_parameters,
+            bucket_cap_mb=config.bucket_cap_mb,
+            gradient_as_bucket_view=config.gradient_as_bucket_view,
+            static_graph=config.static_graph,
+        )
+        if config.trace_comm == "hook" or config.comm_hook != "allreduce":
+            ddp.register_comm_hook(None, meter.hook)
+            meter.active = True
+        elif config.trace_comm == "sampled":
+            return ddp, distributed.DDPCommSampler(ddp, config.trace_comm_every_steps)
+        return ddp, meter
+
+    def set_lr(self, step: int) -> None:
+        """The learning rate for ``step``: scaled by the batch rule, ramped up over warm-up."""
+        lr = self.config.learning_rate * self.config.lr_scale
+        if self.config.lr_warmup_steps:
+            lr *= min(1.0, step / self.config.lr_warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Mixed precision for a forward pass (a no-op in fp32)."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def save(self, step: int, tracer: Tracer) -> None:
+        """A checkpoint at ``step``, after the trace rows so far are on disk."""
+        tracer.steps.flush()  # a checkpoint never gets ahead of the trace rows on disk
+        tracer.evals.flush()
+        checkpoint.save(self.run_dir, step, self.module, self.optimizer, self.scaler, self.env.rank)
+
+    def step(self, micro_batches: list[list[int]], clock: PhaseClock) -> dict[str, Any]:
+        """One optimizer step over ``micro_batches`` (gradient sync on the last one only); returns
+        the step's trace fields."""
+        accum = len(micro_batches)
+        clock.start()
+        loss_sum = torch.zeros((), device=self.device)
+        for m, indices in enumerate(micro_batches):
+            inputs, targets = fetch_batch(self.train_set, indices)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            clock.mark()
+            no_sync = m < accum - 1 and isinstance(self.ddp, DDP)
+            sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
+            with sync:
+                with self.autocast():
+                    loss = training_loss(self.module, self.ddp(inputs), targets) / accum
+                clock.mark()
+                self.scaler.scale(loss).backward()
+                clock.mark()
+            loss_sum += loss.detach()
+        if not self.checked_unused:
+            self._check_unused_parameters()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        clock.mark()
+        return self._fields(micro_batches, clock.durations(), loss_sum)
+
+    def _fields(
+        self, micro_batches: list[list[int]], d: list[float], loss_sum: torch.Tensor
+    ) -> dict[str, Any]:
+        """A step's trace fields from its phase durations (per micro-step: data, forward,
+        backward; then the optimizer) and the comm meter's totals."""
+        comm_s, comm_bytes, comm_buckets = self.comm.take()
+        return dict(
+            data_s=sum(d[0:-1:3]),
+            forward_s=sum(d[1:-1:3]),
+            backward_s=sum(d[2:-1:3]),
+            optimizer_s=d[-1],
+            step_s=sum(d),
+            comm_s=comm_s,
+            comm_bytes=comm_bytes,
+            comm_buckets=comm_buckets,
+            samples=sum(len(b) for b in micro_batches),
+            loss=float(loss_sum),
+            lr=self.optimizer.param_groups[0]["lr"],
+        )
+
+    def _check_unused_parameters(self) -> None:
+        """After the first backward: DDP's own error about unused parameters comes one step
+        later and names none; name them now, with the fix."""
+        self.checked_unused = True
+        unused = [
+            n for n, p in self.module.named_parameters() if p.requires_grad and p.grad is None
+        ]
+        if unused:
+            raise UnusedParametersError(unused)
+
+    def evaluate(self, tracer: Tracer, epoch: int, step: int) -> float:
+        """Evaluate the model on the eval set (see ``evaluation.evaluate``); the metric."""
+        context = EvalContext(
+            wrapped=self.ddp,
+            module=self.module,
+            dataset=self.eval_set,
+            config=self.config,
+            env=self.env,
+            device=self.device,
+            autocast=self.autocast,
+            group=self.eval_group,
+        )
+        return evaluate(context, tracer, epoch, step)
