@@ -65,14 +65,19 @@ def load_average() -> tuple[float, float, float]:
 
 
 def machine() -> dict[str, Any]:
-    """Where a figure came from: CPU, cores, versions, and the load when it was taken."""
+    """Where a figure came from: CPU, cores, versions, the load when it was taken and, on a GPU
+    machine, the GPUs and driver (from NVML: no CUDA context in this process) and torch's CUDA."""
     import torch
+
+    from workbench.environment import gpus_from_nvml
 
     return {
         "host": socket.gethostname(),
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        **(gpus_from_nvml() or {}),
         "python": platform.python_version(),
         "loadavg": load_average(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -30,14 +30,18 @@ def workbench_config(
     warmup: int,
     train_samples: int,
     output_dir: str,
+    device: str = "cpu",
+    model_size: str | None = None,
+    precision: str = "fp32",
 ) -> Any:
     """The RunConfig of the job: no evaluation or checkpoints (the plain script has none), every
     other field at its default (so the preemption check every 100 steps stays: it is part of what
-    a workbench run costs)."""
+    a workbench run costs). ``device='cuda'``: NCCL, one GPU per rank."""
     from workbench import RunConfig
 
     return RunConfig(
         model=model,
+        model_options={"size": model_size} if model_size else {},
         world_size=world_size,
         per_device_batch_size=batch,
         max_steps=steps,
@@ -45,24 +49,34 @@ def workbench_config(
         train_samples=train_samples,
         eval_every_epochs=0,
         eval_at_end=False,
-        device="cpu",
-        backend="gloo",
+        device=device,
+        backend="gloo" if device == "cpu" else "nccl",
         threads_per_rank=1,
+        precision=precision,
         output_dir=output_dir,
         sweep="bench",
     )
 
 
 def run_workbench(
-    model: str, world_size: int, batch: int, steps: int, warmup: int, train_samples: int
+    model: str,
+    world_size: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    train_samples: int,
+    **options: Any,
 ) -> dict[str, Any]:
-    """``launch()`` then ``wait()``; throughput from ``analysis.summary.run_summary``."""
+    """``launch()`` then ``wait()``; throughput from ``analysis.summary.run_summary``.
+    ``options``: ``device``, ``model_size``, ``precision`` (see :func:`workbench_config`)."""
     from workbench import launch
     from workbench.analysis.summary import run_summary
     from workbench.store.load import load_traces
 
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
-        config = workbench_config(model, world_size, batch, steps, warmup, train_samples, tmp)
+        config = workbench_config(
+            model, world_size, batch, steps, warmup, train_samples, tmp, **options
+        )
         t_launch = time.time()
         run = launch(config)
         status = run.wait(timeout_s=600)
@@ -94,7 +108,15 @@ def plain_throughput(ranks: list[dict[str, Any]]) -> float:
 
 
 def run_torchrun(
-    model: str, world_size: int, batch: int, steps: int, warmup: int, train_samples: int
+    model: str,
+    world_size: int,
+    batch: int,
+    steps: int,
+    warmup: int,
+    train_samples: int,
+    device: str = "cpu",
+    model_size: str | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """``torchrun --standalone`` on plain_ddp.py; the result is the process's exit."""
     with tempfile.TemporaryDirectory(prefix="wb-bench-torchrun-") as tmp:
@@ -119,6 +141,11 @@ def run_torchrun(
             str(warmup),
             "--train-samples",
             str(train_samples),
+            "--device",
+            device,
+            "--precision",
+            precision,
+            *(["--model-size", model_size] if model_size else []),
             "--out",
             tmp,
         ]

@@ -10,19 +10,27 @@ checkpoints, no evaluation. It records, per rank, what the benchmarks compare:
   and ``step_s``, so throughput uses the workbench's own definition: samples of the measured
   steps over the window from the first measured step start to the last step end, across ranks.
 
+On a GPU (``--device cuda``) each rank takes its local rank's GPU and NCCL, and the step's
+``float(loss)`` waits for the GPU, so ``step_s`` is the step's whole time. ``--model-size`` picks a
+size preset (``distilbert``), ``--precision`` autocast (fp16 with a GradScaler), as a workbench
+run of the same config does.
+
 Usage: ``torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --model transformer
---batch 32 --steps 100 --warmup 5 --out /tmp/plain``; writes ``<out>/rank-N.json``.
+--batch 32 --steps 100 --warmup 5 --out /tmp/plain [--device cuda --model-size distilbert
+--precision fp16]``; writes ``<out>/rank-N.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,9 +43,19 @@ from workbench.rank.data import build_datasets, fetch_batch, train_batches  # no
 from workbench.rank.models import build_model  # noqa: E402
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="transformer")
+    parser.add_argument(
+        "--model-size", help="a size preset of the model (distilbert, bert-base, gpt2-small)"
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="autocast dtype; fp16 with a GradScaler (CUDA), as the workbench does",
+    )
     parser.add_argument("--batch", type=int, default=32, help="per-device batch size")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out of throughput")
@@ -45,22 +63,38 @@ def main() -> None:
     parser.add_argument("--train-samples", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="folder for rank-N.json")
-    a = parser.parse_args()
+    return parser.parse_args(argv)
 
-    torch.set_num_threads(a.threads)
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-    # The config is only used to build the same dataset the workbench builds.
+
+def setup(a: argparse.Namespace, rank: int, world_size: int) -> tuple[torch.device, RunConfig]:
+    """The device (CUDA: the local rank's GPU, NCCL; CPU: gloo) and the config, which is only
+    used to build the same dataset and model the workbench builds."""
+    if a.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=300))
     config = RunConfig(
         model=a.model,
+        model_options={"size": a.model_size} if a.model_size else {},
         world_size=world_size,
         per_device_batch_size=a.batch,
         train_samples=a.train_samples,
         seed=a.seed,
-        device="cpu",
+        device=a.device,
+        precision=a.precision,
     )
+    return device, config
+
+
+def train(a: argparse.Namespace, rank: int, world_size: int) -> dict[str, Any]:
+    """The plain loop: DDP, SGD, autocast (and a GradScaler in fp16); per-step timings."""
+    device, config = setup(a, rank, world_size)
     torch.manual_seed(a.seed)
-    model = DDP(build_model(a.model, {}))
+    module = build_model(config.model, dict(config.model_options)).to(device)
+    model = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
     train_set, _ = build_datasets(config)
     # Same optimizer and hyper-parameters as RunConfig's defaults (SGD, lr 0.05, momentum 0.9).
     optimizer = torch.optim.SGD(
@@ -69,6 +103,12 @@ def main() -> None:
         momentum=config.momentum,
         weight_decay=config.weight_decay,
     )
+    scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
+    amp = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.precision)
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext() if amp is None else torch.autocast(device.type, amp)
+
     loss_fn = torch.nn.functional.cross_entropy
 
     dist.barrier()
@@ -84,29 +124,31 @@ def main() -> None:
             if first_step_unix is None:
                 first_step_unix = time.time()
             inputs, targets = fetch_batch(train_set, indices)
-            loss = loss_fn(model(inputs).float(), targets)
-            loss.backward()
-            optimizer.step()
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            with autocast():  # per token for a language model, per sample otherwise
+                loss = loss_fn(model(inputs).flatten(0, -2).float(), targets.flatten())
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
-            float(loss)  # the workbench reads the loss every step: the same sync here
+            float(loss.detach())  # the workbench reads the loss every step: the same sync
             step += 1
             rows.append([start - t0, time.perf_counter() - start, len(indices), step <= a.warmup])
         epoch += 1
+    del model, module, optimizer  # free the DDP model before the group goes (FACTS: gloo deadlock)
+    return {"t0_unix": t0_unix, "first_step_unix": first_step_unix, "steps": rows}
+
+
+def main() -> None:
+    a = parse_args()
+    torch.set_num_threads(a.threads)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    result = train(a, rank, world_size)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank-{rank}.json").write_text(
-        json.dumps(
-            {
-                "rank": rank,
-                "world_size": world_size,
-                "t0_unix": t0_unix,
-                "first_step_unix": first_step_unix,
-                "steps": rows,
-                "end_unix": time.time(),
-            }
-        )
-    )
-    del model, optimizer  # free the DDP model before the group goes (FACTS: gloo deadlock)
+    record = {"rank": rank, "world_size": world_size, **result, "end_unix": time.time()}
+    (out / f"rank-{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -53,6 +53,30 @@ BAD = [
     ({"model": "resnet9000"}, "model", "built-in model"),
     ({"model_options": {"hiden_dim": 3}}, "model_options.hiden_dim", "valid: input_dim"),
     ({"model_options": {"hidden_dim": 0}}, "model_options.hidden_dim", ">= 1"),
+    # size presets: a size the model has, else the valid ones (and the other options still checked)
+    (
+        {"model": "transformer", "model_options": {"size": "distilbret"}},
+        "model_options.size",
+        "did you mean 'distilbert'? valid: distilbert, bert-base",
+    ),
+    ({"model": "gpt", "model_options": {"size": "distilbert"}}, "model_options.size", "gpt2-small"),
+    ({"model": "gpt", "model_options": {"size": ["gpt2-small"]}}, "model_options.size", "valid:"),
+    ({"model_options": {"size": "distilbert"}}, "model_options.size", "'mlp' has no size presets"),
+    (
+        {"model": "transformer", "model_options": {"size": "distilbert", "num_heads": 5}},
+        "model_options.d_model",
+        "divisible by num_heads=5",
+    ),
+    (
+        {"model": "transformer", "model_options": {"size": "bert-base", "seq_len": 0}},
+        "model_options.seq_len",
+        ">= 1",
+    ),
+    (
+        {"model": "transformer", "model_options": {"sise": "bert-base"}},
+        "model_options.sise",
+        "did you mean 'size'?",
+    ),
     (
         {"model": "transformer", "model_options": {"d_model": 30, "num_heads": 4}},
         "model_options.d_model",
@@ -153,3 +177,50 @@ def test_every_field_has_help_and_plugins_are_accepted() -> None:
     assert all(field_help().values())
     c = RunConfig(**{**GOOD, "model": "tests.plugins:tiny", "dataset": "tests.plugins:data"})
     assert c.model_kwargs == {}
+
+
+def test_size_presets_fill_every_option_and_explicit_options_override() -> None:
+    c = RunConfig(**{**GOOD, "model": "transformer"}, model_options={"size": "distilbert"})
+    assert c.model_kwargs == dict(
+        vocab_size=30522,
+        seq_len=128,
+        d_model=768,
+        num_heads=12,
+        num_layers=6,
+        ffn_dim=3072,
+        num_classes=6,
+    )
+    short = c.replace(model_options={"size": "distilbert", "seq_len": 64})
+    assert short.model_kwargs == {**c.model_kwargs, "seq_len": 64}
+    assert RunConfig.from_json(short.to_json()) == short
+    assert short.model_options == {"size": "distilbert", "seq_len": 64}, "kept as given"
+    bert = c.replace(model_options={"size": "bert-base"}).model_kwargs
+    assert {k: v for k, v in bert.items() if bert[k] != c.model_kwargs[k]} == {"num_layers": 12}
+    gpt = RunConfig(**{**GOOD, "model": "gpt"}, model_options={"size": "gpt2-small"}).model_kwargs
+    assert gpt == dict(vocab_size=50257, seq_len=1024, d_model=768, num_heads=12, num_layers=12)
+
+
+def test_every_preset_names_every_option_of_its_model() -> None:
+    from workbench.config import MODEL_OPTIONS, MODEL_SIZES
+
+    for model, sizes in MODEL_SIZES.items():
+        for size, options in sizes.items():
+            assert set(options) == set(MODEL_OPTIONS[model]), (model, size)
+
+
+def test_configs_without_a_size_hash_as_before() -> None:
+    """Run ids hash the fields that differ from their defaults: the presets change no id of a
+    config that names none (the hashes were taken before the presets existed)."""
+    from workbench.sweeps.run_ids import config_hash
+
+    base = dict(model="transformer", world_size=2, per_device_batch_size=32)
+    assert config_hash(RunConfig(**base, precision="bf16", max_steps=16)) == "72225ae4"
+    sized = RunConfig(
+        **{**base, "world_size": 1, "per_device_batch_size": 64},
+        model_options={"d_model": 128, "num_heads": 4},
+    )
+    assert config_hash(sized) == "b57be7c8"
+    gpt = RunConfig(model="gpt", world_size=1, per_device_batch_size=8, train_samples=64)
+    assert config_hash(gpt) == "295a789c"
+    preset = RunConfig(**base, model_options={"size": "distilbert"})
+    assert config_hash(preset) != config_hash(RunConfig(**base))

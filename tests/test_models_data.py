@@ -123,3 +123,50 @@ def test_repartition_gives_exactly_the_row_groups_asked_for(tmp_path) -> None:
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert sizes == [15] + [14] * 15
     assert pq.read_table(path).equals(before), "same rows in the same order"
+
+
+# Parameter counts of the size presets, by hand from the layer shapes (d = 768, ffn = 3072):
+# one encoder layer (torch's TransformerEncoderLayer):
+#   attention in-projection  3d x d + 3d = 1,769,472 + 2,304  = 1,771,776
+#   attention out-projection  d x d + d  =   589,824 +   768  =   590,592
+#   linear1                 d x ffn + ffn = 2,359,296 + 3,072 = 2,362,368
+#   linear2                 ffn x d + d   = 2,359,296 +   768 = 2,360,064
+#   two LayerNorms          2 x 2d                            =     3,072
+#   = 7,087,872 per layer
+# distilbert: tokens 30,522 x 768 = 23,440,896; positions 128 x 768 = 98,304;
+#   6 layers = 42,527,232; final LayerNorm 1,536; head 768 x 6 + 6 = 4,614   -> 66,072,582
+# bert-base: the same with 12 layers = 85,054,464                             -> 108,599,814
+# gpt2-small: tokens 50,257 x 768 = 38,597,376; positions 1,024 x 768 = 786,432;
+#   12 layers = 85,054,464; final LayerNorm 1,536                            -> 124,439,808
+#   (GPT-2's own count, its output layer tied to the token embedding), plus the GPT here's
+#   untied output layer 768 x 50,257 (no bias) = 38,597,376                   -> 163,037,184
+PRESET_PARAMETERS = {
+    ("transformer", "distilbert"): 66_072_582,
+    ("transformer", "bert-base"): 108_599_814,
+    ("gpt", "gpt2-small"): 163_037_184,
+}
+
+
+@pytest.mark.parametrize("model, size", list(PRESET_PARAMETERS))
+def test_size_presets_build_models_of_the_counted_size(model: str, size: str) -> None:
+    built = build_model(model, {"size": size})
+    assert sum(p.numel() for p in built.parameters()) == PRESET_PARAMETERS[(model, size)]
+
+
+def test_explicit_options_override_a_preset_and_data_follows() -> None:
+    config = RunConfig(
+        model="transformer",
+        model_options={"size": "distilbert", "seq_len": 16},
+        world_size=1,
+        per_device_batch_size=4,
+        train_samples=8,
+        eval_samples=4,
+    )
+    model = build_model(config.model, dict(config.model_options))
+    assert model.encoder.positions.num_embeddings == 16
+    assert model.encoder.tokens.num_embeddings == 30522 and model.head.out_features == 6
+    train, _ = build_datasets(config)
+    inputs, targets = fetch_batch(train, [0, 1])
+    assert inputs.shape == (2, 16) and int(inputs.max()) < 30522 and int(targets.max()) < 6
+    with pytest.raises(ValueError, match="valid: distilbert, bert-base"):
+        build_model("transformer", {"size": "gpt2-small"})

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.config.choices import ATTENTION_MODELS, MODEL_OPTIONS
+from workbench.config.choices import ATTENTION_MODELS, MODEL_OPTIONS, SIZE_OPTION
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, did_you_mean, is_int
+from workbench.config.sizes import merged_options, size_problem, sizes_of
 from workbench.errors import Problem
 
 #: A rule: the config and the fields already found bad -> its problems.
@@ -69,19 +70,24 @@ def batch(c: Any, bad: frozenset[str]) -> list[Problem]:
 
 
 def model_options(c: Any, bad: frozenset[str]) -> list[Problem]:
-    """A built-in model's options: known names, integers >= 1, and ``d_model`` divisible by
-    ``num_heads`` for attention models. A plug-in's options are its own business."""
+    """A built-in model's options: known names, integers >= 1, a ``size`` among the model's
+    presets, and ``d_model`` divisible by ``num_heads`` for attention models (with the preset's
+    sizes where the options leave them out). A plug-in's options are its own business."""
     if bad & {"model", "model_options"} or c.model not in MODEL_OPTIONS:
         return []
     valid = MODEL_OPTIONS[c.model]
+    names = [*valid, SIZE_OPTION] if sizes_of(c.model) else list(valid)
     p = []
     for key, value in c.model_options.items():
-        if key not in valid:
-            rule = f"unknown option of model {c.model!r}; {did_you_mean(key, list(valid))}"
-            p.append(Problem(f"model_options.{key}", value, rule + f"valid: {', '.join(valid)}"))
+        if key == SIZE_OPTION:
+            problem = size_problem(c.model, value)
+            p += [problem] if problem is not None else []
+        elif key not in valid:
+            rule = f"unknown option of model {c.model!r}; {did_you_mean(key, names)}"
+            p.append(Problem(f"model_options.{key}", value, rule + f"valid: {', '.join(names)}"))
         elif not is_int(value) or value < 1:
             p.append(Problem(f"model_options.{key}", value, "must be an integer >= 1"))
-    opts = {**valid, **c.model_options}
+    opts = merged_options(c.model, c.model_options)
     if c.model in ATTENTION_MODELS:
         d_model, heads = opts["d_model"], opts["num_heads"]
         sizes_ok = all(is_int(v) and v >= 1 for v in (d_model, heads))

@@ -31,6 +31,7 @@ from workbench.config.choices import (
 )
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, refuse_unknown_keywords, setting
+from workbench.config.sizes import resolve_model_options
 from workbench.errors import ConfigError, Problem
 
 
@@ -58,7 +59,10 @@ class RunConfig:
         plugin=True,
     )
     model_options: Mapping[str, Any] = setting(
-        "keyword arguments for the model factory (sizes); see MODEL_OPTIONS", default_factory=dict
+        "keyword arguments for the model factory (sizes; see MODEL_OPTIONS), or 'size': a "
+        "preset of MODEL_SIZES (transformer: distilbert, bert-base; gpt: gpt2-small) that the "
+        "other options given override",
+        default_factory=dict,
     )
     dataset: str = setting(
         "'synthetic' (made locally from the seed) or 'package.module:factory'",
@@ -294,8 +298,10 @@ class RunConfig:
 
     @property
     def model_kwargs(self) -> dict[str, Any]:
-        """Model options merged over the built-in defaults."""
-        return {**MODEL_OPTIONS.get(self.model, {}), **self.model_options}
+        """What the model is built with: a built-in model's defaults, then the preset that
+        ``model_options['size']`` names, then the other options given; a plug-in's options as
+        given."""
+        return resolve_model_options(self.model, self.model_options)
 
     # -- JSON round trip
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Built-in models (tiny by default, sizes configurable) and ``package.module:factory`` plug-ins.
+"""Built-in models (tiny by default, sizes configurable or named by a preset: ``{"size":
+"distilbert"}``) and ``package.module:factory`` plug-ins.
 
 Every model maps a batch of inputs to logits. ``task`` tells the trainer how to score them:
 ``"classification"`` (logits ``[B, C]`` against labels ``[B]``) or ``"lm"`` (logits ``[B, T, V]``
@@ -14,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config.run_config import MODEL_OPTIONS
+from workbench.config.choices import MODEL_OPTIONS, MODEL_SIZES
+from workbench.config.sizes import resolve_model_options
 
 
 def load_plugin(spec: str, field_name: str) -> Callable[..., Any]:
@@ -153,13 +155,14 @@ BUILTIN: dict[str, type[nn.Module]] = {
     "transformer": TransformerClassifier,
     "gpt": GPT,
 }
-assert set(BUILTIN) == set(MODEL_OPTIONS)
+assert set(BUILTIN) == set(MODEL_OPTIONS) and set(MODEL_SIZES) <= set(BUILTIN)
 
 
 def build_model(name: str, options: dict[str, Any]) -> nn.Module:
-    """A built-in model by name (``options`` merged over its defaults) or a plug-in factory's."""
+    """A built-in model by name (its defaults, then the preset ``options['size']`` names, then
+    the other ``options``; a ConfigError for an unknown size) or a plug-in factory's."""
     if name in BUILTIN:
-        return BUILTIN[name](**{**MODEL_OPTIONS[name], **options})
+        return BUILTIN[name](**resolve_model_options(name, options))
     model = load_plugin(name, "model")(**options)
     if not isinstance(model, nn.Module):
         raise ValueError(
