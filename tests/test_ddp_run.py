@@ -108,6 +108,10 @@ def test_run_record_has_status_environment_and_summary(ddp2) -> None:
     env = run["environment"]
     assert env["packages"]["torch"].startswith(torch.__version__.split("+")[0])
     assert env["python"] and env["cpu_model"] and env["host"]
+    # Device facts come from the ranks themselves, one record per rank.
+    assert sorted(run["devices"]) == ["0", "1"]
+    for facts in run["devices"].values():
+        assert facts["device"] == "cpu" and facts["torch"] == torch.__version__
     summary = run["summary"]
     assert summary["measured_steps"] == 14 and summary["samples_per_s"] > 0
     assert summary["final_metric"] == pytest.approx(ddp2.traces("eval")["metric_value"].iloc[-1])

@@ -73,6 +73,24 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
+def device_facts(device: torch.device) -> dict[str, Any]:
+    """What this rank runs on, as it sees it: the device and its name, and the torch, CUDA and
+    NCCL versions. Read in the rank (which owns its CUDA context), never in the launcher."""
+    facts: dict[str, Any] = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    if device.type == "cuda":
+        facts["name"] = torch.cuda.get_device_name(device)
+        facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        try:
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a build without NCCL: the rank still runs (gloo)
+            facts["nccl"] = None
+    return facts
+
+
 def init_process_group(
     env: RankEnv, backend: str, device: torch.device, timeout_s: float, dump_dir: str | None = None
 ) -> str:

@@ -52,10 +52,12 @@ class RankTask:
             "attempt": self.attempt,
             "job_id": env.job_id,
         }
-        write_json(state_path, {**base, "status": "running", "started_at": time.time()})
         try:
+            device = distributed.pick_device(self.config.device, env.local_rank)
+            base["device_facts"] = distributed.device_facts(device)
+            write_json(state_path, {**base, "status": "running", "started_at": time.time()})
             summary = run_rank(
-                self.config, env, Path(self.run_dir), self.run_id, self.attempt, stop
+                self.config, env, device, Path(self.run_dir), self.run_id, self.attempt, stop
             )
         except BaseException as exc:
             write_json(
@@ -89,14 +91,15 @@ class RankTask:
 def run_rank(
     config: RunConfig,
     env: distributed.RankEnv,
+    device: torch.device,
     run_dir: Path,
     run_id: str,
     attempt: int,
     stop: PreemptionSignal | None = None,
 ) -> dict[str, Any]:
-    """Train on this rank and return its summary. Runs in a fresh process per rank."""
+    """Train on this rank (on ``device``, from :func:`distributed.pick_device`) and return its
+    summary. Runs in a fresh process per rank."""
     torch.set_num_threads(config.threads_per_rank)
-    device = distributed.pick_device(config.device, env.local_rank)
     distributed.init_process_group(
         env,
         config.backend,

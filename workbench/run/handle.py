@@ -198,14 +198,18 @@ class RunHandle:
         )
 
     def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
-        """Record the run's end in run.json: its status, root cause, hosts, crashes at exit
-        and summary."""
+        """Record the run's end in run.json: its status, root cause, hosts, each rank's device,
+        crashes at exit and summary."""
         states = self.rank_states()
         status = status or final_status(states, self.config.processes)
         fields: dict[str, Any] = {
             "status": status,
             "ended_at": time.time(),
             "hosts": sorted({s.get("host", "") for s in states.values()}),
+            # What each rank ran on, as it saw it (the launcher never touches CUDA itself).
+            "devices": {
+                str(r): s["device_facts"] for r, s in states.items() if "device_facts" in s
+            },
         }
         if status == "failed":
             fields["failure"] = failure or self._failure()
