@@ -451,6 +451,9 @@ def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A shell that starts a job in the background makes it ignore SIGINT, and children
+        # inherit that: Ctrl-C is restored here so the test means the same wherever it runs.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 150
