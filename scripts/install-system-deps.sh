@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the slow tests need: Chromium (browser checks), Slurm and munge (local cluster).
-# Idempotent; installs only what is missing. Without root it only says what is missing.
+# Idempotent; installs only what is missing. Without root it says what is missing: a note on a
+# developer's machine (those tests are skipped), an error in CI (CI=true), where they must run.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -10,6 +11,12 @@ if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    case "${CI:-}" in
+    1 | true | TRUE | True | yes)
+        echo "error: CI=true and missing ${need[*]}, which needs root and apt-get to install" >&2
+        exit 1
+        ;;
+    esac
     echo "note: missing ${need[*]} (needs root and apt-get); the tests that need them will be skipped" >&2
     exit 0
 fi

@@ -80,4 +80,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+from .browser_support import chromium  # noqa: E402,F401  (session fixture for browser tests)
 from .slurm_support import slurm_cluster  # noqa: E402,F401  (session fixture for Slurm tests)

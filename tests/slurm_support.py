@@ -2,10 +2,10 @@
 
 ``slurm_cluster`` uses a running cluster (found through ``$WORKBENCH_SLURM_DIR/env.sh``, or the
 folder of ``$SLURM_CONF``), or starts one (needs root) and stops it at the end of the session.
-Set ``WORKBENCH_SLURM_AUTOSTART=0`` to only use an already running cluster; tests are skipped,
-with the reason, when no cluster is available. While it is active, ``SLURM_CONF`` is exported and
-``tests/slurm/bin`` (a test-only ``sacct``, since the cluster has no accounting database) is first
-on ``PATH``.
+Set ``WORKBENCH_SLURM_AUTOSTART=0`` to only use an already running cluster. Without a cluster the
+tests are skipped with the reason (in CI, ``CI=true``, they fail instead). While it is active,
+``SLURM_CONF`` is exported and ``tests/slurm/bin`` (a test-only ``sacct``, since the cluster has
+no accounting database) is first on ``PATH``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import typing as tp
 from pathlib import Path
 
 import pytest
+
+from .requirements import require
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
@@ -58,22 +60,25 @@ def slurm_cluster() -> tp.Iterator[dict[str, str]]:
     )
     if not running:
         if os.environ.get("WORKBENCH_SLURM_AUTOSTART", "1") == "0":
-            pytest.skip(
+            require(
+                False,
                 f"Slurm test cluster not running in {cluster_dir} "
                 f"(no running daemons / {env_file}); "
-                f"start it with: sudo {CLUSTER_SH} start"
+                f"start it with: sudo {CLUSTER_SH} start",
             )
         if os.geteuid() != 0:
-            pytest.skip(
+            require(
+                False,
                 f"Slurm test cluster not running in {cluster_dir} and starting it needs root; "
-                f"run: sudo {CLUSTER_SH} start"
+                f"run: sudo {CLUSTER_SH} start",
             )
         proc = _script("start", cluster_dir)
         if proc.returncode != 0:
-            pytest.skip(
+            require(
+                False,
                 f"could not start the Slurm test cluster ({CLUSTER_SH} start, "
                 f"rc={proc.returncode}):\n"
-                f"{proc.stderr[-2000:]}"
+                f"{proc.stderr[-2000:]}",
             )
         started_here = True
     env = _read_env_file(env_file)
