@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import sys
 import types
@@ -32,6 +33,18 @@ def _bool(text: str) -> bool:
     if text.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers >= 1, e.g. 1,2,4; got {text!r}"
+        )
+    return sizes
 
 
 def _json(text: str) -> Any:
@@ -159,6 +172,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(
+            f"error: cannot write the report to {args.output}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
     print(f"report: {path}")
     return 0
 
@@ -169,7 +188,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     from workbench.ui.report import report_from_store
 
     try:
-        sizes = [int(n) for n in args.world_sizes.split(",")]
+        sizes = args.world_sizes
         config = _config_from_args(argparse.Namespace(**{**vars(args), "world_size": max(sizes)}))
         configs = scaling_configs(config, sizes)
     except (ValueError, ConfigError) as exc:
@@ -235,6 +254,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_repartition(args: argparse.Namespace) -> int:
     from workbench.store.row_groups import make_parquet_dataset, repartition, row_groups
 
+    if not args.make and not Path(args.path).is_file():
+        print(f"error: {args.path}: no such Parquet file (--make ROWS writes one)", file=sys.stderr)
+        return 2
     try:
         if args.make:
             make_parquet_dataset(args.path, args.make, rows_per_group=args.rows_per_group or 256)
@@ -303,7 +325,10 @@ def _add_scale(sub: Any) -> None:
         "then write the sweep's offline HTML report.",
     )
     scale.add_argument(
-        "--world-sizes", default="1,2", help="comma-separated world sizes (default: 1,2)"
+        "--world-sizes",
+        type=_world_sizes,
+        default=[1, 2],
+        help="comma-separated world sizes (default: 1,2)",
     )
     scale.add_argument("--executor", default="local", choices=["local"], help="where the ranks run")
     scale.add_argument(
@@ -375,8 +400,26 @@ def _add_report(sub: Any) -> None:
     report.set_defaults(func=_cmd_report)
 
 
+def _unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" message, with the closest option for each flag."""
+    options = [s for action in parser._actions for s in action.option_strings]
+    hints = []
+    for flag in (e.split("=", 1)[0] for e in extra if e.startswith("--")):
+        close = difflib.get_close_matches(flag, options, n=1)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extra)}" + (
+        f" ({'; '.join(hints)})" if hints else ""
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the ``workbench`` command; returns its exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        sub.error(_unrecognized(extra, sub))
     return int(args.func(args))
 
 

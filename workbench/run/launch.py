@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,9 +38,13 @@ def _new_run_id(config: RunConfig) -> str:
 
 
 def launch(
-    config: RunConfig, executor: str = "local", *, resume: bool = False, **executor_options: Any
+    config: RunConfig | Mapping[str, Any],
+    executor: str = "local",
+    *,
+    resume: bool = False,
+    **executor_options: Any,
 ) -> RunHandle:
-    """Start a run and return its handle.
+    """Start a run of ``config`` (a RunConfig, or a mapping of its fields) and return its handle.
 
     ``executor``: ``"local"`` (one subprocess per rank on this machine), ``"debug"`` (world size 1,
     in this process, for stepping through code) or ``"slurm"`` (options:
@@ -87,12 +92,26 @@ def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[Run
     return [handles[i] for i in sorted(handles)]
 
 
+def as_config(config: RunConfig | Mapping[str, Any]) -> RunConfig:
+    """``config`` as a RunConfig: a mapping of fields is built into one (its problems raised as
+    one ConfigError); anything else is a TypeError saying what is expected."""
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, Mapping):
+        return RunConfig.from_dict(config)
+    raise TypeError(
+        f"config: expected a RunConfig or a mapping of its fields, got {type(config).__name__} "
+        f"({config!r:.80})"
+    )
+
+
 def _prepare(
     config: RunConfig, executor: str, options: dict[str, Any], resume: bool
 ) -> tuple[RunConfig, Path, Any]:
     """Name the run, check it, write its config and pending record; the task submitit runs."""
     from workbench.rank.task import RankTask
 
+    config = as_config(config)
     if config.run_name is None:
         config = config.replace(run_name=_new_run_id(config))
     run_path = preflight(config, executor, options, resume)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,11 @@ def _writable_dir(path: Path) -> str | None:
         return f"{probe} is not a folder"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable"
+    try:  # root passes os.access everywhere (even /proc): only creating a file tells
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        return f"cannot create files in {probe}: {exc.strerror or exc}"
     free = shutil.disk_usage(probe).free
     if free < MIN_FREE_BYTES:
         return f"only {free // 2**20} MiB free on the disk holding {probe}"
