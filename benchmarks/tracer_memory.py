@@ -1,11 +1,12 @@
 """Tracer memory over a long run: a Tracer driven directly for 100,000 steps with realistic rows (no
 model), RSS sampled every 10,000 steps. The tracer's buffer is bounded (rows leave memory at every
-flush: every ``flush_s`` seconds or 2,000 rows), so RSS must stay flat.
+flush, appended to the rank's Arrow stream file: every ``flush_s`` seconds or 2,000 rows), so RSS
+must stay flat.
 
 Two passes, in a fresh process each: RSS from /proc (what the trace's ``rss_bytes`` column shows),
 then ``tracemalloc`` (Python allocations only: exact, immune to allocator caching, but slower).
-Growth is reported from the first sample (after 10,000 steps, once the buffer and the JSON
-encoder reached steady state) to the last, and from before the first step.
+Growth is reported from the first sample (after 10,000 steps, once the buffer and Arrow's
+allocations reached steady state) to the last, and from before the first step.
 
 Usage: ``python benchmarks/tracer_memory.py [--steps 100000] [--every 10000] [--quick]
 [--json out.json]``.
@@ -58,17 +59,15 @@ def drive(steps: int, every: int, mode: str) -> dict[str, Any]:
         start = time.process_time()  # CPU time: the wall clock of a loaded machine says little
         for step in range(1, steps + 1):
             x = 0.003 * (1 + (step % 13) / 50)
+            t = step * 0.0031
             tracer.step(
                 epoch=step // 128,
                 step=step,
                 warmup=step <= 2,
-                t_start_s=step * 0.0031,
-                data_s=x / 10,
-                forward_s=x,
-                backward_s=2 * x,
-                optimizer_s=x / 3,
-                step_s=3.4 * x,
-                comm_s=x / 2,
+                t_start_s=t,
+                # PhaseClock.stop()'s stamps: data, forward, backward, optimizer
+                phases=(t, t + x / 10, t + 1.1 * x, t + 3.1 * x, t + 3.43 * x),
+                comm_s=x / 2 if step % 10 == 0 else None,
                 comm_bytes=417_808,
                 comm_buckets=1,
                 samples=32,

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def job_processes(run_path: Path) -> list[int]:
@@ -22,3 +27,17 @@ def job_processes(run_path: Path) -> list[int]:
         if marker in cmdline:
             pids.append(int(proc.name))
     return pids
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float, what: str, poll_s: float = 0.2) -> T:
+    """Poll ``condition`` until it returns something true (and return that), or fail after
+    ``timeout_s`` saying ``what`` was awaited and what the condition last returned. The one way
+    tests wait on processes, files and status: never a fixed sleep before an assertion."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = condition()
+        if seen:
+            return seen
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s:g} s for {what}; last seen: {seen!r}")
+        time.sleep(poll_s)

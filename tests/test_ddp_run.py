@@ -121,9 +121,9 @@ def test_run_record_has_status_environment_and_summary(ddp2) -> None:
     assert (
         row["world_size"] == 2 and row["global_batch_size"] == 64 and row["status"] == "completed"
     )
-    # Consolidated Parquet replaced the live JSONL files.
+    # Consolidated Parquet replaced the live Arrow streams.
     traces = sorted(p.name for p in (ddp2.path / schema.TRACES_DIR).iterdir())
-    assert "steps-rank00000.parquet" in traces and "steps-rank00000.jsonl" not in traces
+    assert "steps-rank00000.parquet" in traces and "steps-rank00000.arrows" not in traces
 
 
 def test_logs_are_per_rank(ddp2) -> None:

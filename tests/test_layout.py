@@ -114,7 +114,8 @@ def test_only_rank_distributed_touches_torch_distributed() -> None:
 
 
 def _write_traces(run: Path) -> None:
-    """A run folder with one consolidated (Parquet) rank and one live (JSONL) rank."""
+    """A run folder with a consolidated (Parquet) rank, a live Arrow stream and an older
+    version's live JSONL file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,6 +129,11 @@ def _write_traces(run: Path) -> None:
     pq.write_table(pa.Table.from_pylist([row]), traces / schema.steps_file(0))
     live = {**row, "rank": 1}
     (traces / schema.steps_file(1, "jsonl")).write_text(json.dumps(live) + "\n")
+    from workbench.store.arrow_stream import StreamWriter
+
+    writer = StreamWriter(traces / schema.live_steps_file(2), schema.STEP_COLUMNS)
+    writer.write({c: [v] for c, v in {**row, "rank": 2}.items()}, 1)
+    writer.close()
     (run / schema.RUN_FILE).write_text(json.dumps({"run_id": run.name, "status": "running"}))
 
 
@@ -142,7 +148,7 @@ def test_loading_live_and_finished_traces_does_not_import_torch(tmp_path: Path) 
         from workbench.store import load_runs, load_traces
         from workbench.ui import plots
         steps = load_traces({str(run)!r})
-        assert sorted(steps["rank"]) == [0, 1], steps
+        assert sorted(steps["rank"]) == [0, 1, 2], steps
         runs = load_runs({str(tmp_path / "store")!r})
         analysis.measured_window(steps)
         print("torch" in sys.modules)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +12,11 @@ import pytest
 from workbench.errors import RunFailedError
 from workbench.run.handle import attach
 from workbench.run.launch import launch, launch_array, sbatch_script
+from workbench.run.processes import alive
 from workbench.store.files import read_json
 
 from .conftest import base_config
-from .helpers import job_processes
+from .helpers import job_processes, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -89,14 +90,33 @@ def test_cancel_ends_the_job_and_the_store_says_cancelled(slurm_cluster, store) 
         epochs=20,
     )
     handle = _slurm(config)
-    deadline = time.monotonic() + 120
-    while handle.status() != "running" and time.monotonic() < deadline:
-        time.sleep(0.5)
+    states = wait_for(
+        lambda: (
+            len(handle.rank_states()) == 2
+            and all(s["status"] == "running" for s in handle.rank_states().values())
+            and handle.rank_states()
+        ),
+        180,
+        "both ranks running",
+    )
+    # A positive control: the job's processes are found while it runs.
+    assert job_processes(handle.path), "no process of the running job was found"
+    assert _squeue_state(handle.job_id) == "RUNNING"
     handle.cancel()
+    # cancel() returns only once the job is gone: no waiting here.
+    assert _squeue_state(handle.job_id) not in ("RUNNING", "PENDING", "COMPLETING")
+    assert job_processes(handle.path) == []
+    assert not any(alive(int(s["pid"])) for s in states.values())
     assert handle.status() == "cancelled"
     assert read_json(handle.path / "run.json")["status"] == "cancelled"
-    time.sleep(2)
-    assert job_processes(handle.path) == []
+
+
+def _squeue_state(job_id: str | None) -> str:
+    """The job's state as Slurm itself reports it ("" once it left the queue)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=30
+    )
+    return out.stdout.strip()
 
 
 def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, store, ddp2) -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
 from workbench import schema
-from workbench.rank.tracer import PhaseClock, Tracer
+from workbench.errors import NonFiniteLossError
+from workbench.rank.tracer import PhaseClock, Phases, Tracer
+from workbench.store.arrow_stream import StreamWriter, read_messages, read_stream
 from workbench.store.files import atomic_write_bytes, read_json, write_json
-from workbench.store.jsonl import read_jsonl
 from workbench.store.load import load_traces
 from workbench.store.trace_files import consolidate, trim_for_resume
 
@@ -37,11 +40,7 @@ def _step(tracer: Tracer, step: int, **extra) -> None:
         step=step,
         warmup=step <= 1,
         t_start_s=0.01 * step,
-        data_s=0.001,
-        forward_s=0.002,
-        backward_s=0.003,
-        optimizer_s=0.001,
-        step_s=0.008,
+        phases=Phases(0.001, 0.002, 0.003, 0.001, 0.008),
         comm_s=0.002,
         comm_bytes=100,
         comm_buckets=1,
@@ -52,28 +51,58 @@ def _step(tracer: Tracer, step: int, **extra) -> None:
     tracer.step(**{**fields, **extra})
 
 
+def _live(tmp_path: Path, rank: int = 0) -> Path:
+    return tmp_path / "traces" / schema.live_steps_file(rank)
+
+
+def _steps_on_disk(path: Path) -> list[int]:
+    table = read_stream(path)
+    return [] if table is None else table.column("step").to_pylist()
+
+
 def test_rows_reach_disk_on_flush_interval_and_on_exception(tmp_path: Path) -> None:
-    path = tmp_path / "traces" / schema.steps_file(0, "jsonl")
+    path = _live(tmp_path)
     with pytest.raises(RuntimeError), _tracer(tmp_path, flush_s=0.0) as tracer:
         _step(tracer, 1)
-        assert len(list(read_jsonl(path))) == 1, "flush_s=0 writes every row at once"
-        tracer.steps.flush_s = 3600
+        assert _steps_on_disk(path) == [1], "flush_s=0 writes every row at once"
+        tracer.flush_s = 3600
+        tracer.flush()
         _step(tracer, 2)
-        assert len(list(read_jsonl(path))) == 1, "buffered until the next flush"
+        assert _steps_on_disk(path) == [1], "buffered until the next flush"
         raise RuntimeError("boom")
-    assert [r["step"] for r in read_jsonl(path)] == [1, 2], "closing on an exception keeps the rows"
+    assert _steps_on_disk(path) == [1, 2], "closing on an exception keeps the rows"
+    assert path.name == "steps-rank00000.arrows"
 
 
 def test_buffer_is_bounded(tmp_path: Path) -> None:
     tracer = _tracer(tmp_path)
-    tracer.steps.max_rows = 10
+    tracer.max_rows = 10
     for step in range(1, 26):
         _step(tracer, step)
-    assert len(tracer.steps._rows) == 5
+    assert len(tracer._rows) == 5 and _steps_on_disk(_live(tmp_path)) == list(range(1, 21))
     tracer.close()
 
 
-def test_consolidate_writes_parquet_with_schema_and_removes_jsonl(tmp_path: Path) -> None:
+def test_live_file_is_an_arrow_stream_with_the_trace_schema(tmp_path: Path) -> None:
+    clock = PhaseClock(torch.device("cpu"))
+    with _tracer(tmp_path) as tracer:
+        for step in (1, 2, 3):
+            clock.start()
+            for _ in range(4):
+                sum(range(1000))
+                clock.mark()
+            _step(tracer, step, phases=clock.stop(), t_start_s=tracer.since_t0(clock.started_at))
+    table = pa.ipc.open_stream(_live(tmp_path).read_bytes()).read_all()  # plain pyarrow reads it
+    assert table.column_names == list(schema.STEP_COLUMNS)
+    assert table.schema.metadata[b"workbench_trace_schema"] == b"1"
+    row = table.to_pylist()[-1]
+    assert row["host"] == "h" and row["rank"] == 0 and row["attempt"] == 0 and row["rss_bytes"] > 0
+    phases = [row[c] for c in ("data_s", "forward_s", "backward_s", "optimizer_s")]
+    assert all(x > 0 for x in phases) and row["step_s"] == pytest.approx(sum(phases))
+    assert row["mem_alloc_bytes"] is None and row["loss"] == pytest.approx(1 / 3)
+
+
+def test_consolidate_writes_parquet_with_schema_and_removes_live_files(tmp_path: Path) -> None:
     with _tracer(tmp_path) as tracer:
         for step in (1, 2, 3):
             _step(tracer, step)
@@ -98,6 +127,10 @@ def test_consolidate_writes_parquet_with_schema_and_removes_jsonl(tmp_path: Path
     assert list(steps.columns) == list(schema.STEP_COLUMNS)
     assert steps["step"].tolist() == [1, 2, 3] and steps["host"].tolist() == ["h"] * 3
     assert steps["mem_alloc_bytes"].isna().all() and (steps["rss_bytes"] > 0).all()
+    evals = load_traces(tmp_path, "eval")
+    assert evals[["run_id", "rank", "world_size", "metric_value"]].values.tolist() == [
+        ["r", 0, 2, 0.5]
+    ]
 
 
 def test_trim_for_resume_keeps_steps_up_to_the_checkpoint(tmp_path: Path) -> None:
@@ -109,13 +142,85 @@ def test_trim_for_resume_keeps_steps_up_to_the_checkpoint(tmp_path: Path) -> Non
     assert load_traces(tmp_path)["step"].tolist() == [1, 2, 3, 4]
 
 
-def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
-    path = tmp_path / "traces" / schema.steps_file(0, "jsonl")
+def test_trim_for_resume_of_live_rows_then_the_next_attempt_appends(tmp_path: Path) -> None:
+    with _tracer(tmp_path) as tracer:  # a preempted attempt: its rows are still live
+        for step in range(1, 8):
+            _step(tracer, step)
+    trim_for_resume(tmp_path / "traces", 0, last_step=4)
+    assert not _live(tmp_path).exists()
+    with _tracer(tmp_path) as tracer:
+        for step in range(5, 9):
+            _step(tracer, step)
+    assert load_traces(tmp_path)["step"].tolist() == list(range(1, 9))
+    consolidate(tmp_path / "traces", 0)
+    assert pd.read_parquet(tmp_path / "traces" / schema.steps_file(0))["step"].tolist() == list(
+        range(1, 9)
+    )
+
+
+def test_torn_last_message_is_skipped_and_a_new_writer_cuts_it_off(tmp_path: Path) -> None:
+    path = _live(tmp_path)
     with _tracer(tmp_path) as tracer:
         _step(tracer, 1)
-    with open(path, "a") as f:
-        f.write('{"run_id": "r", "step": 2, "ra')  # a crash mid-write
+        tracer.flush()
+        _step(tracer, 2)
+    whole = path.read_bytes()
+    _, end_of_first, _ = read_messages(whole[: len(whole) - 1])
+    path.write_bytes(whole[:-7])  # a crash in the middle of writing the second batch
     assert load_traces(tmp_path)["step"].tolist() == [1]
+    assert _steps_on_disk(path) == [1]
+    with _tracer(tmp_path) as tracer:  # an attempt restarted without a checkpoint: it appends
+        assert path.stat().st_size == end_of_first
+        _step(tracer, 3)
+    assert load_traces(tmp_path)["step"].tolist() == [1, 3]
+    consolidate(tmp_path / "traces", 0)
+    assert load_traces(tmp_path)["step"].tolist() == [1, 3]
+
+
+def test_reading_from_an_offset_returns_only_new_complete_batches(tmp_path: Path) -> None:
+    path = tmp_path / "s.arrows"
+    writer = StreamWriter(path, {"step": "int64", "x": "float64"}, {"x": 0.5})
+    writer.write({"step": [1, 2]}, 2)
+    batches, offset, known = read_messages(path.read_bytes())
+    assert [b.num_rows for b in batches] == [2] and offset == path.stat().st_size
+    writer.write({"step": [3]}, 1)
+    with open(path, "ab") as f:
+        f.write(b"\xff\xff\xff\xff\x10")  # the start of a message still being written
+    batches, used, _ = read_messages(path.read_bytes()[offset:], known)
+    assert [b.to_pylist() for b in batches] == [[{"step": 3, "x": 0.5}]]
+    assert offset + used == path.stat().st_size - 5
+    assert read_messages(b"")[0] == [] and read_stream(tmp_path / "missing.arrows") is None
+    writer.close()
+
+
+def test_a_run_folder_from_before_the_arrow_stream_still_loads(tmp_path: Path) -> None:
+    """Live rows as JSONL (the previous tracer's files), with a torn last line."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    rows = []
+    for step in (1, 2, 3):
+        row = {c: None for c in schema.STEP_COLUMNS}
+        row.update(run_id="r", rank=0, world_size=1, attempt=0, step=step, loss=1.0 / step)
+        rows.append(json.dumps(row) + "\n")
+    (traces / schema.steps_file(0, "jsonl")).write_text("".join(rows) + '{"run_id": "r", "st')
+    assert load_traces(tmp_path)["step"].tolist() == [1, 2, 3]
+    trim_for_resume(traces, 0, last_step=2)
+    assert sorted(p.name for p in traces.iterdir()) == ["steps-rank00000.parquet"]
+    with _tracer(tmp_path, rank=0) as tracer:
+        _step(tracer, 3)
+    consolidate(traces, 0)
+    steps = load_traces(tmp_path)
+    assert steps["step"].tolist() == [1, 2, 3] and steps["loss"].tolist()[:2] == [1.0, 0.5]
+
+
+def test_a_non_finite_tensor_loss_raises_at_the_flush_naming_its_step(tmp_path: Path) -> None:
+    with pytest.raises(NonFiniteLossError) as err, _tracer(tmp_path, rank=1) as tracer:
+        for step in range(1, 6):
+            loss = torch.tensor(math.nan if step == 4 else 1.0 / step)
+            _step(tracer, step, loss=loss)
+    assert err.value.step == 4 and err.value.rank == 1 and "at step 4 on rank 1" in str(err.value)
+    steps = load_traces(tmp_path)
+    assert steps["step"].tolist() == [1, 2, 3] and steps["loss"].tolist()[2] == pytest.approx(1 / 3)
 
 
 def test_load_traces_skips_a_corrupt_file_with_a_warning_naming_it(tmp_path: Path) -> None:
@@ -131,14 +236,19 @@ def test_load_traces_skips_a_corrupt_file_with_a_warning_naming_it(tmp_path: Pat
     assert steps["rank"].tolist() == [0]
 
 
-def test_phase_clock_durations_cover_the_step() -> None:
+def test_phase_clock_phases_cover_the_step(tmp_path: Path) -> None:
     clock = PhaseClock(torch.device("cpu"))
-    clock.start()
-    for _ in range(3):
-        sum(range(1000))
-        clock.mark()
-    d = clock.durations()
-    assert len(d) == 3 and all(x > 0 for x in d)
+    with _tracer(tmp_path) as tracer:
+        for step in (1, 2):
+            clock.start()
+            for _ in range(3 * step + 1):  # one, then two micro-batches
+                sum(range(1000))
+                clock.mark()
+            _step(tracer, step, phases=clock.stop())
+    steps = load_traces(tmp_path)
+    parts = steps[["data_s", "forward_s", "backward_s", "optimizer_s"]]
+    assert (parts > 0).all().all()
+    assert steps["step_s"].tolist() == pytest.approx(parts.sum(axis=1).tolist())
 
 
 def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:

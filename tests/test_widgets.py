@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import plotly.graph_objects as go
 import pytest
 
 from workbench import schema
 from workbench.config.run_config import RunConfig
+from workbench.store.arrow_stream import StreamWriter
 from workbench.store.files import write_json
 from workbench.ui.dashboard import FIGURES, Dashboard
 from workbench.ui.launch_panel import LaunchPanel
@@ -150,7 +152,23 @@ def test_dashboard_on_an_empty_store_says_so(tmp_path: Path) -> None:
     assert "no scaling table" in dash.table.value
 
 
-def test_run_monitor_follows_jsonl_then_parquet(tmp_path: Path) -> None:
+def _write_live(traces: Path, rank: int, rows: Any, live: str) -> None:
+    """Append ``rows`` (a frame) to a rank's live file the way a rank writes it: a record batch
+    on the Arrow stream, or JSON lines for a run from before the stream; then the start of a
+    message still being written."""
+    if live == "arrows":
+        writer = StreamWriter(traces / schema.live_steps_file(rank), schema.STEP_COLUMNS)
+        writer.write({c: rows[c].tolist() for c in schema.STEP_COLUMNS}, len(rows))
+        writer.close()
+        with open(traces / schema.live_steps_file(rank), "ab") as f:
+            f.write(b"\xff\xff\xff\xff\x30\x01")  # torn: a crash mid-write, or still writing
+    else:
+        text = "".join(json.dumps(r) + "\n" for r in rows.to_dict("records"))
+        (traces / schema.steps_file(rank, "jsonl")).write_text(text + '{"torn": ')  # half a line
+
+
+@pytest.mark.parametrize("live", ["arrows", "jsonl"])
+def test_run_monitor_follows_live_files_then_parquet(tmp_path: Path, live: str) -> None:
     cfg = RunConfig(
         output_dir=str(tmp_path),
         sweep="s",
@@ -176,9 +194,9 @@ def test_run_monitor_follows_jsonl_then_parquet(tmp_path: Path) -> None:
             path / schema.RANKS_DIR / f"rank-{rank:05d}.json",
             {"rank": rank, "status": "running", "pid": 1, "host": "elsewhere"},
         )
-        rows = steps[(steps["rank"] == rank) & (steps["step"] <= 6 - 2 * rank)]
-        text = "".join(json.dumps(r) + "\n" for r in rows.to_dict("records"))
-        (traces / schema.steps_file(rank, "jsonl")).write_text(text + '{"torn": ')  # half a line
+        _write_live(
+            traces, rank, steps[(steps["rank"] == rank) & (steps["step"] <= 6 - 2 * rank)], live
+        )
     assert monitor.refresh() == "running"
     assert [b.value for b in monitor.bars] == [6, 4]
     assert monitor.bar_labels[1].value == "4 / 10"
@@ -187,10 +205,23 @@ def test_run_monitor_follows_jsonl_then_parquet(tmp_path: Path) -> None:
     assert monitor.latest_loss == pytest.approx(2.0 - 0.1 * 5)  # rank 0 alone at step 6
     assert "24.0 samples/s" in monitor.throughput_label.value
 
-    # The ranks finish: Parquet replaces JSONL, rank records say completed.
+    if live == "arrows":  # the next batch: read from where the last complete one ended
+        live_file = traces / schema.live_steps_file(1)
+        offset = monitor._tail._live[live_file][1]
+        assert offset == live_file.stat().st_size - 6
+        with open(live_file, "r+b") as f:
+            f.truncate(offset)  # the writer finishes the torn message: here, it never started
+        writer = StreamWriter(live_file, schema.STEP_COLUMNS)
+        more = steps[(steps["rank"] == 1) & steps["step"].between(5, 7)]
+        writer.write({c: more[c].tolist() for c in schema.STEP_COLUMNS}, len(more))
+        writer.close()
+        assert monitor.refresh() == "running" and [b.value for b in monitor.bars] == [6, 7]
+        assert monitor._tail._live[live_file][1] == live_file.stat().st_size
+
+    # The ranks finish: Parquet replaces the live files, rank records say completed.
     for rank in (0, 1):
         steps[steps["rank"] == rank].to_parquet(traces / schema.steps_file(rank))
-        (traces / schema.steps_file(rank, "jsonl")).unlink()
+        (traces / schema.steps_file(rank, live)).unlink()
         write_json(
             path / schema.RANKS_DIR / f"rank-{rank:05d}.json",
             {"rank": rank, "status": "completed", "pid": 1, "host": "elsewhere"},

@@ -79,9 +79,41 @@ PROFILES_DIR = (
 LOGS_DIR = "logs"
 
 
-def steps_file(rank: int, suffix: str = "parquet") -> str:
-    return f"steps-rank{rank:05d}.{suffix}"
+#: Trace file suffixes: one Arrow IPC stream per rank and kind while the rank runs (record batches
+#: appended at each flush), one Parquet file per rank and kind once it ends; JSONL is what live
+#: files were before the Arrow stream (read, never written).
+FINAL_SUFFIX = "parquet"
+LIVE_SUFFIX = "arrows"
+LEGACY_LIVE_SUFFIX = "jsonl"
+TRACE_KINDS = ("steps", "eval")
 
 
-def eval_file(rank: int, suffix: str = "parquet") -> str:
-    return f"eval-rank{rank:05d}.{suffix}"
+def trace_file(kind: str, rank: int, suffix: str = FINAL_SUFFIX) -> str:
+    """``steps-rank00003.parquet``: the file of one kind (``steps`` or ``eval``) of one rank."""
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"kind={kind!r}: must be one of {TRACE_KINDS}")
+    return f"{kind}-rank{rank:05d}.{suffix}"
+
+
+def steps_file(rank: int, suffix: str = FINAL_SUFFIX) -> str:
+    return trace_file("steps", rank, suffix)
+
+
+def eval_file(rank: int, suffix: str = FINAL_SUFFIX) -> str:
+    return trace_file("eval", rank, suffix)
+
+
+def live_steps_file(rank: int) -> str:
+    """The step rows of a rank while it runs (an Arrow IPC stream)."""
+    return steps_file(rank, LIVE_SUFFIX)
+
+
+def live_eval_file(rank: int) -> str:
+    return eval_file(rank, LIVE_SUFFIX)
+
+
+def trace_columns(kind: str) -> dict[str, str]:
+    """The columns of one kind of trace file."""
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"kind={kind!r}: must be one of {TRACE_KINDS}")
+    return STEP_COLUMNS if kind == "steps" else EVAL_COLUMNS

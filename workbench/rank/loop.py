@@ -3,7 +3,8 @@
 ``train`` builds the trainer and the tracer, then runs the phases:
 
 - ``train_epoch``: the steps of one epoch from where the state is, each a ``train_step``
-  (fault injection, learning rate, optimizer step, non-finite check, trace row, profiler step)
+  (fault injection, learning rate, optimizer step, non-finite check, trace row, profiler step;
+  on CUDA the loss stays on the device and the tracer checks it when it flushes)
   followed, mid-epoch, by ``after_step`` (a checkpoint every N steps, the agreed preemption stop);
 - ``end_of_epoch``: evaluate, then checkpoint (so a checkpoint implies its evaluation), then the
   agreed stop;
@@ -169,8 +170,9 @@ def train_step(loop: Loop, state: LoopState, micro: list[list[int]]) -> None:
         loop.sample_log.write(json.dumps(record) + "\n")
     loop.trainer.set_lr(step)
     fields = loop.trainer.step(micro, loop.clock)
-    if not math.isfinite(fields["loss"]):
-        raise NonFiniteLossError(loop.env.rank, step, fields["loss"])
+    loss = fields["loss"]
+    if isinstance(loss, float) and not math.isfinite(loss):  # a tensor: checked at the flush
+        raise NonFiniteLossError(loop.env.rank, step, loss)
     tracer.step(
         epoch=state.epoch,
         step=step,

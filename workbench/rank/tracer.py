@@ -1,25 +1,41 @@
-"""The Tracer: per-rank, per-step timings and memory, streamed to JSONL, consolidated to Parquet.
+"""The Tracer: per-rank, per-step timings and memory, streamed as Arrow record batches, consolidated
+to Parquet at the end.
 
-Hot path rules: a step costs a few ``perf_counter`` stamps (or CUDA events, resolved with the one
-synchronisation per step the loop already pays), one RSS read and a list append. Rows leave memory
-at every flush, so a 100,000-step run holds at most a few seconds of rows.
+Hot path rules: a step costs a few ``perf_counter`` stamps (or CUDA events from a ring allocated
+once), one clock read and one tuple appended to a buffer. Everything else waits for the flush
+(every ``flush_s`` seconds, at checkpoints, on exit): phase durations from the stamps or the
+events, the loss (a tensor on CUDA: reading it every step would synchronise), the columns, one
+record batch appended to the rank's live file. Memory (RSS; on CUDA one ``memory_stats`` call and
+NVML) is sampled every ``memory_every_s`` seconds and at every flush, and repeated in between. On
+CUDA the tracer adds no synchronisation per step: a step's events are read once the ring wraps
+onto them (long done by then) or at the flush, the one place it waits for the GPU (for the last
+step's events, and to copy the buffered losses in one go).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from workbench import schema
-from workbench.store.jsonl import TraceWriter
+from workbench.errors import NonFiniteLossError
+from workbench.store.arrow_stream import StreamWriter
 
-#: How often (seconds) the tracer re-reads the process RSS.
+#: How often (seconds) the tracer re-reads the process RSS and, on CUDA, the allocator's figures.
 RSS_EVERY_S = 0.5
+#: CUDA events in a PhaseClock's ring: about a dozen steps of one micro-batch.
+EVENT_RING = 64
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_now = time.monotonic
+_NO_PHASES: tuple[None, ...] = (None,) * 5
 
 
 def rss_bytes() -> int:
@@ -73,43 +89,156 @@ class DeviceMemory:
         return self._value
 
 
-class PhaseClock:
-    """Stamps the phases of one step: perf_counter on CPU, CUDA events on GPU."""
+class Phases(NamedTuple):
+    """A step's phase durations (seconds), as the trace's columns."""
 
-    def __init__(self, device: torch.device) -> None:
+    data_s: float | None
+    forward_s: float | None
+    backward_s: float | None
+    optimizer_s: float | None
+    step_s: float | None
+
+
+def split_phases(d: list[float]) -> tuple[float, float, float, float, float]:
+    """(data, forward, backward, optimizer, step) seconds from the durations between the marks
+    ``Trainer.step`` makes: per micro-batch data, forward, backward; then the optimizer."""
+    return sum(d[0:-1:3]), sum(d[1:-1:3]), sum(d[2:-1:3]), d[-1], sum(d)
+
+
+class CudaStep:
+    """The CUDA events of one step, read when first needed (``phases``)."""
+
+    __slots__ = ("host_start", "events", "_phases")
+
+    def __init__(self, host_start: float) -> None:
+        self.host_start = host_start
+        self.events: list[Any] = []
+        self._phases: tuple[Any, ...] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._phases is not None
+
+    def phases(self) -> tuple[Any, ...]:
+        """The step's phase durations; waits for its last event only if it is not done yet."""
+        if self._phases is None:
+            events, self.events = self.events, []
+            try:
+                if not events[-1].query():
+                    events[-1].synchronize()
+                d = [a.elapsed_time(b) / 1000.0 for a, b in pairwise(events)]
+                self._phases = split_phases(d)
+            except Exception:  # a CUDA error elsewhere: the row keeps its other columns
+                self._phases = _NO_PHASES
+        return self._phases
+
+
+class PhaseClock:
+    """Stamps the phases of one step: perf_counter on CPU; on CUDA, events taken from a ring of
+    ``ring_size`` created once and reused (a step still unread when the ring comes back to its
+    events is read first; a step with more marks than the ring grows it)."""
+
+    def __init__(self, device: torch.device, ring_size: int = EVENT_RING) -> None:
         self.cuda = device.type == "cuda"
-        self._marks: list[Any] = []
+        self.ring_size = ring_size
+        self._marks: list[float] = []
+        self._step = CudaStep(0.0)
+        self._ring: list[Any] = []
+        self._owners: list[CudaStep] = []
+        self._pos = 0
 
     def start(self) -> None:
-        self._marks = []
-        self.mark()
+        if self.cuda:
+            self._step = CudaStep(time.perf_counter())
+            self._record()
+        else:
+            self._marks = [time.perf_counter()]
 
     def mark(self) -> None:
         if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._marks.append((time.perf_counter(), ev))
+            self._record()
         else:
             self._marks.append(time.perf_counter())
 
-    def durations(self) -> list[float]:
-        """Seconds between consecutive marks; on CUDA this waits for the last event (the step's
-        single synchronisation)."""
-        m = self._marks
-        if not self.cuda:
-            return [m[i + 1] - m[i] for i in range(len(m) - 1)]
-        m[-1][1].synchronize()
-        return [m[i][1].elapsed_time(m[i + 1][1]) / 1000.0 for i in range(len(m) - 1)]
+    def _record(self) -> None:
+        step, ring, owners, pos = self._step, self._ring, self._owners, self._pos
+        if pos < len(ring) and owners[pos] is not step:
+            if not owners[pos].done:
+                owners[pos].phases()  # the ring came back to a step not read yet
+            owners[pos] = step
+            event = ring[pos]
+        else:  # the ring is still filling, or this step alone needs more events than it has
+            event = torch.cuda.Event(enable_timing=True)
+            ring.insert(pos, event)
+            owners.insert(pos, step)
+        event.record()
+        step.events.append(event)
+        self._pos = 0 if pos + 1 >= max(len(ring), self.ring_size) else pos + 1
+
+    def stop(self) -> tuple[float, ...] | CudaStep:
+        """The step's stamps (CPU) or events (CUDA), for ``Tracer.step(phases=...)``; turned
+        into durations only when the tracer flushes. The stamps are a tuple of floats: the
+        garbage collector stops tracking it (and the row holding it) at once, so buffered rows
+        never reach the old generation, whose collections scan the whole heap."""
+        return self._step if self.cuda else tuple(self._marks)
 
     @property
     def started_at(self) -> float:
-        first = self._marks[0]
-        return first[0] if self.cuda else first
+        """perf_counter at the step's start (on CUDA, when its first event was queued)."""
+        return self._step.host_start if self.cuda else self._marks[0]
+
+
+def phase_values(phases: Any) -> tuple[Any, ...]:
+    """(data_s, forward_s, backward_s, optimizer_s, step_s) of one row's ``phases``: CPU stamps
+    (a tuple), a ``CudaStep``, or the five durations already (``Phases``)."""
+    if type(phases) is tuple:
+        return split_phases([b - a for a, b in pairwise(phases)])
+    if isinstance(phases, CudaStep):
+        return phases.phases()
+    return Phases(*phases)
+
+
+def phase_columns(items: Sequence[Any]) -> list[Sequence[Any]]:
+    """The five phase columns of many rows (``phase_values`` of each); CPU stamps with as many
+    marks in every row (the usual case) in one NumPy pass."""
+    if (
+        type(items[0]) is tuple
+        and len(set(map(len, items))) == 1
+        and {*map(type, items)} == {tuple}
+    ):
+        d = np.diff(np.array(items, dtype=np.float64), axis=1)
+        return [d[:, 0:-1:3].sum(1), d[:, 1:-1:3].sum(1), d[:, 2:-1:3].sum(1), d[:, -1], d.sum(1)]
+    return list(zip(*map(phase_values, items), strict=True))
+
+
+def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
+    """Losses as floats (tensors read in one copy), and the index of the first tensor loss that
+    is not finite (float losses were checked by the loop already)."""
+    if not any(issubclass(t, torch.Tensor) for t in set(map(type, losses))):
+        return losses, None
+    at = [i for i, v in enumerate(losses) if isinstance(v, torch.Tensor)]
+    out = list(losses)
+    try:
+        read = torch.stack([losses[i].detach().reshape(()).float() for i in at]).tolist()
+    except Exception:  # a CUDA error elsewhere: the rows keep their other columns
+        read = [None] * len(at)
+    for i, v in zip(at, read, strict=True):
+        out[i] = v
+    bad = next((i for i in at if out[i] is not None and not math.isfinite(out[i])), None)
+    return out, bad
+
+
+#: What ``Tracer.step`` buffers per row, in order (then the memory sample); the constant columns
+#: (run, rank, host, ...) and the five phase columns are filled in at the flush.
+_ROW = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
+_ROW += ("comm_buckets", "samples", "loss", "lr")
+_MEMORY = ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes", "mem_device_bytes")
+_MEMORY += ("rss_bytes",)
 
 
 class Tracer:
-    """Step and evaluation rows of one rank. Use as a context manager: rows written before an
-    exception are flushed on the way out."""
+    """Step and evaluation rows of one rank. Use as a context manager: rows buffered before an
+    exception are written on the way out."""
 
     def __init__(
         self,
@@ -123,23 +252,32 @@ class Tracer:
         attempt: int,
         flush_s: float,
         device: torch.device,
+        memory_every_s: float = RSS_EVERY_S,
+        max_rows: int = 2000,
     ) -> None:
         self.dir = traces_dir
         self.rank = rank
         self.device = device
-        self._common = {
-            "run_id": run_id,
-            "rank": rank,
-            "world_size": world_size,
-            "attempt": attempt,
-        }
-        self._step_extra = {"local_rank": local_rank, "host": host}
-        self.steps = TraceWriter(traces_dir / schema.steps_file(rank, "jsonl"), flush_s)
-        self.evals = TraceWriter(traces_dir / schema.eval_file(rank, "jsonl"), flush_s)
+        self.flush_s = flush_s
+        self.memory_every_s = memory_every_s
+        self.max_rows = max_rows  # rows buffered at most: memory stays flat on long runs
+        common = {"run_id": run_id, "rank": rank, "world_size": world_size, "attempt": attempt}
+        self._rows: list[tuple[Any, ...]] = []
+        self._eval_rows: list[dict[str, Any]] = []
+        self._step_file = StreamWriter(
+            traces_dir / schema.live_steps_file(rank),
+            schema.STEP_COLUMNS,
+            {**common, "local_rank": local_rank, "host": host},
+        )
+        self._eval_file = StreamWriter(
+            traces_dir / schema.live_eval_file(rank), schema.EVAL_COLUMNS, common
+        )
         self.t0 = time.perf_counter()
         self.t0_unix = time.time()
         self.device_memory = DeviceMemory(device)
-        self._rss, self._rss_at = 0, -float("inf")
+        self._mem: tuple[Any, ...] = (None,) * 5
+        self._mem_due = -math.inf
+        self._flush_due = _now() + flush_s
 
     def set_t0(self) -> None:
         """Call right after a barrier: every rank leaves it together, so their clocks agree."""
@@ -149,38 +287,99 @@ class Tracer:
     def since_t0(self, t: float) -> float:
         return t - self.t0
 
-    def memory(self, fresh: bool = False) -> dict[str, Any]:
-        # RSS costs ~15 us to read from /proc, a third of a step's tracing: read it at most
-        # every RSS_EVERY_S seconds and repeat the last value in between.
-        now = time.monotonic()
-        if fresh or now - self._rss_at >= RSS_EVERY_S:
-            self._rss, self._rss_at = rss_bytes(), now
-        mem: dict[str, Any] = {"rss_bytes": self._rss}
+    def _sample_memory(self, now: float) -> None:
+        """RSS and, on CUDA, the allocator (one ``memory_stats`` call: current allocated and
+        reserved, and the peak since the start, so no peak between samples is lost) and NVML."""
+        alloc = reserved = peak = on_device = None
         if self.device.type == "cuda":
-            mem.update(
-                mem_alloc_bytes=torch.cuda.memory_allocated(self.device),
-                mem_reserved_bytes=torch.cuda.memory_reserved(self.device),
-                mem_peak_bytes=torch.cuda.max_memory_allocated(self.device),
-                mem_device_bytes=self.device_memory.bytes(),
-            )
-        else:
-            mem.update(
-                mem_alloc_bytes=None,
-                mem_reserved_bytes=None,
-                mem_peak_bytes=None,
-                mem_device_bytes=None,
-            )
-        return mem
+            stats = torch.cuda.memory_stats(self.device)
+            alloc = stats.get("allocated_bytes.all.current")
+            reserved = stats.get("reserved_bytes.all.current")
+            peak = stats.get("allocated_bytes.all.peak")
+            on_device = self.device_memory.bytes()
+        self._mem = (alloc, reserved, peak, on_device, rss_bytes())
+        self._mem_due = now + self.memory_every_s
 
-    def step(self, **fields: Any) -> None:
-        self.steps.add({**self._common, **self._step_extra, **fields, **self.memory()})
+    def memory(self, fresh: bool = False) -> dict[str, Any]:
+        """The latest memory sample (a new one when ``fresh`` or when it is due)."""
+        now = _now()
+        if fresh or now >= self._mem_due:
+            self._sample_memory(now)
+        return dict(zip(_MEMORY, self._mem, strict=True))
+
+    def step(
+        self,
+        epoch: int,
+        step: int,
+        warmup: bool,
+        t_start_s: float,
+        phases: Any,
+        comm_s: float | None,
+        comm_bytes: int | None,
+        comm_buckets: int | None,
+        samples: int,
+        loss: Any,
+        lr: float,
+    ) -> None:
+        """Buffer one step's row. ``phases`` is ``PhaseClock.stop()`` (or ``Phases``);
+        ``loss`` a float or, on CUDA, a 0-d tensor read at the flush (a non-finite one raises
+        ``NonFiniteLossError`` there, naming its step)."""
+        now = _now()
+        if now >= self._mem_due:
+            self._sample_memory(now)
+        rows = self._rows
+        rows.append(
+            (epoch, step, warmup, t_start_s, phases, comm_s, comm_bytes, comm_buckets, samples)
+            + (loss, lr, self._mem)
+        )
+        if now >= self._flush_due or len(rows) >= self.max_rows:
+            self.flush()
 
     def evaluation(self, **fields: Any) -> None:
-        self.evals.add({**self._common, **fields})
+        self._eval_rows.append(fields)
+        if _now() >= self._flush_due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every buffered row (one record batch per kind). Raises ``NonFiniteLossError``
+        for the first tensor loss that is not finite, after writing the rows before it."""
+        now = _now()
+        self._flush_due = now + self.flush_s
+        error = None
+        if self._rows:
+            self._sample_memory(now)  # the last row carries a fresh sample (and the peak so far)
+            rows, self._rows = self._rows, []
+            rows[-1] = (*rows[-1][:-1], self._mem)
+            error = self._write_steps(rows)
+        if self._eval_rows:
+            rows, self._eval_rows = self._eval_rows, []
+            names = {k for r in rows for k in r}
+            self._eval_file.write({k: [r.get(k) for r in rows] for k in names}, len(rows))
+        if error is not None:
+            raise error
+
+    def _write_steps(self, rows: list[tuple[Any, ...]]) -> NonFiniteLossError | None:
+        losses, bad = loss_values([r[9] for r in rows])
+        error = None
+        if bad is not None:  # the run stops at that step: later rows never happened
+            error = NonFiniteLossError(self.rank, rows[bad][1], losses[bad])
+            rows, losses = rows[:bad], losses[:bad]
+            if not rows:
+                return error
+        *buffered, memory = zip(*rows, strict=True)
+        columns: dict[str, Any] = dict(zip(_ROW, buffered, strict=True))
+        columns.update(zip(Phases._fields, phase_columns(columns.pop("phases")), strict=True))
+        columns.update(zip(_MEMORY, zip(*memory, strict=True), strict=True))
+        columns["loss"] = losses
+        self._step_file.write(columns, len(rows))
+        return error
 
     def close(self) -> None:
-        self.steps.close()
-        self.evals.close()
+        try:
+            self.flush()
+        finally:
+            self._step_file.close()
+            self._eval_file.close()
 
     def __enter__(self) -> Tracer:
         return self

@@ -131,8 +131,7 @@ class Trainer:
 
     def save(self, step: int, tracer: Tracer) -> None:
         """A checkpoint at ``step``, after the trace rows so far are on disk."""
-        tracer.steps.flush()  # a checkpoint never gets ahead of the trace rows on disk
-        tracer.evals.flush()
+        tracer.flush()  # a checkpoint never gets ahead of the trace rows on disk
         checkpoint.save(self.run_dir, step, self.module, self.optimizer, self.scaler, self.env.rank)
 
     def step(self, micro_batches: list[list[int]], clock: PhaseClock) -> dict[str, Any]:
@@ -161,25 +160,23 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
-        return self._fields(micro_batches, clock.durations(), loss_sum)
+        return self._fields(micro_batches, clock, loss_sum)
 
     def _fields(
-        self, micro_batches: list[list[int]], d: list[float], loss_sum: torch.Tensor
+        self, micro_batches: list[list[int]], clock: PhaseClock, loss_sum: torch.Tensor
     ) -> dict[str, Any]:
-        """A step's trace fields from its phase durations (per micro-step: data, forward,
-        backward; then the optimizer) and the comm meter's totals."""
+        """A step's trace fields: its phase marks (per micro-step: data, forward, backward; then
+        the optimizer; durations once the tracer flushes), the comm meter's totals and the loss:
+        a float on CPU, the tensor itself on CUDA, where reading it would wait for the GPU (the
+        tracer reads the losses of many steps at once, at its flush)."""
         comm_s, comm_bytes, comm_buckets = self.comm.take()
         return dict(
-            data_s=sum(d[0:-1:3]),
-            forward_s=sum(d[1:-1:3]),
-            backward_s=sum(d[2:-1:3]),
-            optimizer_s=d[-1],
-            step_s=sum(d),
+            phases=clock.stop(),
             comm_s=comm_s,
             comm_bytes=comm_bytes,
             comm_buckets=comm_buckets,
             samples=sum(len(b) for b in micro_batches),
-            loss=float(loss_sum),
+            loss=loss_sum if self.device.type == "cuda" else float(loss_sum),
             lr=self.optimizer.param_groups[0]["lr"],
         )
 

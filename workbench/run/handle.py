@@ -157,16 +157,38 @@ class RunHandle:
         if self._hung:
             time.sleep(STACK_DUMP_S)
 
-    def cancel(self) -> None:
-        """Stop the run now; the store records it as cancelled. Traces written so far stay."""
-        self._kill()
+    def cancel(self, timeout_s: float = 60.0) -> None:
+        """Stop the run now and return once it is gone: the executor, asked afresh, says the job
+        ended (on Slurm: ``squeue`` no longer lists it as active) and no process of the run is
+        left on this machine. Only then does the store say ``cancelled``; traces written so far
+        stay. After ``timeout_s`` a RuntimeError names what survived."""
+        self.watch.cancel()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = self._kill_what_is_left()
+            ended, said = self.watch.ended()
+            if ended and not left:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"run {self.run_id} still there {timeout_s:g} s after cancel: "
+                    f"processes {left or 'none'}, the executor says {said!r}"
+                )
+            time.sleep(0.2)
         self._finalize(status="cancelled")
 
     def _kill(self) -> None:
         """Cancel the job through its back end, then kill any rank left on this machine."""
         self.watch.cancel()
-        # The controller kills its tasks on the way out; make sure, by pid, that none survives.
+        self._kill_what_is_left()
+
+    def _kill_what_is_left(self) -> list[int]:
+        """SIGKILL the run's processes still alive here (recorded ranks, and those still
+        starting, found by the run's logs folder on their command line); the pids still seen."""
         processes.kill_ranks(read_rank_states(self.path))
+        processes.send(processes.pids_of_run(self.path))
+        recorded = processes.live_ranks(read_rank_states(self.path))
+        return sorted(set(recorded + processes.pids_of_run(self.path)))
 
     # -- results
     def _failure(self) -> dict[str, Any] | None:

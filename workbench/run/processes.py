@@ -84,11 +84,16 @@ def kill_run(run_path: Path, within_s: float = 10.0) -> None:
         time.sleep(0.1)
 
 
-def kill_ranks(states: Mapping[int, Mapping[str, Any]]) -> None:
-    """SIGKILL the ranks of these records still alive here (submitit processes only: a pid
-    reused by something else is spared)."""
-    send(
+def live_ranks(states: Mapping[int, Mapping[str, Any]]) -> list[int]:
+    """Pids of the ranks of these records still alive here (submitit processes only: a pid
+    reused by something else is not theirs)."""
+    return [
         int(s["pid"])
         for s in states.values()
         if rank_alive(s) and any("submitit" in a for a in command_line(int(s["pid"])))
-    )
+    ]
+
+
+def kill_ranks(states: Mapping[int, Mapping[str, Any]]) -> None:
+    """SIGKILL the ranks of these records still alive here."""
+    send(live_ranks(states))

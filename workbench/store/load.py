@@ -1,7 +1,8 @@
 """Loading the store into pandas: run folders, one row per run, and every rank's trace rows.
 
-Reads Parquet (consolidated traces) and JSONL (live rows) alike, without torch: a dashboard kernel
-opens a live or failed run's traces on a laptop with no GPU stack.
+Reads Parquet (consolidated traces), Arrow streams (live rows) and JSONL (live rows of runs from
+before the Arrow stream) alike, without torch: a dashboard kernel opens a live or failed run's
+traces on a laptop with no GPU stack.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import schema
+from workbench.store.arrow_stream import read_stream
 from workbench.store.files import read_json
 from workbench.store.jsonl import read_jsonl
 
@@ -70,18 +72,22 @@ def load_runs(
 
 
 def _trace_paths(run_path: Path, kind: str) -> list[Path]:
-    """Every rank's trace files: Parquet (consolidated, or earlier attempts of a resumed run)
-    and JSONL (live rows)."""
+    """Every rank's trace files: Parquet (consolidated, or earlier attempts of a resumed run),
+    then the live rows (Arrow streams; JSONL in runs written before them)."""
     traces = run_path / schema.TRACES_DIR
-    return sorted(traces.glob(f"{kind}-rank*.parquet")) + sorted(traces.glob(f"{kind}-rank*.jsonl"))
+    suffixes = (schema.FINAL_SUFFIX, schema.LIVE_SUFFIX, schema.LEGACY_LIVE_SUFFIX)
+    return [p for suffix in suffixes for p in sorted(traces.glob(f"{kind}-rank*.{suffix}"))]
 
 
 def _read_trace_file(path: Path, columns: dict[str, str]) -> pd.DataFrame | None:
     import pandas as pd
 
     try:
-        if path.suffix == ".parquet":
+        if path.suffix == f".{schema.FINAL_SUFFIX}":
             frame = pd.read_parquet(path)
+        elif path.suffix == f".{schema.LIVE_SUFFIX}":
+            table = read_stream(path)  # complete batches only: a torn last one is left out
+            frame = table.to_pandas() if table is not None else pd.DataFrame()
         else:
             frame = pd.DataFrame(list(read_jsonl(path)))
     except Exception as exc:  # a truncated or corrupt file must not hide the others
@@ -111,7 +117,7 @@ def load_traces(runs: str | Path | Iterable[str | Path], kind: str = "steps") ->
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
     frame = pd.concat(frames, ignore_index=True)
-    # A row can be in both files for the moment a rank consolidates its JSONL into Parquet.
+    # A row can be in two files for the moment a rank consolidates its live file into Parquet.
     frame = frame.drop_duplicates(["run_id", "rank", "attempt", "step"], keep="first")
     return frame[list(columns)].sort_values(
         ["run_id", "rank", "step"], kind="stable", ignore_index=True

@@ -1,77 +1,94 @@
-"""Consolidated trace files: a rank's JSONL rows turned into one Parquet file per kind at the end
-of its run, and trimmed to a checkpoint's step before a resumed attempt appends."""
+"""Consolidated trace files: a rank's live rows (Arrow stream, or JSONL from older runs) turned into
+one Parquet file per kind at the end of its run, and trimmed to a checkpoint's step before a
+resumed attempt appends."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from workbench import schema
+from workbench.store.arrow_stream import arrow_schema, read_stream
 from workbench.store.files import atomic_write_bytes
 from workbench.store.jsonl import read_jsonl
 
-
-def _arrow_schema(columns: dict[str, str]) -> Any:
+if TYPE_CHECKING:
     import pyarrow as pa
 
-    types = {
-        "string": pa.string(),
-        "int64": pa.int64(),
-        "float64": pa.float64(),
-        "bool": pa.bool_(),
-    }
-    return pa.schema(
-        [pa.field(name, types[kind]) for name, kind in columns.items()],
-        metadata={"workbench_trace_schema": str(schema.TRACE_SCHEMA_VERSION)},
-    )
+
+def _conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``target``'s columns, in order and types (missing ones null)."""
+    import pyarrow as pa
+
+    arrays = [
+        table.column(f.name).cast(f.type)
+        if f.name in table.column_names
+        else pa.nulls(table.num_rows, f.type)
+        for f in target
+    ]
+    return pa.Table.from_arrays(arrays, schema=target)
 
 
-def _read_rows(traces_dir: Path, stem: str) -> list[dict[str, Any]]:
-    """Rows of one rank's trace: the Parquet file if consolidated, plus any JSONL beside it."""
-    rows: list[dict[str, Any]] = []
-    parquet = traces_dir / f"{stem}.parquet"
-    if parquet.exists():
-        import pyarrow.parquet as pq
-
-        rows.extend(pq.read_table(parquet).to_pylist())
-    rows.extend(read_jsonl(traces_dir / f"{stem}.jsonl"))
-    return rows
+def live_paths(traces_dir: Path, kind: str, rank: int) -> list[Path]:
+    """The live files of one rank and kind: its Arrow stream and an older run's JSONL."""
+    return [
+        traces_dir / schema.trace_file(kind, rank, schema.LIVE_SUFFIX),
+        traces_dir / schema.trace_file(kind, rank, schema.LEGACY_LIVE_SUFFIX),
+    ]
 
 
-def _write_parquet(rows: list[dict[str, Any]], columns: dict[str, str], path: Path) -> None:
+def read_rank_trace(traces_dir: Path, kind: str, rank: int) -> pa.Table | None:
+    """Every row of one rank's trace of one kind: the Parquet file (earlier attempts, or the
+    whole run once consolidated), then the live rows. None when there are no files at all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(
-        [{c: r.get(c) for c in columns} for r in rows], schema=_arrow_schema(columns)
-    )
+    target = arrow_schema(schema.trace_columns(kind))
+    parts = []
+    parquet = traces_dir / schema.trace_file(kind, rank)
+    if parquet.exists():
+        parts.append(pq.read_table(parquet))
+    stream, legacy = live_paths(traces_dir, kind, rank)
+    table = read_stream(stream)
+    if table is not None:
+        parts.append(table)
+    if legacy.exists():
+        rows = [{c: r.get(c) for c in target.names} for r in read_jsonl(legacy)]
+        parts.append(pa.Table.from_pylist(rows, schema=target))
+    if not parts:
+        return None
+    return pa.concat_tables([_conform(t, target) for t in parts])
+
+
+def _replace_with_parquet(table: pa.Table, traces_dir: Path, kind: str, rank: int) -> None:
+    """Write ``table`` as the rank's Parquet file (atomically), then remove its live files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+    atomic_write_bytes(traces_dir / schema.trace_file(kind, rank), sink.getvalue().to_pybytes())
+    for path in live_paths(traces_dir, kind, rank):
+        path.unlink(missing_ok=True)
 
 
 def consolidate(traces_dir: Path, rank: int) -> None:
-    """Turn this rank's JSONL rows (and any earlier Parquet) into one Parquet file per kind."""
-    for stem_of, columns in (
-        (schema.steps_file, schema.STEP_COLUMNS),
-        (schema.eval_file, schema.EVAL_COLUMNS),
-    ):
-        stem = stem_of(rank, "x")[:-2]
-        rows = _read_rows(traces_dir, stem)
-        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
-        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)
+    """Turn this rank's live rows (and any earlier Parquet) into one Parquet file per kind."""
+    for kind in schema.TRACE_KINDS:
+        table = read_rank_trace(traces_dir, kind, rank)
+        if table is None:
+            table = arrow_schema(schema.trace_columns(kind)).empty_table()
+        _replace_with_parquet(table, traces_dir, kind, rank)
 
 
 def trim_for_resume(traces_dir: Path, rank: int, last_step: int) -> None:
     """Before a resumed attempt appends: keep only rows up to the checkpoint's step, so the steps
     it repeats are traced once, by the attempt that completes them."""
-    for stem_of, columns in (
-        (schema.steps_file, schema.STEP_COLUMNS),
-        (schema.eval_file, schema.EVAL_COLUMNS),
-    ):
-        stem = stem_of(rank, "x")[:-2]
-        rows = [r for r in _read_rows(traces_dir, stem) if r["step"] <= last_step]
-        if not rows and not (traces_dir / f"{stem}.parquet").exists():
+    import pyarrow.compute as pc
+
+    for kind in schema.TRACE_KINDS:
+        table = read_rank_trace(traces_dir, kind, rank)
+        if table is None:
             continue
-        _write_parquet(rows, columns, traces_dir / f"{stem}.parquet")
-        (traces_dir / f"{stem}.jsonl").unlink(missing_ok=True)
+        table = table.filter(pc.less_equal(table["step"], last_step))
+        _replace_with_parquet(table, traces_dir, kind, rank)

@@ -242,7 +242,7 @@ def point_state_after_run(path: Path) -> str | None:
 
 def _has_step_traces(run_paths: list[str]) -> bool:
     """Whether any of these runs wrote a step trace file with something in it."""
-    pattern = schema.steps_file(0, "*").replace("00000", "*")  # any rank, Parquet or JSONL
+    pattern = schema.steps_file(0, "*").replace("00000", "*")  # any rank, Parquet or live
     return any(
         f.stat().st_size > 0
         for path in run_paths

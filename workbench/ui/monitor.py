@@ -1,7 +1,7 @@
 """A live run monitor for notebooks: status, progress, throughput and loss of one run.
 
-It reads the run's streaming trace files (JSONL while the run is live, Parquet after), so it works
-for any executor and never polls a scheduler. No torch at import time.
+It reads the run's streaming trace files (an Arrow stream per rank while the run is live, Parquet
+after), so it works for any executor and never polls a scheduler. No torch at import time.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import html
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import ipywidgets as widgets
 import pandas as pd
@@ -18,15 +19,17 @@ from workbench import schema
 from workbench.analysis.windows import measured_window
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
+from workbench.store.arrow_stream import read_messages
 from workbench.store.files import read_json
 
 FINAL_STATUSES = ("completed", "failed", "cancelled", "preempted")
 
 
 class _TraceTail:
-    """The step rows of one run so far, read incrementally: new JSONL lines since the last read,
-    and a rank's Parquet file again only when it changed. Rows are keyed by (rank, attempt, step),
-    so a row seen in both files (during consolidation) counts once."""
+    """The step rows of one run so far, read incrementally: a rank's live Arrow stream from the
+    byte offset after its last complete batch (JSONL, in runs from before the stream, from the
+    end of its last complete line), and its Parquet file again only when it changed. Rows are
+    keyed by (attempt, step), so a row seen in two files (during consolidation) counts once."""
 
     _KEEP = (
         "rank",
@@ -44,7 +47,8 @@ class _TraceTail:
     def __init__(self, traces_dir: Path) -> None:
         self.dir = traces_dir
         self._parquet: dict[Path, tuple[tuple[float, int], dict[tuple[int, int], dict]]] = {}
-        self._jsonl: dict[Path, tuple[int, int, dict[tuple[int, int], dict]]] = {}
+        # live file -> (inode, offset after the last complete message or line, schema, rows)
+        self._live: dict[Path, tuple[int, int, Any, dict[tuple[int, int], dict]]] = {}
 
     def _read_parquet(self, path: Path) -> dict[tuple[int, int], dict]:
         stamp = (path.stat().st_mtime, path.stat().st_size)
@@ -55,18 +59,44 @@ class _TraceTail:
             table = pq.read_table(path, columns=[c for c in self._KEEP])
             rows = {(r["attempt"], r["step"]): r for r in table.to_pylist()}
             self._parquet[path] = cached = (stamp, rows)
+            # A new Parquet file means the live files beside it were consolidated or trimmed
+            # (then deleted, and perhaps made anew): read those from the start again.
+            for live in self._live_paths(path.name.split(".")[0]):
+                self._live.pop(live, None)
         return cached[1]
 
-    def _read_jsonl(self, path: Path) -> dict[tuple[int, int], dict]:
+    def _live_paths(self, stem: str) -> list[Path]:
+        return [self.dir / f"{stem}.{s}" for s in (schema.LIVE_SUFFIX, schema.LEGACY_LIVE_SUFFIX)]
+
+    def _read_live(self, path: Path) -> dict[tuple[int, int], dict]:
+        stat = path.stat()
+        inode, offset, known, rows = self._live.get(path, (stat.st_ino, 0, None, {}))
+        if inode != stat.st_ino or stat.st_size < offset:  # rewritten: read it afresh
+            offset, known, rows = 0, None, {}
+        if stat.st_size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            if path.suffix == f".{schema.LIVE_SUFFIX}":
+                used, known = self._add_batches(chunk, known, rows)
+            else:
+                used = self._add_lines(chunk, rows)
+            offset += used
+        self._live[path] = (stat.st_ino, offset, known, rows)
+        return rows
+
+    def _add_batches(self, chunk: bytes, known: Any, rows: dict) -> tuple[int, Any]:
+        """Rows of the complete record batches in ``chunk``; (bytes they take, the schema)."""
+        batches, used, known = read_messages(chunk, known)
+        for batch in batches:
+            for r in batch.select(list(self._KEEP)).to_pylist():
+                rows[(r["attempt"], r["step"])] = r
+        return used, known
+
+    def _add_lines(self, chunk: bytes, rows: dict) -> int:
+        """Rows of the complete JSONL lines in ``chunk``; the bytes they take."""
         import json
 
-        inode = path.stat().st_ino
-        offset, old_inode, rows = self._jsonl.get(path, (0, inode, {}))
-        if inode != old_inode or path.stat().st_size < offset:  # rewritten: read it afresh
-            offset, rows = 0, {}
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
         for line in complete.splitlines():
             try:
@@ -74,8 +104,7 @@ class _TraceTail:
             except ValueError:
                 continue
             rows[(r.get("attempt", 0), r["step"])] = {k: r.get(k) for k in self._KEEP}
-        self._jsonl[path] = (offset + len(complete), inode, rows)
-        return rows
+        return len(complete)
 
     def frame(self) -> pd.DataFrame:
         """Every step row so far (the monitor's columns only)."""
@@ -83,12 +112,13 @@ class _TraceTail:
         stems = {p.name.split(".")[0] for p in self.dir.glob("steps-rank*.*")}
         for stem in sorted(stems):
             merged: dict[tuple[int, int], dict] = {}
-            for suffix, reader in ((".parquet", self._read_parquet), (".jsonl", self._read_jsonl)):
-                path = self.dir / f"{stem}{suffix}"
+            parquet = self.dir / f"{stem}.{schema.FINAL_SUFFIX}"
+            for path in (parquet, *self._live_paths(stem)):
+                reader = self._read_parquet if path == parquet else self._read_live
                 try:
                     merged.update(reader(path))
-                except FileNotFoundError:  # consolidated (jsonl gone) or not written yet
-                    self._jsonl.pop(path, None)
+                except FileNotFoundError:  # consolidated (live file gone) or not written yet
+                    self._live.pop(path, None)
             rows.extend(merged.values())
         return pd.DataFrame(rows, columns=list(self._KEEP))
 

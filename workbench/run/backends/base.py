@@ -40,6 +40,13 @@ class JobWatch(ABC):
 
             jobs.cancel_job(self.job)
 
+    def ended(self) -> tuple[bool, str]:
+        """Whether the executor says, asked now, that the job is over; and what it said."""
+        if self.job is None:
+            return True, "no job object here (re-attached): its processes tell"
+        done = bool(self.job.done())
+        return done, "done" if done else "still running"
+
     def settle(self) -> None:  # noqa: B027  (an optional hook: most jobs need nothing)
         """Before waiting on the job: run an in-process job to its end (nothing to do unless
         the job runs in this process)."""

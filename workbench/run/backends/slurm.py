@@ -70,10 +70,11 @@ class SqueuePoller:
     _active: bool = True
     state: str | None = None
 
-    def active(self) -> bool:
-        """The job's last known presence in ``squeue`` (asked again once ``poll_s`` passed)."""
+    def active(self, fresh: bool = False) -> bool:
+        """The job's last known presence in ``squeue`` (asked again once ``poll_s`` passed, or
+        now when ``fresh``)."""
         now = time.monotonic()
-        if now - self._last < self.poll_s:
+        if not fresh and now - self._last < self.poll_s:
             return self._active
         self._last = now
         try:
@@ -114,6 +115,11 @@ class SlurmWatch(JobWatch):
         if all_completed(states, processes):
             return False
         return self.squeue.active()
+
+    def ended(self) -> tuple[bool, str]:
+        """Whether ``squeue``, asked now, no longer lists the job as active; and its state."""
+        active = self.squeue.active(fresh=True)
+        return not active, self.squeue.state or "not in squeue"
 
     def cancel(self) -> None:
         """Cancel through submitit, or with scancel when re-attached."""

@@ -1,0 +1,164 @@
+"""The ``workbench`` command: ``run``, ``ls``, ``scale``, ``sweep``, ``repartition``, ``report``.
+
+The parser is here; the flags of the run configuration are :mod:`workbench.cli.options`, and what
+each sub-command does is :mod:`workbench.cli.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+from workbench.cli import commands
+from workbench.cli.options import add_config_options, world_sizes
+from workbench.run.backends import BACKENDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``workbench`` command and its sub-commands."""
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Launch, trace and analyse PyTorch DDP scaling studies.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report):
+        add(sub)
+    return parser
+
+
+def _add_run(sub: Any) -> None:
+    """``workbench run``: one run, then its summary."""
+    run = sub.add_parser(
+        "run",
+        help="launch one training run and print its summary",
+        description="Launch one DDP training run, wait for it, print a summary table.",
+    )
+    run.add_argument(
+        "--executor",
+        default="local",
+        choices=[name for name, b in BACKENDS.items() if b.on_this_machine],
+        help="local: one subprocess per rank; debug: world size 1 in this process",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run named by --run-name from its latest checkpoint",
+    )
+    add_config_options(run)
+    run.set_defaults(func=commands.run)
+
+
+def _add_ls(sub: Any) -> None:
+    """``workbench ls``: the runs in the store."""
+    ls = sub.add_parser("ls", help="list runs in the store", description="List runs in the store.")
+    ls.add_argument("--output-dir", default="experiments/results", help="root of the result store")
+    ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
+    ls.set_defaults(func=commands.ls)
+
+
+def _add_scale(sub: Any) -> None:
+    """``workbench scale``: one config at several world sizes."""
+    scale = sub.add_parser(
+        "scale",
+        help="one config at several world sizes, then a report",
+        description="Run one config at several world sizes (one after another), "
+        "then write the sweep's offline HTML report.",
+    )
+    scale.add_argument(
+        "--world-sizes",
+        type=world_sizes,
+        default=[1, 2],
+        help="comma-separated world sizes (default: 1,2)",
+    )
+    scale.add_argument("--executor", default="local", choices=["local"], help="where the ranks run")
+    scale.add_argument(
+        "--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)"
+    )
+    add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
+    scale.set_defaults(func=commands.scale)
+
+
+def _add_sweep(sub: Any) -> None:
+    """``workbench sweep``: a YAML grid, one executed notebook per point."""
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a YAML grid of configs, one executed notebook per point",
+        description="Run every point of a sweep spec (experiments/sweeps/X.yaml: name, notebook, "
+        "executor, fixed and grid RunConfig fields) by executing its notebook with papermill, one "
+        "point after another; keep each executed notebook beside its run as notebook.ipynb; then "
+        "write <output_dir>/<name>/summary.csv and report.html. Running it again skips the points "
+        "that completed and runs failed or interrupted ones again. Exit status: 0 all points "
+        "completed, 1 some failed, 2 a bad spec or notebook, 130 interrupted.",
+    )
+    sweep.add_argument("spec", help="the sweep spec, a YAML file")
+    sweep.add_argument(
+        "--force", action="store_true", help="run every point again, even completed ones"
+    )
+    sweep.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the points, their run ids and what would run; run nothing",
+    )
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--output-dir", help="root of the result store (default: the spec's)")
+    sweep.set_defaults(func=commands.sweep)
+
+
+def _add_repartition(sub: Any) -> None:
+    """``workbench repartition``: Parquet row groups."""
+    rep = sub.add_parser(
+        "repartition",
+        help="rewrite a Parquet file with another row-group layout",
+        description="Rewrite a Parquet training file so its row groups shard evenly over the "
+        "ranks (their number must be a multiple of the processes), or make a synthetic one.",
+    )
+    rep.add_argument("path", help="the Parquet file")
+    rep.add_argument("-o", "--output", help="write here instead of in place")
+    rep.add_argument("--row-groups", type=int, help="this many row groups of equal size")
+    rep.add_argument("--rows-per-group", type=int, help="this many rows per row group")
+    rep.add_argument(
+        "--make",
+        type=int,
+        metavar="ROWS",
+        help="instead, write a synthetic classification dataset of ROWS rows",
+    )
+    rep.set_defaults(func=commands.repartition)
+
+
+def _add_report(sub: Any) -> None:
+    """``workbench report``: the offline HTML report."""
+    report = sub.add_parser(
+        "report",
+        help="write one offline HTML report of a sweep or run",
+        description="Write a self-contained HTML report (works with no network).",
+    )
+    report.add_argument("target", help="a sweep name, a sweep folder or a run folder")
+    report.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    report.add_argument(
+        "--output-dir", default="experiments/results", help="root of the result store"
+    )
+    report.set_defaults(func=commands.report)
+
+
+def _unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" message, with the closest option for each flag."""
+    options = [s for action in parser._actions for s in action.option_strings]
+    hints = []
+    for flag in (e.split("=", 1)[0] for e in extra if e.startswith("--")):
+        close = difflib.get_close_matches(flag, options, n=1)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    return f"unrecognized arguments: {' '.join(extra)}" + (
+        f" ({'; '.join(hints)})" if hints else ""
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``workbench`` command; returns its exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        sub.error(_unrecognized(extra, sub))
+    return int(args.func(args))

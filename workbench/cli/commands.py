@@ -1,0 +1,204 @@
+"""What each ``workbench`` sub-command does once its flags are parsed: each returns the exit
+status (0 done, 1 a run or point failed, 2 bad input, 130 interrupted)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from workbench.cli.options import config_from_args
+
+
+def run(args: argparse.Namespace) -> int:
+    from workbench.analysis.summary import per_rank_table
+    from workbench.errors import ConfigError, PreflightError, RunFailedError
+    from workbench.run.launch import launch
+    from workbench.store.load import load_traces
+
+    try:
+        config = config_from_args(args)
+        handle = launch(config, executor=args.executor, resume=args.resume)
+    except (ConfigError, PreflightError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {handle.run_id}: {config.world_size} rank(s), {config.total_steps} steps, "
+        f"executor={args.executor}; results in {handle.path}"
+    )
+    try:
+        handle.wait()
+    except RunFailedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _print_summary(handle.path)
+    table = per_rank_table(load_traces(handle.path, "steps"))
+    print(f"per rank:\n{table.to_string(float_format=lambda x: f'{x:.4g}')}")
+    print(f"results: {handle.path}")
+    return 0
+
+
+def _print_summary(run_path: Path) -> None:
+    from workbench.store.files import read_json
+
+    s = read_json(run_path / "run.json").get("summary") or {}
+
+    def fmt(key: str, unit: str = "", scale: float = 1.0) -> str:
+        v = s.get(key)
+        return "n/a" if v is None else f"{v * scale:.4g}{unit}"
+
+    print(
+        f"throughput: {fmt('samples_per_s', ' samples/s')} total, "
+        f"{fmt('samples_per_s_per_device', ' samples/s')} per device "
+        f"({s.get('measured_steps', 0)} measured steps, warm-up excluded)"
+    )
+    print(
+        "step time (ms): "
+        + ", ".join(
+            f"{p.replace('_s', '')} {fmt('mean_' + p, '', 1000)}"
+            for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
+        )
+    )
+    rss, cuda = fmt("peak_rss_bytes", " MiB", 2**-20), fmt("peak_cuda_bytes", " MiB", 2**-20)
+    print(f"peak memory: RSS {rss}, CUDA {cuda}")
+    metric = s.get("final_metric_name", "metric")
+    print(f"final loss {fmt('final_loss')}; {metric} {fmt('final_metric')}")
+
+
+def ls(args: argparse.Namespace) -> int:
+    from workbench.store.load import load_runs
+
+    runs = load_runs(args.output_dir, args.sweep or None)
+    if runs.empty:
+        print(f"no runs in {args.output_dir}")
+        return 0
+    cols = [
+        c
+        for c in (
+            "sweep",
+            "run_id",
+            "status",
+            "model",
+            "world_size",
+            "per_device_batch_size",
+            "precision",
+            "samples_per_s",
+            "final_loss",
+            "final_metric",
+        )
+        if c in runs.columns
+    ]
+    print(runs[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from workbench.ui.report import report_from_store
+
+    try:
+        path = report_from_store(args.target, args.output, output_dir=args.output_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(
+            f"error: cannot write the report to {args.output}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
+def scale(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError
+    from workbench.run.study import run_study, scaling_configs
+    from workbench.ui.report import report_from_store
+
+    try:
+        sizes = args.world_sizes
+        config = config_from_args(argparse.Namespace(**{**vars(args), "world_size": max(sizes)}))
+        configs = scaling_configs(config, sizes)
+    except (ValueError, ConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    handles = run_study(configs, args.executor)
+    for handle in handles:
+        print(f"{handle.run_id}: {handle.status()}")
+    report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
+    path = report_from_store(config.sweep, report, output_dir=config.output_dir)
+    print(f"results: {Path(config.output_dir) / config.sweep}")
+    print(f"report: {path}")
+    return 0 if all(h.status() == "completed" for h in handles) else 1
+
+
+def sweep(args: argparse.Namespace) -> int:
+    from workbench.errors import ConfigError
+    from workbench.sweeps.runner import check_notebook, plan, run_sweep
+    from workbench.sweeps.spec import SweepSpec
+
+    try:
+        spec = SweepSpec.from_yaml(args.spec)
+        if args.output_dir:
+            spec = dataclasses.replace(spec, output_dir=args.output_dir)
+        check_notebook(spec.notebook_path())
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        steps = plan(spec, force=args.force)
+        print(f"sweep {spec.name}: {len(steps)} point(s) in {spec.sweep_dir}")
+        for point, action in steps:
+            values = ", ".join(f"{k}={v}" for k, v in point.values.items())
+            print(f"  {point.index:>3}  {point.run_id}  {action:<4}  {values}")
+        return 0
+    try:
+        result = run_sweep(spec, force=args.force, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        # Completed points are kept; the interrupted one never looks complete.
+        print(
+            f"interrupted; completed points are kept in {spec.sweep_dir}; run the same command "
+            "again to go on",
+            file=sys.stderr,
+        )
+        return 130
+    for outcome in result.outcomes:
+        line = f"  {outcome.index:>3}  {outcome.run_id}  {outcome.status}"
+        print(line + (f": {outcome.error}" if outcome.error else ""))
+    print(result)
+    if result.other_runs:
+        print(
+            f"note: {len(result.other_runs)} run(s) in {result.sweep_dir} are not points of this "
+            "spec (an earlier version of it?); the summary and report include them"
+        )
+    if result.summary_error:
+        print(f"error: summary not written: {result.summary_error}", file=sys.stderr)
+    if result.summary_path:
+        print(f"summary: {result.summary_path}")
+        print(f"report: {result.report_path}")
+    return 0 if result.ok and not result.summary_error else 1
+
+
+def repartition(args: argparse.Namespace) -> int:
+    from workbench.store.row_groups import make_parquet_dataset, repartition, row_groups
+
+    if not args.make and not Path(args.path).is_file():
+        print(f"error: {args.path}: no such Parquet file (--make ROWS writes one)", file=sys.stderr)
+        return 2
+    try:
+        if args.make:
+            make_parquet_dataset(args.path, args.make, rows_per_group=args.rows_per_group or 256)
+        else:
+            repartition(
+                args.path,
+                args.output,
+                row_groups_count=args.row_groups,
+                rows_per_group=args.rows_per_group,
+            )
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = args.output or args.path
+    print(f"{out}: {row_groups(out)} row groups")
+    return 0
