@@ -41,3 +41,19 @@ def wait_for(condition: Callable[[], T], timeout_s: float, what: str, poll_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}; last seen: {seen!r}")
         time.sleep(poll_s)
+
+
+def wait_until_no_job_processes(run_path: Path, timeout_s: float = 30) -> None:
+    """Wait until no process of the run is alive; fail naming the pids still there."""
+    left: list[int] = []
+
+    def gone() -> bool:
+        left[:] = job_processes(run_path)
+        return not left
+
+    try:
+        wait_for(gone, timeout_s, f"every process of {run_path.name} to end")
+    except AssertionError:
+        raise AssertionError(
+            f"processes of {run_path.name} alive after {timeout_s:g} s: {left}"
+        ) from None

@@ -13,7 +13,7 @@ from workbench.store.files import read_json
 from workbench.store.load import load_traces
 
 from .conftest import base_config
-from .helpers import job_processes
+from .helpers import job_processes, wait_until_no_job_processes
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +28,7 @@ def failed_then_resumed(store):
     with pytest.raises(RunFailedError) as err:
         handle.wait(timeout_s=120)
     failed_after_s = time.monotonic() - start
+    wait_until_no_job_processes(handle.path)  # with a deadline: it fails naming survivors
     leftover = job_processes(handle.path)
     traces_after_failure = load_traces(handle.path)
     status_after_failure = handle.status()

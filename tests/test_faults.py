@@ -15,7 +15,7 @@ from workbench.run.handle import attach
 from workbench.run.launch import launch
 
 from .conftest import base_config
-from .helpers import job_processes
+from .helpers import wait_for, wait_until_no_job_processes
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.slow
 def _fails(handle, timeout_s: float = 120) -> RunFailedError:
     with pytest.raises(RunFailedError) as err:
         handle.wait(timeout_s=timeout_s)
-    time.sleep(0.5)
-    assert job_processes(handle.path) == [], "no process of the job survives"
+    wait_until_no_job_processes(handle.path)
     return err.value
 
 
@@ -119,17 +118,18 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         code = textwrap.dedent(f"""
             from workbench import RunConfig
             from workbench.run.launch import launch
-            config = RunConfig(model="mlp", world_size=2, global_batch_size=64, train_samples=512,
-                               epochs=40, output_dir={str(store)!r}, sweep="kernel",
-                               run_name="survivor")
+            # Steps sleep 50 ms, so the run cannot end before the restart is checked.
+            config = RunConfig(model="tests.plugins:sleepy_mlp",
+                               dataset="tests.plugins:synthetic_like_mlp",
+                               model_options={{"sleep_s": 0.05}}, world_size=2,
+                               global_batch_size=64, train_samples=512, epochs=40,
+                               output_dir={str(store)!r}, sweep="kernel", run_name="survivor")
             handle = launch(config)
         """)
         reply = kc.execute_interactive(code, timeout=60)
         assert reply["content"]["status"] == "ok", reply["content"]
         run_path = store / "kernel" / "survivor"
-        deadline = time.monotonic() + 60
-        while attach(run_path).status() != "running" and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: attach(run_path).status() == "running", 60, "the run to start")
         km.restart_kernel(
             now=True
         )  # what Jupyter's "Restart kernel" does: SIGKILL to its process group
