@@ -1,7 +1,8 @@
 """The local Slurm test cluster (scripts/slurm/cluster.sh) as a pytest fixture.
 
-``slurm_cluster`` uses a running cluster (found through ``$WORKBENCH_SLURM_DIR/env.sh``, or the
-folder of ``$SLURM_CONF``), or starts one (needs root) and stops it at the end of the session.
+``slurm_cluster`` uses a running cluster when ``$WORKBENCH_SLURM_DIR`` (or the folder of
+``$SLURM_CONF``) names one, or starts one (needs root) in a folder of its own under the system's
+temporary folder, on free ports, and stops and removes it at the end of the session.
 Set ``WORKBENCH_SLURM_AUTOSTART=0`` to only use an already running cluster. Without a cluster the
 tests are skipped with the reason (in CI, ``CI=true``, they fail instead). While it is active,
 ``SLURM_CONF`` is exported and ``tests/slurm/bin`` (a test-only ``sacct``, since the cluster has
@@ -11,26 +12,49 @@ no accounting database) is first on ``PATH``.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
 import typing as tp
 from pathlib import Path
 
 import pytest
+
+from workbench.ports import free_port
 
 from .requirements import require
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
 SHIM_BIN = ROOT / "tests" / "slurm" / "bin"
-DEFAULT_DIR = "/tmp/workbench-slurm"
 
 
-def _cluster_dir() -> Path:
+def _cluster_dir() -> Path | None:
+    """The folder of a cluster the environment names, or None: the session starts its own."""
     if os.environ.get("WORKBENCH_SLURM_DIR"):
         return Path(os.environ["WORKBENCH_SLURM_DIR"])
     if os.environ.get("SLURM_CONF"):
         return Path(os.environ["SLURM_CONF"]).parent
-    return Path(DEFAULT_DIR)
+    return None
+
+
+def _free_port_triple() -> int:
+    """A port p with p, p+1 and p+2 free (slurmctld and the two slurmd), below the ephemeral range."""
+    for _ in range(200):
+        port = free_port()
+        if port + 2 < 32768 and all(_port_free(p) for p in (port + 1, port + 2)):
+            return port
+    raise RuntimeError("no three consecutive free ports found for the Slurm test cluster")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -43,8 +67,10 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
-def _script(cmd: str, cluster_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WORKBENCH_SLURM_DIR=str(cluster_dir))
+def _script(
+    cmd: str, cluster_dir: Path, timeout: float = 600, **extra: str
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ, WORKBENCH_SLURM_DIR=str(cluster_dir), **extra)
     return subprocess.run(
         ["bash", str(CLUSTER_SH), cmd], env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -52,11 +78,16 @@ def _script(cmd: str, cluster_dir: Path, timeout: float = 600) -> subprocess.Com
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> tp.Iterator[dict[str, str]]:
-    cluster_dir = _cluster_dir()
+    named = _cluster_dir()
+    # A short folder of its own: the munge socket's path must fit a Unix socket name.
+    cluster_dir = named or Path(tempfile.mkdtemp(prefix="wb-slurm-", dir="/tmp"))
     env_file = cluster_dir / "env.sh"
     started_here = False
     running = (
-        env_file.exists() and CLUSTER_SH.exists() and _script("status", cluster_dir).returncode == 0
+        named is not None
+        and env_file.exists()
+        and CLUSTER_SH.exists()
+        and _script("status", cluster_dir).returncode == 0
     )
     if not running:
         if os.environ.get("WORKBENCH_SLURM_AUTOSTART", "1") == "0":
@@ -72,8 +103,10 @@ def slurm_cluster() -> tp.Iterator[dict[str, str]]:
                 f"Slurm test cluster not running in {cluster_dir} and starting it needs root; "
                 f"run: sudo {CLUSTER_SH} start",
             )
-        proc = _script("start", cluster_dir)
+        proc = _script("start", cluster_dir, WORKBENCH_SLURM_PORT=str(_free_port_triple()))
         if proc.returncode != 0:
+            if named is None:
+                shutil.rmtree(cluster_dir, ignore_errors=True)
             require(
                 False,
                 f"could not start the Slurm test cluster ({CLUSTER_SH} start, "
@@ -93,3 +126,5 @@ def slurm_cluster() -> tp.Iterator[dict[str, str]]:
         mp.undo()
         if started_here:
             _script("stop", cluster_dir)
+            if named is None:
+                shutil.rmtree(cluster_dir, ignore_errors=True)

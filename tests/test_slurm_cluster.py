@@ -1,10 +1,10 @@
 """End-to-end checks of the single-machine Slurm test cluster (scripts/slurm/cluster.sh).
 
-The session fixture ``slurm_cluster`` uses a running cluster (found through
-``$WORKBENCH_SLURM_DIR/env.sh``, or the folder of ``$SLURM_CONF``), or starts one with
-``scripts/slurm/cluster.sh start`` (needs root) and then stops it at the end of the session.
+The session fixture ``slurm_cluster`` uses a running cluster when ``$WORKBENCH_SLURM_DIR`` (or
+the folder of ``$SLURM_CONF``) names one, or starts one with ``scripts/slurm/cluster.sh start``
+(needs root) in a temporary folder of the session's own, then stops and removes it.
 Set ``WORKBENCH_SLURM_AUTOSTART=0`` to only use an already running cluster.
-Tests are skipped, with the reason, when no cluster is available.
+Tests are skipped, with the reason, when no cluster is available (in CI they fail).
 
 While the fixture is active, ``SLURM_CONF`` is exported and ``tests/slurm/bin`` (the test-only
 ``sacct`` replacement submitit needs, since the cluster has no accounting database) is put
@@ -20,11 +20,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import typing as tp
 from pathlib import Path
 
 import pytest
+
+from workbench import jobs
 
 from .slurm_support import SHIM_BIN
 
@@ -109,7 +112,7 @@ def _env_facts() -> dict[str, tp.Any]:
 
 def _dist_facts() -> dict[str, tp.Any]:
     env = submitit.JobEnvironment()
-    dist = submitit.helpers.TorchDistributedEnvironment()
+    dist = jobs.job_facts()  # what a workbench rank sees, MASTER_ADDR included
     return dict(
         global_rank=env.global_rank,
         local_rank=env.local_rank,
@@ -133,8 +136,9 @@ def test_cluster_is_up(slurm_cluster: dict[str, str]) -> None:
     expected = slurm_cluster["WORKBENCH_SLURM_NODES"].split(",")
     assert sorted(nodes) == sorted(expected), out
     for name in expected:
-        # the first node becomes MASTER_ADDR: every node name must resolve to this machine
-        assert socket.gethostbyname(name).startswith("127."), name
+        # the first node becomes MASTER_ADDR: its name, or Slurm's NodeAddr where the name
+        # resolves nowhere, must reach this machine
+        assert socket.gethostbyname(jobs.node_address(name)).startswith("127."), name
     assert shutil.which("sacct") == str(SHIM_BIN / "sacct")
 
 
@@ -188,3 +192,37 @@ def test_cancelled_job_is_done(job_root: Path) -> None:
     assert job.done()
     with pytest.raises(submitit.core.utils.UncompletedJobError):
         job.result()
+
+
+def test_cluster_starts_where_the_host_name_resolves_nowhere() -> None:
+    """Many container and cloud images map ``hostname -s`` to no address or a non-loopback one: the
+    script gives every daemon 127.0.0.1 itself. A new UTS namespace with a host name that resolves
+    nowhere starts a second cluster, runs a two-node step and stops it."""
+    from .requirements import require
+    from .slurm_support import CLUSTER_SH, _free_port_triple
+
+    require(os.geteuid() == 0 and shutil.which("unshare") is not None, "root and unshare(1)")
+    folder = Path(tempfile.mkdtemp(prefix="wb-slurm-uts-", dir="/tmp"))
+    name = "wb-unresolvable-host"
+    script = (
+        f"hostname {name} && ! getent hosts {name} && bash {CLUSTER_SH} start && "
+        f"srun -N2 -n2 hostname; rc=$?; bash {CLUSTER_SH} stop; exit $rc"
+    )
+    env = dict(
+        os.environ,
+        WORKBENCH_SLURM_DIR=str(folder),
+        WORKBENCH_SLURM_PORT=str(_free_port_triple()),
+        SLURM_CONF=str(folder / "slurm.conf"),
+    )
+    try:
+        proc = subprocess.run(
+            ["unshare", "--uts", "bash", "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == [name, name], proc.stdout  # after the printed env

@@ -7,7 +7,9 @@ this module for plain values and executor objects, so submitit's names stay in o
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -48,10 +50,31 @@ def job_facts(master_port: int | None = None) -> JobFacts:
         local_world_size=tde.local_world_size,
         node_rank=job.node,
         num_nodes=job.num_nodes,
-        master_addr=tde.master_addr,
+        master_addr=node_address(tde.master_addr) if job.num_nodes > 1 else tde.master_addr,
         master_port=tde.master_port,
         job_id=str(job.job_id),
     )
+
+
+def node_address(node: str) -> str:
+    """An address other nodes can reach ``node`` by: its name where the name resolves, else the
+    ``NodeAddr`` Slurm has for it. Slurm lets a node's name differ from its address (the local
+    cluster in ``scripts/slurm`` names its nodes ``wb-node-a``/``wb-node-b`` at 127.0.0.1), and
+    the first node's name is what becomes ``MASTER_ADDR``."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except socket.gaierror:
+        pass
+    try:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "node", node],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return node  # the rendezvous will then fail and name the address it tried
+    found = re.search(r"\bNodeAddr=(\S+)", out)
+    return found.group(1) if found else node
 
 
 def preemption_signal() -> int:
