@@ -26,6 +26,7 @@ class FakeCuda:
     def __init__(self) -> None:
         self.calls = {
             "Event": 0,
+            "current_stream": 0,
             "record": 0,
             "event_synchronize": 0,
             "synchronize": 0,
@@ -76,6 +77,7 @@ class FakeCuda:
             "allocated_bytes.all.peak": 120 * MIB,
         }
         monkeypatch.setattr(torch.cuda, "Event", self.Event)
+        monkeypatch.setattr(torch.cuda, "current_stream", self.counter("current_stream", "s0"))
         monkeypatch.setattr(torch.cuda, "memory_stats", self.counter("memory_stats", stats))
         for name in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
             monkeypatch.setattr(torch.cuda, name, self.counter(name, 0))
@@ -137,6 +139,7 @@ def test_two_hundred_cuda_steps_create_no_events_and_no_synchronisation(
         during = dict(fake_cuda.calls)
     assert during["record"] == 200 * 5
     assert during["Event"] <= ring, "events come from the ring, not one per mark"
+    assert during["current_stream"] == 1, "the stream is looked up once, not per mark"
     assert during["synchronize"] == 0 and during["event_synchronize"] == 0
     assert during["memory_stats"] == 1, "one allocator read: the time budget never came due"
     assert sum(during[k] for k in ("memory_allocated", "memory_reserved")) == 0

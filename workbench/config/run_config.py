@@ -204,8 +204,9 @@ class RunConfig:
         choices=COMM_TRACING,
     )
     trace_comm_every_steps: int = setting(
-        "with trace_comm='sampled': read DDP's communication timer every this many steps",
-        10,
+        "with trace_comm='sampled': read DDP's communication timer every this many steps "
+        "(on CUDA each read waits for the step's timing events)",
+        50,
         minimum=1,
     )
     profile_steps: tuple[int, int] | None = setting(

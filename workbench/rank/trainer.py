@@ -139,7 +139,7 @@ class Trainer:
         the step's trace fields."""
         accum = len(micro_batches)
         clock.start()
-        loss_sum = torch.zeros((), device=self.device)
+        loss_sum: torch.Tensor | None = None
         for m, indices in enumerate(micro_batches):
             inputs, targets = fetch_batch(self.train_set, indices)
             inputs = inputs.to(self.device, non_blocking=True)
@@ -149,17 +149,20 @@ class Trainer:
             sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
             with sync:
                 with self.autocast():
-                    loss = training_loss(self.module, self.ddp(inputs), targets) / accum
+                    loss = training_loss(self.module, self.ddp(inputs), targets)
+                    if accum > 1:  # on CUDA every op is a kernel launch: none for the usual case
+                        loss = loss / accum
                 clock.mark()
                 self.scaler.scale(loss).backward()
                 clock.mark()
-            loss_sum += loss.detach()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if not self.checked_unused:
             self._check_unused_parameters()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
+        assert loss_sum is not None  # a step has at least one micro-batch
         return self._fields(micro_batches, clock, loss_sum)
 
     def _fields(
