@@ -155,6 +155,24 @@ def test_a_mixed_study_keeps_both_families_and_warns() -> None:
     assert sorted(per_run.loc[per_run["run_id"] == "w4", "scaling"]) == ["strong", "weak"]
 
 
+def test_missing_config_values_group_as_themselves() -> None:
+    # A store's runs frame holds None (no fault) and NaN (an unset option) on every run: the
+    # families are those of the mixed study, unchanged.
+    runs, steps = mixed_study()
+    runs["fault"] = None
+    runs["lr_reference_batch"] = np.nan
+    with pytest.warns(ScalingFamilyWarning):
+        t = scaling_table(runs, steps)
+    assert sorted(zip(t["scaling"], t["world_size"], strict=True)) == [
+        ("strong", 1),
+        ("strong", 2),
+        ("strong", 4),
+        ("weak", 1),
+        ("weak", 2),
+        ("weak", 4),
+    ]
+
+
 def test_a_grid_of_sizes_and_per_device_batches_is_weak_only() -> None:
     # 32 per device at N=2 has the global batch (64) of 64 per device at N=1: by coincidence,
     # not a strong-scaling study. Every run already lies on a weak curve: no strong one, no warning.

@@ -196,7 +196,8 @@ def _members(keyed: pd.DataFrame, cluster: list[str]) -> tuple[pd.Series, pd.Ser
     weak = _spans(keyed, cluster, pdb, intent != "strong")
     strong = _spans(keyed, cluster, gb, intent != "weak")
     if strong.any():
-        family = keyed.loc[strong, [*cluster, gb]].astype(str).agg("|".join, axis=1)
+        # a family id, not joined strings: None and NaN config values group as themselves
+        family = keyed.loc[strong].groupby([*cluster, gb], dropna=False, sort=False).ngroup()
         needed = ~weak[strong] | (intent[strong] == "strong")
         kept = set(family[needed])
         strong = strong & keyed.index.to_series().map(family).isin(kept)

@@ -175,7 +175,7 @@ class Dashboard(widgets.VBox):
         # The usual single columns, and any other config column that differs between runs.
         columns = config_columns(runs) if len(runs) else []
         usual = (*LEADING_COLUMNS, *BATCH_COLUMNS)
-        options += [(c, (c,)) for c in columns if c in usual or runs[c].astype(str).nunique() > 1]
+        options += [(c, (c,)) for c in columns if c in usual or runs[c].map(str).nunique() > 1]
         values = [v for _, v in options]
         value = self.group_by.value if self.group_by.value in values else DEFAULT_GROUPING
         self.group_by.options = options

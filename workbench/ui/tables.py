@@ -48,7 +48,7 @@ def group_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
     """The group columns worth showing: those that differ between the table's rows, or (none
     does) the first two, which say what was measured."""
     keys = [c for c in group_by if c in table.columns]
-    varying = [c for c in keys if table[c].astype(str).nunique() > 1]
+    varying = [c for c in keys if table[c].map(str).nunique() > 1]
     return varying or keys[:2]
 
 
