@@ -427,6 +427,31 @@ def test_network_fit_reports_its_residual() -> None:
     assert fit.residual_s == pytest.approx(np.sqrt((2 * 1.05e-3**2 + 3e-4**2) / 3))
 
 
+def three_sizes(comm: dict[int, float], nbytes: int) -> pd.DataFrame:
+    """One run per world size in ``comm`` (its comm_s), ``nbytes`` of gradients, one bucket."""
+    return pd.concat(
+        [make_steps(f"n{n}", world_size=n, comm_s=c, comm_bytes=nbytes) for n, c in comm.items()]
+    )
+
+
+def test_network_fit_fixes_a_negative_latency_at_zero() -> None:
+    # comm = u / 1e9 - 1e-4 v (u = 2 (N-1)/N * 1e8, v = 2 (N-1)): 0.0998, 0.1494, 0.1736 s at
+    # N = 2, 4, 8. The free fit says latency -1e-4 s; with it fixed at 0, seconds per byte
+    # = sum(u y) / sum(u^2) = (0.0998 + 1.5 * 0.1494 + 1.75 * 0.1736) / (6.3125e8).
+    fit = fit_network(three_sizes({2: 0.0998, 4: 0.1494, 8: 0.1736}, 100_000_000))
+    assert fit.model is not None and fit.model.latency_s == 0.0
+    per_byte = (0.0998 + 1.5 * 0.1494 + 1.75 * 0.1736) / 6.3125e8
+    assert fit.model.bandwidth_bytes_per_s == pytest.approx(1 / per_byte)
+    assert "latency came out negative" in fit.note and np.isfinite(fit.residual_s)
+
+
+def test_network_fit_refuses_a_non_positive_bandwidth() -> None:
+    # 1e6 bytes: comm = -1e-8 u + 1e-2 v = 0.01, 0.045, 0.1225 s fits exactly with a negative
+    # seconds-per-byte: more bytes taking no longer is no ring, so there is no fit.
+    fit = fit_network(three_sizes({2: 0.01, 4: 0.045, 8: 0.1225}, 1_000_000))
+    assert fit.model is None and "non-positive" in fit.note and fit.world_sizes == (2, 4, 8)
+
+
 def test_model_curves_split_by_nodes() -> None:
     runs, steps = study(
         [

@@ -148,15 +148,19 @@ def _fit_runs(
     return per_step.groupby(level="run_id").median(), None
 
 
-def _least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Seconds per byte and latency, both non-negative: a bandwidth-only fit when the latency
-    would come out negative; the median bus bandwidth when the bandwidth would."""
+def _least_squares(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """Seconds per byte and latency, both non-negative, and how they were fitted: both; or the
+    bandwidth alone (latency fixed at 0) when the latency would come out negative. ``None`` when
+    the bandwidth would come out non-positive (more bytes took no longer: the ring model does not
+    describe these runs)."""
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    how = "bandwidth and latency"
     if coef[1] < 0:  # no room for latency: bandwidth alone
         coef = np.array([np.sum(x[:, 0] * y) / np.sum(x[:, 0] ** 2), 0.0])
-    elif coef[0] <= 0:  # latency alone cannot give a bandwidth: fall back to bus bandwidth
-        coef = np.array([np.median(y / x[:, 0]), 0.0])
-    return coef
+        how = "bandwidth only (the latency came out negative: fixed at 0)"
+    if coef[0] <= 0:
+        return None, "the bandwidth came out non-positive (more bytes took no longer)"
+    return coef, how
 
 
 def fit_network(
@@ -173,8 +177,10 @@ def fit_network(
     world sizes above one (two parameters and a residual); with fewer there is no fit and the
     note says why. With ``runs``, only runs of ``statuses`` are pooled, and runs spanning
     several node counts are not (intra- and inter-node links differ). ``residual_s`` is the RMS
-    of measured minus fitted ``comm_s``. Waiting for stragglers and bucket queueing inflate
-    ``comm_s``, so the bandwidth is a lower bound.
+    of measured minus fitted ``comm_s``. A latency that would come out negative is fixed at 0
+    (the note says so); a bandwidth that would come out non-positive gives no fit. Waiting for
+    stragglers and bucket queueing inflate ``comm_s`` (and DDP's sampled span also holds the
+    backward compute between buckets), so the bandwidth is a lower bound.
     """
     per_run, why = _fit_runs(steps, runs, statuses)
     if why is not None:
@@ -192,10 +198,12 @@ def fit_network(
         [2 * (n - 1) / n * per_run["comm_bytes"].to_numpy(), 2 * (n - 1) * per_run["comm_buckets"]]
     ).astype("float64")
     y = per_run["comm_s"].to_numpy(dtype="float64")
-    coef = _least_squares(x, y)
+    coef, how = _least_squares(x, y)
+    if coef is None:
+        return NetworkFit(None, f"no network fit: {how}; pass a network preset", world_sizes=sizes)
     residual = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
     note = (
-        f"measured: least-squares fit over {len(per_run)} runs at world sizes "
+        f"measured: least-squares fit of {how} over {len(per_run)} runs at world sizes "
         f"{', '.join(map(str, sizes))}, RMS residual {residual:.3g} s"
     )
     model = NetworkModel(
