@@ -333,9 +333,10 @@ def test_an_attempt_without_evaluations_still_counts() -> None:
 
 
 def model_study() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Weak family, per-device batch 8: N=1 twice (1.0 and 1.2 s per step; mean 1.1 s), N=2
-    (1.25 s, 1e6 gradient bytes). Strong family, global batch 16: N=1 (per-device 16, 2.0 s)
-    and the same N=2 run. A failed N=2 run with absurd traces must change nothing."""
+    """Weak family, per-device batch 8: N=1 twice (1.0 and 1.2 s per step: 8 and 20/3
+    samples/s, mean 22/3), N=2 (1.25 s, 1e6 gradient bytes). Strong family, global batch 16:
+    N=1 (per-device 16, 2.0 s) and the same N=2 run. A failed N=2 run with absurd traces must
+    change nothing."""
     runs, steps = study(
         [
             {"run_id": "w1a", "world_size": 1, "step_s": 1.0, "seed": 0},
@@ -356,18 +357,22 @@ def test_model_weak_and_strong_from_the_mean_base() -> None:
         pvm = predicted_vs_measured(runs, steps, SLOW_NET, world_sizes=[4])
     weak = pvm[pvm["scaling"] == "weak"].set_index("world_size")
     strong = pvm[pvm["scaling"] == "strong"].set_index("world_size")
-    # Weak: compute 1.1 s (the base's two repeats); ring 2 (N-1)/N * 1e6 B / 1e6 B/s: 1 s at
-    # N=2, 1.5 s at N=4. Throughput 8 N / step; speedup over 8 / 1.1.
+    # Weak: the base is the mean of its two repeats, 22/3 samples/s, i.e. 8 / (22/3) = 12/11 s
+    # of compute per step (not one run's 1.0 s). Ring 2 (N-1)/N * 1e6 B / 1e6 B/s: 1 s at N=2,
+    # 1.5 s at N=4, so steps of 12/11, 23/11 and 57/22 s. Throughput 8 N / step: 22/3, 176/23,
+    # 704/57; speedup over 22/3: 1, 24/23, 32/19.
     assert weak["base_run_id"].iloc[0] == "w1a, w1b"
-    assert weak["predicted_step_s"].tolist() == pytest.approx([1.1, 2.1, 2.6])
-    assert weak["predicted_speedup"].tolist() == pytest.approx([1.0, 2.2 / 2.1, 4.4 / 2.6])
-    # measured: base mean of 8 and 8/1.2 samples/s; N=2 16/1.25 = 12.8
-    assert weak.loc[2, "measured_speedup"] == pytest.approx(12.8 / ((8 + 8 / 1.2) / 2))
-    assert weak.loc[2, "relative_error"] == pytest.approx((16 / 2.1) / 12.8 - 1)
+    assert weak["predicted_step_s"].tolist() == pytest.approx([12 / 11, 23 / 11, 57 / 22])
+    assert weak["predicted_speedup"].tolist() == pytest.approx([1.0, 24 / 23, 32 / 19])
+    # measured: N=2 at 16 / 1.25 = 12.8 samples/s over the same base 22/3: 96/55
+    assert weak.loc[2, "measured_speedup"] == pytest.approx(96 / 55)
+    assert weak.loc[1, "relative_error"] == pytest.approx(0.0, abs=1e-12)
+    assert weak.loc[2, "relative_error"] == pytest.approx((176 / 23) / 12.8 - 1)
     # Strong: compute 2.0 s at N=1 shrinks as 1/N: 1.0 + 1.0 at N=2, 0.5 + 1.5 at N=4; 16
     # samples per step throughout, so 8 samples/s everywhere: speedup 1.
     assert strong["predicted_step_s"].tolist() == pytest.approx([2.0, 2.0, 2.0])
     assert strong["predicted_samples_per_s"].tolist() == pytest.approx([8.0, 8.0, 8.0])
+    assert strong["predicted_speedup"].tolist() == pytest.approx([1.0, 1.0, 1.0])
     assert strong.loc[2, "measured_speedup"] == pytest.approx(12.8 / 8)
     assert "bad" not in " ".join(pvm["base_run_id"])
 

@@ -189,10 +189,12 @@ def _curve_base(steps: pd.DataFrame, curve: pd.DataFrame) -> tuple[Base | None, 
         per_run = comm_filled(base_steps).fillna(0).groupby(base_steps["run_id"]).median()
         comm = float(per_run.mean())
     has = "comm_buckets" in multi.columns and multi["comm_buckets"].notna().any()
+    samples_per_step = float((repeats["samples"] / repeats["steps"]).mean())
     base = Base(
         world_size=base_n,
-        step_s=float(repeats["step_s"].mean()),
-        samples_per_step=float((repeats["samples"] / repeats["steps"]).mean()),
+        # the step time of the repeats' mean throughput: the scaling table's speedup base
+        step_s=samples_per_step / float(repeats["samples_per_s"].mean()),
+        samples_per_step=samples_per_step,
         comm_s=comm,
         gradient_bytes=float(multi["comm_bytes"].median()),
         buckets=max(1, int(multi["comm_buckets"].median())) if has else 1,
@@ -236,7 +238,7 @@ def _predict_curve(
 
 def _measured(curve: pd.DataFrame, sizes: pd.Series) -> pd.DataFrame:
     """The curve's measurements at ``sizes`` (means over repeats, NaN where not measured), the
-    speedup over its base."""
+    speedup over its base (mean throughputs, as in the scaling table)."""
     means = curve.groupby("world_size")[["step_s", "samples_per_s"]].mean()
     out = means.reindex(sizes.to_numpy()).add_prefix("measured_")
     out["measured_speedup"] = out["measured_samples_per_s"] / means["samples_per_s"].iloc[0]
@@ -255,7 +257,9 @@ def predicted_vs_measured(
     measurements.
 
     Only completed runs are used. The base is the curve's smallest world size, the mean of its
-    repeats; weak and strong curves are modelled as such (see :func:`model_curve`); a ``mixed``
+    repeats: the step time at which its samples per step give the repeats' mean throughput, so
+    that prediction and measurement agree at the base (``relative_error`` 0) and the speedups
+    share the scaling table's base. Weak and strong curves are modelled as such (see :func:`model_curve`); a ``mixed``
     curve gets no prediction. ``network``: a preset name, a :class:`NetworkModel`, a
     :class:`NetworkFit`, or ``None`` to fit one to these runs (:func:`fit_network`: three or more
     multi-rank world sizes). Rows cover the curve's measured world sizes plus ``world_sizes``
