@@ -5,6 +5,7 @@ with the answers worked out by hand in each test."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,8 +27,9 @@ from workbench.analysis.scaling_model import (
     predicted_vs_measured,
 )
 from workbench.schema import EVAL_COLUMNS
+from workbench.store.load import load_runs, load_traces
 
-from .frames import make_evals, make_runs, make_steps
+from .frames import make_evals, make_runs, make_steps, write_run
 
 SLOW_NET = NetworkModel(name="slow", bandwidth_bytes_per_s=1e6, latency_s=0.0)
 
@@ -76,6 +78,77 @@ def test_allreduce_and_fp16_hook_at_the_same_size_are_two_points() -> None:
     keys = resolve_group_by(runs)
     assert "comm_hook" in keys and "profile_steps" in keys
     assert not {"seed", "master_port", "sweep", "run_id", "samples_per_s"} & set(keys)
+
+
+def test_acceptance_hooks_are_two_points_and_a_mixed_study_keeps_both_families(
+    tmp_path: Path,
+) -> None:
+    """Issue 11's acceptance item, through the store (RunConfig records, load_runs). Weak, 8
+    per device: allreduce at N=1 (1.0 s steps: 8 samples/s) and N=4 (1.6 s: 32/1.6 = 20), the
+    fp16 hook at N=1 (8) and N=4 (1.25 s: 25.6). Strong, global batch 64 given: N=1 (4.0 s:
+    16 samples/s) and N=4 (16 per device, 1.6 s: 40)."""
+    no_evals = pd.DataFrame(columns=list(EVAL_COLUMNS)).astype(EVAL_COLUMNS)
+    points = [  # run, world size, hook, batch given, samples per rank, step seconds
+        ("ar1", 1, "allreduce", {"per_device_batch_size": 8}, 8, 1.0),
+        ("ar4", 4, "allreduce", {"per_device_batch_size": 8}, 8, 1.6),
+        ("fp1", 1, "fp16", {"per_device_batch_size": 8}, 8, 1.0),
+        ("fp4", 4, "fp16", {"per_device_batch_size": 8}, 8, 1.25),
+        ("g1", 1, "allreduce", {"global_batch_size": 64}, 64, 4.0),
+        ("g4", 4, "allreduce", {"global_batch_size": 64}, 16, 1.6),
+    ]
+    for run, n, hook, batch, samples, step_s in points:
+        steps = make_steps(run, world_size=n, samples=samples, step_s=step_s)
+        write_run(tmp_path, "acc", run, steps, no_evals, world_size=n, comm_hook=hook, **batch)
+    runs = load_runs(tmp_path, ["acc"])
+    steps = load_traces(runs["path"], "steps")
+    with pytest.warns(ScalingFamilyWarning, match=r"weak scaling .*8.* strong scaling .*64"):
+        t = scaling_table(runs, steps)
+    assert t["runs"].tolist() == [1] * 6  # never one point with runs=2
+    got = {
+        (s, hook, n): (thr, speedup)
+        for s, hook, n, thr, speedup in zip(
+            t["scaling"],
+            t["comm_hook"],
+            t["world_size"],
+            t["samples_per_s"],
+            t["speedup"],
+            strict=True,
+        )
+    }
+    assert got.keys() == {
+        ("weak", "allreduce", 1),
+        ("weak", "allreduce", 4),
+        ("weak", "fp16", 1),
+        ("weak", "fp16", 4),
+        ("strong", "allreduce", 1),
+        ("strong", "allreduce", 4),
+    }
+    assert got[("weak", "allreduce", 4)] == pytest.approx((20.0, 2.5))
+    assert got[("weak", "fp16", 4)] == pytest.approx((25.6, 3.2))
+    assert got[("strong", "allreduce", 1)] == pytest.approx((16.0, 1.0))
+    assert got[("strong", "allreduce", 4)] == pytest.approx((40.0, 2.5))
+
+
+def test_a_strong_grid_from_the_store_is_strong_only(tmp_path: Path) -> None:
+    # Global batches 64 and 128 at N=1 and 2: 128 at N=2 has the per-device batch (64) of 64 at
+    # N=1, a weak curve by coincidence. The configs gave the global batch (RunConfig records the
+    # per-device one as derived), so there are two strong curves and nothing else.
+    no_evals = pd.DataFrame(columns=list(EVAL_COLUMNS)).astype(EVAL_COLUMNS)
+    for g in (64, 128):
+        for n in (1, 2):
+            name = f"g{g}-n{n}"
+            steps = make_steps(name, world_size=n, samples=g // n)
+            write_run(tmp_path, "s", name, steps, no_evals, world_size=n, global_batch_size=g)
+    runs = load_runs(tmp_path, ["s"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = scaling_table(runs, load_traces(runs["path"], "steps"))
+    assert sorted(zip(t["scaling"], t["fixed_batch_size"], t["world_size"], strict=True)) == [
+        ("strong", 64, 1),
+        ("strong", 64, 2),
+        ("strong", 128, 1),
+        ("strong", 128, 2),
+    ]
 
 
 def test_every_speed_or_maths_field_splits_groups() -> None:

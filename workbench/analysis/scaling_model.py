@@ -259,16 +259,16 @@ def predicted_vs_measured(
     Only completed runs are used. The base is the curve's smallest world size, the mean of its
     repeats: the step time at which its samples per step give the repeats' mean throughput, so
     that prediction and measurement agree at the base (``relative_error`` 0) and the speedups
-    share the scaling table's base. Weak and strong curves are modelled as such (see :func:`model_curve`); a ``mixed``
-    curve gets no prediction. ``network``: a preset name, a :class:`NetworkModel`, a
-    :class:`NetworkFit`, or ``None`` to fit one to these runs (:func:`fit_network`: three or more
-    multi-rank world sizes). Rows cover the curve's measured world sizes plus ``world_sizes``
-    (extrapolations, NaN measured columns). Measured and predicted share one time basis: wall
-    step time over the measured window, and throughput from it. Speedups are over the curve's
-    base, both measured and predicted. ``relative_error = predicted_samples_per_s /
-    measured_samples_per_s - 1``. ``network`` names the model (NaN without one) and ``note``
-    says how the curve was modelled, or why it was not. Pass the ``group_by`` list on to the
-    figure.
+    share the scaling table's base. Weak and strong curves are modelled as such (see
+    :func:`model_curve`); a ``mixed`` curve gets no prediction. ``network``: a preset name, a
+    :class:`NetworkModel`, a :class:`NetworkFit`, or ``None`` to fit one to these runs
+    (:func:`fit_network`: three or more multi-rank world sizes). Rows cover the curve's
+    measured world sizes plus ``world_sizes`` (extrapolations, NaN measured columns). Measured
+    and predicted share one time basis: wall step time over the measured window, and
+    throughput from it. Speedups are over the curve's base, both measured and predicted.
+    ``relative_error = predicted_samples_per_s / measured_samples_per_s - 1``. ``network``
+    names the model (NaN without one) and ``note`` says how the curve was modelled, or why it
+    was not. Pass the ``group_by`` list on to the figure.
     """
     keys = resolve_group_by(runs, group_by)
     fit = network_fit(network, steps, runs)
