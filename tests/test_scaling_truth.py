@@ -391,6 +391,17 @@ def test_time_to_quality_offsets_attempts_by_their_last_step_end() -> None:
     assert t["time_to_quality_s"].tolist() == pytest.approx([11.25])
 
 
+def test_an_evaluation_after_an_attempts_last_step_moves_the_next_attempt() -> None:
+    runs, steps, evals = resumed_run()
+    # Attempt 0 also evaluates after step 6: starts 6.0 s, ends 6.75 s, after its last step's
+    # end (6.5 s). Attempt 1 starts at 6.75, so its evaluation ends at 6.75 + 4.75 = 11.5 s,
+    # never before one of attempt 0's.
+    late = make_evals("r", 2, eval_steps=(6,), metric_values=(0.6,))
+    evals = pd.concat([evals, late], ignore_index=True)
+    rows = eval_rows(evals, steps)
+    assert rows["time_s"].tolist() == pytest.approx([4.75, 6.75, 11.5])
+
+
 def test_an_attempt_without_evaluations_still_counts() -> None:
     runs, steps, evals = resumed_run()
     third = make_steps("r", world_size=2, n_steps=3, warmup_steps=0, attempt=2)  # ends at 3.0
