@@ -38,13 +38,24 @@ div.scroll { overflow-x: auto; }
 _DEFINITIONS = """
 <ul class="note">
 <li><b>scaling group</b>: runs are repeats of one point when every config field agrees but world
-size, nodes, tasks per node, seed, names and timeouts; a group is <b>weak</b> scaling (per-device
-batch fixed, global batch grows with the world size) or <b>strong</b> (global batch fixed).</li>
+size, nodes, tasks per node, seed, run name, where results are filed, the port and timeouts. A
+group is <b>weak</b> scaling (per-device batch fixed, global batch grows with the world size) or
+<b>strong</b> (global batch fixed); a study holding both warns and keeps both, and a run at their
+crossing counts in each.</li>
 <li><b>throughput</b>: samples of all ranks over the wall time of the measured window (first
 measured step start to last step end, across ranks; warm-up steps left out), never a sum of per-rank
 rates. <b>speedup</b>: mean throughput over the mean throughput of the group's smallest world size;
 <b>efficiency</b>: speedup / (world size / smallest world size). <b>_std</b>: standard deviation of
-the runs of a point (empty from one run); speedup_std propagates both ends' to first order.</li>
+the runs of a point (ddof 1; empty from one run). <b>speedup_std</b> = speedup &times;
+&radic;((s<sub>N</sub>/m<sub>N</sub>)&sup2; + (s<sub>B</sub>/m<sub>B</sub>)&sup2;) with the means m
+and standard deviations s of both ends' throughputs; empty when either end is one run, and at the
+base. An empty spread draws no error bar.</li>
+<li><b>scaling model</b>: step time at N = compute + (1 - overlap) &times; ring allreduce time of
+the gradient bytes at N. Compute is the base's wall step time (the one that gives the mean
+throughput of its repeats) less (1 - overlap) &times; its traced communication (none at one
+rank); weak curves keep it, strong curves divide it by N / base N. The network is a preset, or
+fitted over runs at three or more world sizes (its RMS residual in the note); with fewer there
+is no prediction, and the figure says why.</li>
 <li><b>exposed communication</b>: backward time beyond the same config's backward time at the
 smallest world size (DDP's backward waits for the last allreduce), at most comm_s; without such a
 reference, min(comm_s, backward_s), the no-overlap bound.</li>
