@@ -256,3 +256,21 @@ def test_family_labels_name_the_batch_held_fixed() -> None:
     fig = plots.speedup_figure(table)
     names = sorted(t.name for t in fig.data if t.name != "ideal")
     assert names == ["strong, global batch 32", "weak, per-device batch 8"]
+
+
+def test_a_missing_option_does_not_blank_a_legend_label() -> None:
+    # Two models: the transformer has a d_model option, the mlp none (NaN in the runs frame).
+    runs = make_runs(
+        [
+            {"run_id": "m1", "world_size": 1, "model": "mlp"},
+            {"run_id": "t1", "world_size": 1, "model": "transformer"},
+        ]
+    )
+    runs["model_options.d_model"] = [np.nan, 64.0]
+    steps = pd.concat([make_steps("m1", world_size=1), make_steps("t1", world_size=1)])
+    names = sorted(t.name for t in plots.speedup_figure(scaling_table(runs, steps)).data)
+    assert names == [
+        "ideal",
+        "model=mlp, model_options.d_model=nan",
+        "model=transformer, model_options.d_model=64.0",
+    ]

@@ -35,7 +35,7 @@ def group_keys(table: pd.DataFrame, group_by: Sequence[str] | str | None) -> lis
 
 def _family_part(rows: pd.DataFrame) -> pd.Series:
     """``weak, per-device batch 32`` / ``strong, global batch 256`` per row."""
-    scaling = rows["scaling"].astype(str)
+    scaling = rows["scaling"].map(str)
     if "fixed_batch_size" not in rows.columns:
         return scaling
     which = scaling.map({"weak": "per-device", "strong": "global"}).fillna("fixed")
@@ -52,7 +52,9 @@ def group_labels(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> 
         label = ", ".join(f"{c}={table[c].iloc[0]}" for c in cols[:2]) if len(table) else ""
         return pd.Series(label or "all runs", index=table.index)
     family = [c for c in varying if c in FAMILY_COLUMNS]
-    parts = [c + "=" + table[c].astype(str) for c in varying if c not in FAMILY_COLUMNS]
+    # map(str), not astype(str): pandas 3 keeps a missing value missing through astype(str),
+    # and one missing option (model_options.x of another model) would blank the whole label
+    parts = [c + "=" + table[c].map(str) for c in varying if c not in FAMILY_COLUMNS]
     if family:
         parts.append(_family_part(table) if "scaling" in table.columns else table[family[0]])
     out = parts[0]
