@@ -59,8 +59,17 @@ def ddp2(store: Path):
 
 @pytest.fixture(scope="session")
 def ddp1(store: Path):
-    """The same run on 1 rank (same global batch)."""
-    handle = launch(base_config(store, world_size=1, run_name="ddp1"))
+    """The same run on 1 rank (same global batch, same tracing: only the world size and the
+    name differ, so the two are one strong-scaling curve)."""
+    handle = launch(
+        base_config(
+            store,
+            world_size=1,
+            run_name="ddp1",
+            trace_sample_ids=True,
+            trace_comm_every_steps=4,
+        )
+    )
     assert handle.wait(timeout_s=180) == "completed"
     return handle
 

@@ -23,6 +23,7 @@ from workbench.analysis import (
 from workbench.analysis.scaling_model import (
     NETWORK_PRESETS,
     NetworkModel,
+    fit_network,
     measured_network,
     predict_scaling,
     predicted_vs_measured,
@@ -120,7 +121,9 @@ def test_repeated_runs_are_averaged_with_std_and_count() -> None:
     assert t.loc[2, "samples_per_s"] == pytest.approx(14.4)
     assert t.loc[2, "samples_per_s_std"] == pytest.approx(np.std([12.8, 16.0], ddof=1))
     assert t.loc[2, "speedup"] == pytest.approx(14.4 / 8)
-    assert t.loc[2, "speedup_std"] == pytest.approx(np.std([12.8, 16.0], ddof=1) / 8)
+    # The base (N=1) is one run: its spread is unknown, so the speedup has no error bar (it was
+    # the N=2 spread over the base mean, as if the base were exact).
+    assert np.isnan(t.loc[2, "speedup_std"]) and np.isnan(t.loc[2, "efficiency_std"])
     assert np.isnan(t.loc[1, "samples_per_s_std"])
 
 
@@ -140,16 +143,23 @@ def test_groups_have_their_own_baseline() -> None:
     assert t.loc[("fp16", 2), "efficiency"] == pytest.approx(1.0)
 
 
-def test_default_group_by_keeps_the_batch_held_fixed() -> None:
+def test_default_group_by_holds_a_batch_fixed_per_family() -> None:
     weak = make_runs([{"run_id": f"w{n}", "world_size": n} for n in (1, 2, 4)])
-    assert default_group_by(weak)[-1] == "per_device_batch_size"
-    assert "global_batch_size" not in default_group_by(weak)
+    keys = default_group_by(weak)
+    assert keys[:2] == ["model", "precision"] and keys[-2:] == ["scaling", "fixed_batch_size"]
+    assert not {"per_device_batch_size", "global_batch_size", "world_size", "nodes"} & set(keys)
+    t = scaling_table(weak, pd.concat([make_steps(f"w{n}", world_size=n) for n in (1, 2, 4)]))
+    assert t["scaling"].tolist() == ["weak"] * 3 and t["fixed_batch_size"].tolist() == [8] * 3
+    assert t["global_batch_size"].tolist() == [8, 16, 32]
     strong = make_runs(
         [{"run_id": f"s{n}", "world_size": n, "per_device_batch_size": 64 // n} for n in (1, 2, 4)]
     )
     strong["global_batch_size"] = 64
-    assert default_group_by(strong)[-1] == "global_batch_size"
-    assert "per_device_batch_size" not in default_group_by(strong)
+    steps = pd.concat([make_steps(f"s{n}", world_size=n, samples=64 // n) for n in (1, 2, 4)])
+    t = scaling_table(strong, steps)
+    assert t["scaling"].tolist() == ["strong"] * 3 and t["fixed_batch_size"].tolist() == [64] * 3
+    assert t["per_device_batch_size"].tolist() == [64, 32, 16]
+    assert t["speedup"].tolist() == pytest.approx([1.0, 1.0, 1.0])  # 64 samples per 1 s step
 
 
 def test_unknown_or_bad_group_names_raise_with_valid_names() -> None:
@@ -251,9 +261,13 @@ def test_eval_breakdown_rank0_and_slowest() -> None:
     assert e.loc["b", "evaluations"] == 2
     assert e.loc["b", "predict_s"] == pytest.approx(0.4)
     assert e.loc["b", "gather_s"] == pytest.approx(0.1)
-    assert e.loc["b", "gather_s_max"] == pytest.approx(0.4)  # rank 3 gathers 4x longer
     assert e.loc["b", "metric_s"] == pytest.approx(0.2)
-    assert e.loc["b", "eval_s_max"] == pytest.approx(0.4 + 0.4 + 0.0 + 0.05)
+    # Slowest rank: rank 3 (gathers 4x longer: 0.4 + 0.4 + 0 + 0.05 = 0.85 s against rank 0's
+    # 0.75 s); its parts, all of them, not rank 0's metric time stacked on rank 3's gather.
+    assert e.loc["b", "slowest_rank"] == 3
+    assert e.loc["b", "gather_s_slowest"] == pytest.approx(0.4)
+    assert e.loc["b", "metric_s_slowest"] == 0.0
+    assert e.loc["b", "eval_s_slowest"] == pytest.approx(0.4 + 0.4 + 0.0 + 0.05)
     assert e.loc["b", "samples"] == 64
     assert e.loc["a", "metric_value"] == pytest.approx(0.8)
 
@@ -467,15 +481,25 @@ def ring_run(run_id: str, n: int, nbytes: int, buckets: int, bw: float, lat: flo
 
 def test_measured_network_fits_bandwidth_and_latency() -> None:
     steps = pd.concat(
-        [ring_run("a", 2, 100_000_000, 4, 1e9, 1e-4), ring_run("b", 4, 200_000_000, 1, 1e9, 1e-4)]
+        [
+            ring_run("a", 2, 100_000_000, 4, 1e9, 1e-4),
+            ring_run("b", 4, 200_000_000, 1, 1e9, 1e-4),
+            ring_run("c", 8, 100_000_000, 2, 1e9, 1e-4),
+        ]
     )
     net = measured_network(steps)
     assert net is not None
     assert net.bandwidth_bytes_per_s == pytest.approx(1e9)
     assert net.latency_s == pytest.approx(1e-4)
-    one = measured_network(steps[steps["run_id"] == "a"])
-    assert one is not None and one.latency_s == 0.0
-    assert one.bandwidth_bytes_per_s == pytest.approx(1e8 / 0.1008)  # bus bandwidth
+    fit = fit_network(steps)
+    assert fit.world_sizes == (2, 4, 8) and fit.residual_s == pytest.approx(0.0, abs=1e-9)
+    assert "residual" in fit.note
+    # Two world sizes: two parameters through two points leave no residual to judge them by
+    # (it used to fit anyway, and one run gave a "bus bandwidth" with an assumed latency).
+    two = fit_network(steps[steps["run_id"] != "c"])
+    assert two.model is None and np.isnan(two.residual_s)
+    assert "3 or more world sizes" in two.note and "2, 4" in two.note
+    assert measured_network(steps[steps["run_id"] == "a"]) is None
     assert measured_network(make_steps("solo", world_size=1)) is None
 
 
@@ -491,5 +515,8 @@ def test_predicted_vs_measured_table() -> None:
     assert np.isnan(pvm.loc[8, "measured_speedup"])
     assert pvm.loc[2, "relative_error"] == pytest.approx(8 / 12.8 - 1)
     assert pvm.attrs == {}
+    assert set(pvm["network"]) == {"slow"} and set(pvm["note"]) == {
+        "weak scaling from 1 run(s) at N=1"
+    }
     by_model = predicted_vs_measured(runs, steps, SLOW_NET, group_by=["model"])
-    assert list(by_model.columns[:3]) == ["model", "world_size", "base_run_id"]
+    assert list(by_model.columns[:4]) == ["model", "nodes", "world_size", "network"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -100,8 +101,25 @@ def test_one_table_renderer_for_report_and_dashboard() -> None:
     runs, steps, evals = scaling_sweep()
     ctx = figure_context(runs, steps, evals)
     cols = scaling_columns(ctx.table, ctx.group_by)
-    assert cols[: len(ctx.group_by)] == ctx.group_by
-    assert cols[len(ctx.group_by) :] == [c for c in SCALING_COLUMNS if c in ctx.table.columns]
-    assert "ideal_speedup" not in cols and "time_to_quality_s" in cols
+    # One group: its first two columns, not the thirty constant ones; no std from single runs.
+    assert cols[:2] == ["model", "precision"]
+    shown = [c for c in SCALING_COLUMNS if c in ctx.table.columns and not c.endswith("_std")]
+    assert cols[2:] == shown
+    assert "ideal_speedup" not in cols and "time_to_quality_s" in cols and "scaling" in cols
     text = scaling_table_html(ctx.table, ctx.group_by)
     assert text.count("<th>") == len(cols) and "<td>12.8</td>" in text
+
+
+def test_the_table_shows_the_group_columns_that_differ_and_std_where_there_is_one() -> None:
+    runs, steps = two_precisions()
+    again = make_steps("fp32-2b", world_size=2, step_s=0.8)
+    runs = pd.concat([runs, make_runs([{"run_id": "fp32-2b", "world_size": 2, "seed": 1}])])
+    ctx = figure_context(runs, pd.concat([steps, again]), None)
+    cols = scaling_columns(ctx.table, ctx.group_by)
+    assert cols[0] == "precision" and "model" not in cols  # only what differs between groups
+    assert "samples_per_s_std" in cols
+    assert "speedup_std" not in cols  # every base is one run: no speedup spread anywhere
+    row = ctx.table.set_index(["precision", "world_size"]).loc[("fp32", 2)]
+    assert row["runs"] == 2 and row["samples_per_s_std"] == pytest.approx(
+        np.std([16.0, 20.0], ddof=1)
+    )

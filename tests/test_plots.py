@@ -7,7 +7,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench.analysis import eval_breakdown, memory_by_rank, phase_breakdown, scaling_table
+from workbench.analysis import (
+    ScalingFamilyWarning,
+    eval_breakdown,
+    memory_by_rank,
+    phase_breakdown,
+    scaling_table,
+)
 from workbench.analysis.scaling_model import NetworkModel, predicted_vs_measured
 from workbench.ui import plots
 
@@ -145,9 +151,14 @@ def test_eval_breakdown_stacked_per_run(sweep) -> None:
     assert [t.name for t in fig.data] == ["predict", "gather", "metric", "broadcast"]
     assert list(fig.data[0].x) == ["ws1 (N=1)", "ws2 (N=2)", "ws4 (N=4)"]
     assert list(trace(fig, "gather").y) == pytest.approx([0.1, 0.1, 0.1])
-    slowest = plots.eval_breakdown_figure(table, ranks="max")
-    assert list(trace(slowest, "gather").y) == pytest.approx([0.1, 0.2, 0.4])
-    with pytest.raises(ValueError, match="valid names: rank0, max"):
+    slowest = plots.eval_breakdown_figure(table, ranks="slowest")
+    # One rank's parts per evaluation: at N=2 rank 0 (0.75 s against rank 1's 0.65 s), at N=4
+    # rank 3 (gather 0.4: 0.85 s) with no metric time. Per-part maxima drew 0.2 s of gather
+    # (rank 1) on 0.2 s of metric (rank 0) at N=2.
+    assert list(trace(slowest, "gather").y) == pytest.approx([0.1, 0.1, 0.4])
+    assert list(trace(slowest, "metric").y) == pytest.approx([0.2, 0.2, 0.0])
+    assert "slowest rank" in slowest.layout.title.text
+    with pytest.raises(ValueError, match="valid names: rank0, slowest"):
         plots.eval_breakdown_figure(table, ranks="all")
 
 
@@ -207,3 +218,59 @@ def test_the_grouping_is_passed_not_read_from_the_table() -> None:
     assert sorted(t.name for t in plots.speedup_figure(merged).data) == ["ideal", *groups]
     fig = plots.throughput_per_device_figure(merged, group_by=[])
     assert [t.name for t in fig.data] == ["all runs"]
+
+
+def repeated() -> pd.DataFrame:
+    """N=1 once (8 samples/s); N=2 twice (12.8 and 16 samples/s): std only at N=2."""
+    runs, steps, _ = scaling_sweep()
+    again = make_steps("ws2b", world_size=2, step_s=1.0)
+    runs = pd.concat([runs, make_runs([{"run_id": "ws2b", "world_size": 2, "seed": 1}])])
+    return scaling_table(runs, pd.concat([steps, again]))
+
+
+def test_a_one_run_point_has_no_error_bar() -> None:
+    table = repeated()
+    fig = plots.throughput_per_device_figure(table)
+    bars = np.asarray(fig.data[0].error_y.array, dtype="float64")
+    # N=1 and N=4: one run each, no bar (NaN, never 0); N=2: the std of 6.4 and 8 per device
+    assert np.isnan(bars[0]) and np.isnan(bars[2])
+    assert bars[1] == pytest.approx(np.std([6.4, 8.0], ddof=1))
+    # the speedup's base is one run: no spread known at either end, so no error bars at all
+    assert plots.speedup_figure(table).data[0].error_y.array is None
+    single = plots.throughput_per_device_figure(two_precisions())  # every point one run
+    assert all(t.error_y.array is None for t in single.data)
+    assert '"bdata"' in fig.to_json()  # NaN travels as NaN (binary), not as null (drawn as 0)
+
+
+def test_family_labels_name_the_batch_held_fixed() -> None:
+    rows, parts = [], []
+    for n in (1, 2):
+        rows.append({"run_id": f"w{n}", "world_size": n, "per_device_batch_size": 8})
+        parts.append(make_steps(f"w{n}", world_size=n))
+        rows.append({"run_id": f"s{n}", "world_size": n, "per_device_batch_size": 32 // n})
+        parts.append(make_steps(f"s{n}", world_size=n, samples=32 // n))
+    runs = make_runs(rows)
+    runs["global_batch_size"] = runs["per_device_batch_size"] * runs["world_size"]
+    with pytest.warns(ScalingFamilyWarning):  # pdb 8 and gb 32: both families, no crossing
+        table = scaling_table(runs, pd.concat(parts))
+    fig = plots.speedup_figure(table)
+    names = sorted(t.name for t in fig.data if t.name != "ideal")
+    assert names == ["strong, global batch 32", "weak, per-device batch 8"]
+
+
+def test_a_missing_option_does_not_blank_a_legend_label() -> None:
+    # Two models: the transformer has a d_model option, the mlp none (NaN in the runs frame).
+    runs = make_runs(
+        [
+            {"run_id": "m1", "world_size": 1, "model": "mlp"},
+            {"run_id": "t1", "world_size": 1, "model": "transformer"},
+        ]
+    )
+    runs["model_options.d_model"] = [np.nan, 64.0]
+    steps = pd.concat([make_steps("m1", world_size=1), make_steps("t1", world_size=1)])
+    names = sorted(t.name for t in plots.speedup_figure(scaling_table(runs, steps)).data)
+    assert names == [
+        "ideal",
+        "model=mlp, model_options.d_model=nan",
+        "model=transformer, model_options.d_model=64.0",
+    ]

@@ -94,10 +94,16 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
     assert table["speedup"].tolist() == pytest.approx([1.0, 1.6, 2.5])
     assert table["time_to_quality_s"].tolist() == pytest.approx([10.75, 13.25, 16.75])
     keys = resolve_group_by(load_runs(tmp_path, ["weak"]))
-    assert keys[:2] == ["model", "precision"] and keys[-1] == "per_device_batch_size"
+    assert keys[:2] == ["model", "precision"] and keys[-2:] == ["scaling", "fixed_batch_size"]
+    assert set(keys) <= set(table.columns)  # the CSV keeps every group column
+    assert table["scaling"].tolist() == ["weak"] * 3
     scaling = html_table(path.read_text(), "<h2>Scaling</h2>")
     assert list(scaling) == scaling_columns(table, keys)  # the dashboard's columns too
-    assert list(scaling)[len(keys) :] == [c for c in SCALING_COLUMNS if c in table.columns]
+    # one group: its first two columns say what was measured; no std column from single runs
+    assert list(scaling)[:2] == ["model", "precision"]
+    shown = [c for c in SCALING_COLUMNS if c in table.columns and not c.endswith("_std")]
+    assert list(scaling)[2:] == shown
+    assert scaling["scaling"] == ["weak"] * 3
     assert not list(summary.parent.glob(".*.tmp"))
     assert report_from_store(tmp_path / "weak", tmp_path / "r2.html") == tmp_path / "r2.html"
 

@@ -1,11 +1,12 @@
 """Trace frames to tables, one module per analysis: frames in, frames out; no torch, no figures.
-Imports store, schema and errors only.
+Imports store, config (RunConfig's field names, for the scaling groups), schema and errors only.
 
-``windows`` (measured steps and windows), ``groups`` (scaling groups), ``scaling`` (per-run and
-scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm`` (exposed
-communication), ``slow_ranks`` (stragglers), ``display`` (down-sampling for figures),
-``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline figures).
-Resolve the grouping once with :func:`resolve_group_by` and pass it to every table and figure.
+``windows`` (measured steps and windows), ``groups`` (scaling groups and families), ``scaling``
+(per-run and scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm``
+(exposed communication), ``slow_ranks`` (stragglers), ``display`` (down-sampling for figures),
+``network`` (the ring cost, presets and a fitted network), ``scaling_model`` (the ring-allreduce
+model) and ``summary`` (one run's headline figures). Resolve the grouping once with
+:func:`resolve_group_by` and pass it to every table and figure.
 """
 
 from workbench.analysis.breakdown import EVAL_PARTS, PHASES, eval_breakdown, phase_breakdown
@@ -13,7 +14,10 @@ from workbench.analysis.comm import communication
 from workbench.analysis.display import downsample_for_display
 from workbench.analysis.groups import (
     BATCH_COLUMNS,
-    CONFIG_COLUMNS,
+    FAMILY_COLUMNS,
+    NOT_GROUPING,
+    ScalingFamilyWarning,
+    config_columns,
     default_group_by,
     resolve_group_by,
 )
@@ -31,13 +35,16 @@ from workbench.analysis.windows import (
 
 __all__ = [
     "BATCH_COLUMNS",
-    "CONFIG_COLUMNS",
     "EVAL_PARTS",
+    "FAMILY_COLUMNS",
+    "NOT_GROUPING",
     "PHASES",
     "STRAGGLER_COLUMNS",
+    "ScalingFamilyWarning",
     "check_columns",
     "comm_filled",
     "communication",
+    "config_columns",
     "default_group_by",
     "downsample_for_display",
     "eval_breakdown",

@@ -35,18 +35,32 @@ def phase_breakdown(steps: pd.DataFrame) -> pd.DataFrame:
     return m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
 
 
+def _slowest_rank(e: pd.DataFrame, keys: list[str], parts: list[str]) -> pd.DataFrame:
+    """Per evaluation, the parts of ONE rank: the one whose ``eval_s`` is largest (the lowest
+    such rank on a tie), suffixed ``_slowest``, and that rank as ``slowest_rank``."""
+    order = e.sort_values([*keys, "eval_s", "rank"], ascending=[*(True for _ in keys), False, True])
+    slowest = order.drop_duplicates(keys, keep="first").set_index(keys)
+    out = slowest[parts].add_suffix("_slowest")
+    out["slowest_rank"] = slowest["rank"]
+    return out
+
+
 def eval_breakdown(evals: pd.DataFrame) -> pd.DataFrame:
     """Per run, mean over evaluations of predict / gather / metric / broadcast / eval times.
 
-    The plain names are rank 0's times (rank 0 gathers and computes the metric); ``<part>_max``
-    is the mean over evaluations of the slowest rank's time. Also ``evaluations``, ``samples``
-    (all ranks, per evaluation) and the last evaluation's ``metric_name`` / ``metric_value``.
+    The plain names are rank 0's times (rank 0 gathers and computes the metric).
+    ``<part>_slowest`` are the times of the slowest rank of each evaluation (the rank with the
+    largest ``eval_s``), all from that one rank, so they stack to at most its ``eval_s``: the
+    maxima of different ranks would count one wait twice (rank 0 predicting while another rank
+    waits in the broadcast). ``slowest_rank`` is the rank most often slowest. Also
+    ``evaluations``, ``samples`` (what the ranks predicted, summed over ranks, per evaluation;
+    the sampler's padding included) and the last evaluation's ``metric_name`` / ``metric_value``.
     """
     parts = [*EVAL_PARTS, "eval_s"]
     check_columns(evals, ["run_id", "rank", "world_size", "step", "samples", *parts], "evals")
     e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
     per_eval_keys = ["run_id", "attempt", "step"]
-    slowest = e.groupby(per_eval_keys)[parts].max().add_suffix("_max")
+    slowest = _slowest_rank(e, per_eval_keys, parts)
     samples = e.groupby(per_eval_keys)["samples"].sum()
     rank0 = eval_rows(e).set_index(per_eval_keys)
     per_eval = rank0[["world_size", *parts]].join(slowest).join(samples)
@@ -54,12 +68,13 @@ def eval_breakdown(evals: pd.DataFrame) -> pd.DataFrame:
         per_eval["metric_value"] = rank0["metric_value"]
     if "metric_name" in rank0.columns:
         per_eval["metric_name"] = rank0["metric_name"]
-    aggs: dict[str, tuple[str, str]] = {
+    aggs: dict[str, tuple[str, object]] = {
         "world_size": ("world_size", "max"),
         "evaluations": ("eval_s", "size"),
     }
-    for c in [*parts, *(f"{p}_max" for p in parts), "samples"]:
+    for c in [*parts, *(f"{p}_slowest" for p in parts), "samples"]:
         aggs[c] = (c, "mean")
+    aggs["slowest_rank"] = ("slowest_rank", lambda s: s.mode().iloc[0])
     for c in ("metric_name", "metric_value"):
         if c in per_eval.columns:
             aggs[c] = (c, "last")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.groups import BATCH_COLUMNS, FAMILY_COLUMNS, group_frame, resolve_group_by
 from workbench.analysis.windows import check_columns, measured_steps
 
 
@@ -35,8 +35,9 @@ def communication(
     * ``method="reference"``: ``exposed_comm_s = clip(backward_s - ref_backward_s, 0, comm_s)``
       where ``ref_backward_s`` is the mean backward time of the same config at the group's
       smallest world size (same per-device batch, so the same backward compute). It needs
-      ``runs``; the group is ``group_by`` (default :func:`default_group_by`) with the global
-      batch replaced by the per-device batch. A 1-rank reference has no communication, so
+      ``runs``; the group is ``group_by`` (default :func:`default_group_by`) with the family
+      and batch columns replaced by the per-device batch, and only completed runs are
+      references. A 1-rank reference has no communication, so
       this is the exposed time itself; a multi-rank reference gives the exposed time beyond
       the reference's own (a lower bound). A 1-rank run is its own reference (exposed 0).
     * ``method="no_overlap_bound"`` (no reference, or a multi-rank run at the smallest world
@@ -94,22 +95,24 @@ def _with_reference(
 ) -> pd.DataFrame:
     """Attach each run's reference world size and reference mean backward time."""
     check_columns(runs, ("run_id",), "runs")
-    keys = [c for c in resolve_group_by(runs, group_by) if c != "global_batch_size"]
-    if "per_device_batch_size" in runs.columns and "per_device_batch_size" not in keys:
+    drop = (*FAMILY_COLUMNS, *BATCH_COLUMNS)
+    keys = [c for c in resolve_group_by(runs, group_by) if c not in drop]
+    if "per_device_batch_size" in runs.columns:
         keys.append("per_device_batch_size")  # backward compute depends on the per-device batch
-    per_run = measured.groupby("run_id").agg(
+    per_run_times = measured.groupby("run_id").agg(
         world_size=("world_size", "max"), backward_s=("backward_s", "mean")
     )
-    per_run = runs[["run_id", *keys]].merge(per_run, left_on="run_id", right_index=True)
-    if not keys:
-        per_run["_group"] = "all"
-        keys = ["_group"]
-    smallest = per_run.groupby(keys, dropna=False)["world_size"].transform("min")
-    ref = per_run[per_run["world_size"] == smallest]
-    ref = ref.groupby(keys, dropna=False).agg(
-        reference_world_size=("world_size", "first"), ref_backward_s=("backward_s", "mean")
-    )
-    per_run = per_run.merge(ref, left_on=keys, right_index=True, how="left")
+    per_run = group_frame(runs, keys)[["run_id", *keys]]
+    per_run = per_run.merge(per_run_times, left_on="run_id", right_index=True)
+    # A group id, not a merge on the key columns (None and NaN keys do not merge reliably).
+    group = per_run.groupby(keys, dropna=False, sort=False).ngroup() if keys else 0
+    per_run = per_run.assign(_group=group)
+    done = runs["run_id"][runs["status"] == "completed"] if "status" in runs else runs["run_id"]
+    candidates = per_run[per_run["run_id"].isin(done)]  # a failed run is no reference
+    smallest = candidates.groupby("_group")["world_size"].transform("min")
+    ref = candidates[candidates["world_size"] == smallest].groupby("_group")
+    per_run["reference_world_size"] = per_run["_group"].map(ref["world_size"].first())
+    per_run["ref_backward_s"] = per_run["_group"].map(ref["backward_s"].mean())
     mapping = per_run.set_index("run_id")[["reference_world_size", "ref_backward_s"]]
     out = out.drop(columns=["reference_world_size", "ref_backward_s"])
     return out.merge(mapping, left_on="run_id", right_index=True, how="left")

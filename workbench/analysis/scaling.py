@@ -1,10 +1,11 @@
-"""Throughput and scaling: one row per run (:func:`run_table`) and one per scaling group and world
-size (:func:`scaling_table`), with speedup, efficiency, epoch time, final loss and metric and time
-to quality.
+"""Throughput and scaling: one row per run and group (:func:`run_table`) and one per scaling group
+and world size (:func:`scaling_table`), with speedup, efficiency, epoch time, final loss and
+metric and time to quality.
 
 Inputs: ``runs`` (one row per run: ``run_id``, ``sweep``, ``status`` and the flattened config
 columns), ``steps`` and ``evals`` (the store's trace frames). Tables report a mean under the plain
-column name and the standard deviation under ``<name>_std``. Pass the grouping explicitly (see
+column name and the standard deviation of the runs (ddof 1; NaN from one run) under
+``<name>_std``. Pass the grouping explicitly (see
 :func:`workbench.analysis.groups.resolve_group_by`); ``None`` means the default grouping.
 """
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
-from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.groups import assign_groups, group_frame, resolve_group_by
 from workbench.analysis.windows import (
     check_columns,
     eval_rows,
@@ -34,6 +36,8 @@ POINT_METRICS = (
     "final_metric",
     "time_to_quality_s",
 )
+#: Per-run columns a point keeps when all its runs agree (NaN otherwise).
+POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
 
 def _final_loss(steps: pd.DataFrame) -> pd.Series:
@@ -56,20 +60,23 @@ def run_table(
     group_by: Sequence[str] | None = None,
     statuses: Sequence[str] | None = ("completed",),
 ) -> pd.DataFrame:
-    """One row per run with traces: group columns, world size, throughput and final quality.
+    """One row per run with traces and scaling group: group columns, world size, throughput and
+    final quality. A run at the crossing of a weak and a strong family has one row in each.
 
-    Columns: ``run_id``, the group columns, ``world_size`` (from the traces), ``nodes`` and
-    ``train_samples`` when ``runs`` has them, the :func:`measured_window` figures,
-    ``samples_per_s_per_device``, ``epoch_s`` (train_samples / samples_per_s), ``final_loss``
-    (training loss at the last step), and from ``evals``: ``metric_name``, ``final_metric`` and
-    ``final_eval_loss`` (rank 0's last evaluation). ``statuses=None`` keeps every status.
+    Columns: ``run_id``, the group columns, ``scaling`` (see
+    :func:`workbench.analysis.groups.assign_groups`), the batch columns, ``nodes`` and
+    ``train_samples`` when ``runs`` has them, ``world_size`` (from the traces), the
+    :func:`measured_window` figures, ``samples_per_s_per_device``, ``epoch_s`` (train_samples /
+    samples_per_s), ``final_loss`` (training loss at the last step), and from ``evals``:
+    ``metric_name``, ``final_metric`` and ``final_eval_loss`` (rank 0's last evaluation).
+    ``statuses=None`` keeps every status; other runs never reach a group.
     """
     check_columns(runs, ("run_id",), "runs")
     group_by = resolve_group_by(runs, group_by)
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
-    extra = [c for c in ("nodes", "train_samples") if c in runs.columns and c not in group_by]
-    table = runs[["run_id", *group_by, *extra]].merge(measured_window(steps), on="run_id")
+    frame = group_frame(runs, group_by, ("nodes", "train_samples"))
+    table = assign_groups(frame.merge(measured_window(steps), on="run_id"), group_by)
     table["samples_per_s_per_device"] = table["samples_per_s"] / table["world_size"]
     if "train_samples" in table.columns:
         table["epoch_s"] = table["train_samples"] / table["samples_per_s"]
@@ -90,6 +97,7 @@ def run_table(
 def _time_to_quality(
     table: pd.DataFrame,
     evals: pd.DataFrame,
+    steps: pd.DataFrame,
     keys: list[str],
     target: float | None,
     higher_is_better: bool | None,
@@ -99,22 +107,30 @@ def _time_to_quality(
     higher = not lower_is_better(names.iloc[0] if len(names) else None)
     if higher_is_better is not None:
         higher = higher_is_better
+    table = table.reset_index(drop=True)
     if target is None:
         # The quality every run of the group reached: comparable across its world sizes.
         finals = table.groupby(keys, dropna=False)["final_metric"]
         table["target_metric"] = finals.transform("min" if higher else "max")
     else:
         table["target_metric"] = float(target)
-    rows = eval_rows(evals).merge(table[["run_id", "target_metric"]], on="run_id")
+    goals = table[["run_id", "target_metric"]].reset_index(names="_row")
+    rows = eval_rows(evals, steps).merge(goals, on="run_id")  # a run in two groups: two goals
     value, goal = rows["metric_value"], rows["target_metric"]
     reached = rows[value >= goal] if higher else rows[value <= goal]
-    first = reached.groupby("run_id")["time_s"].min().rename("time_to_quality_s")
-    return table.merge(first, left_on="run_id", right_index=True, how="left")
+    first = reached.groupby("_row")["time_s"].min()
+    table["time_to_quality_s"] = first.reindex(table.index).to_numpy()
+    return table
+
+
+def _only(values: pd.Series) -> object:
+    """The one value of ``values``, or NaN when they differ."""
+    return values.iloc[0] if values.nunique(dropna=False) == 1 else np.nan
 
 
 def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
     """One row per scaling point: run count, mean and std of each per-run figure."""
-    aggs: dict[str, tuple[str, str]] = {"runs": ("run_id", "count")}
+    aggs: dict[str, tuple[str, object]] = {"runs": ("run_id", "count")}
     for c in POINT_METRICS:
         if c in per_run.columns:
             aggs[c] = (c, "mean")
@@ -122,24 +138,48 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
     for c in ("metric_name", "target_metric", "train_samples"):
         if c in per_run.columns and c not in point:
             aggs[c] = (c, "first")
+    for c in POINT_FACTS:
+        if c in per_run.columns and c not in point:
+            aggs[c] = (c, _only)
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
     return table.sort_values(point, kind="stable").reset_index(drop=True)
 
 
 def _with_speedup(table: pd.DataFrame, keys: list[str], point: list[str]) -> pd.DataFrame:
-    """Speedup and efficiency over each group's first (smallest) point; columns reordered."""
+    """Speedup and efficiency over each group's first (smallest) point, with the error of both
+    ends propagated; columns reordered."""
     grouped = table.groupby(keys, dropna=False, sort=False)
-    base_thr = grouped["samples_per_s"].transform("first")
-    table["base_world_size"] = grouped["world_size"].transform("first")
+
+    def base(col: str) -> pd.Series:  # the first row's value, NaN included ("first" skips NaN)
+        return grouped[col].transform(lambda s: s.iloc[0])
+
+    base_mean, base_std = base("samples_per_s"), base("samples_per_s_std")
+    table["base_world_size"] = base("world_size")
     table["ideal_speedup"] = table["world_size"] / table["base_world_size"]
-    table["speedup"] = table["samples_per_s"] / base_thr
-    table["speedup_std"] = table["samples_per_s_std"] / base_thr
+    table["speedup"] = table["samples_per_s"] / base_mean
+    relative = np.sqrt(
+        (table["samples_per_s_std"] / table["samples_per_s"]) ** 2 + (base_std / base_mean) ** 2
+    )
+    is_base = grouped.cumcount() == 0  # 1 by definition: no error bar
+    table["speedup_std"] = (table["speedup"] * relative).where(~is_base)
     table["efficiency"] = table["speedup"] / table["ideal_speedup"]
     table["efficiency_std"] = table["speedup_std"] / table["ideal_speedup"]
-    first = point + ["runs", "samples_per_s", "samples_per_s_std", "samples_per_s_per_device"]
+    first = point + [c for c in POINT_FACTS if c in table.columns and c not in point]
+    first += ["runs", "samples_per_s", "samples_per_s_std", "samples_per_s_per_device"]
     first += ["samples_per_s_per_device_std", "speedup", "speedup_std", "ideal_speedup"]
     first += ["efficiency", "efficiency_std", "base_world_size"]
     return table[first + [c for c in table.columns if c not in first]]
+
+
+def points_table(per_run: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
+    """The scaling table of a :func:`run_table` (made with the same ``group_by``): one row per
+    group, world size and nodes, with means, stds, speedup and efficiency."""
+    keys = list(group_by) or ["_group"]
+    if not group_by:
+        per_run = per_run.assign(_group="all")
+    point = keys + ["world_size"] + (["nodes"] if "nodes" in per_run.columns else [])
+    table = _with_speedup(_points(per_run, point), keys, point)
+    return table.drop(columns="_group") if not group_by else table
 
 
 def scaling_table(
@@ -153,15 +193,23 @@ def scaling_table(
 ) -> pd.DataFrame:
     """Per scaling group and world size: throughput, speedup, efficiency, epoch time, quality.
 
-    A point is ``group_by`` + ``world_size`` (+ ``nodes`` when ``runs`` has it); repeated runs of
-    a point give the mean (plain name), the standard deviation (``_std``) and ``runs``.
-    ``samples_per_s`` is samples over the measured window's wall time. ``speedup`` is the
-    point's mean throughput over that of the group's smallest world size (``base_world_size``;
-    fewest nodes on a tie); ``ideal_speedup = world_size / base_world_size`` and ``efficiency =
-    speedup / ideal_speedup``. ``speedup_std`` spreads the point's runs over the base mean.
-    ``time_to_quality_s``: seconds from t0 to the end of the first evaluation whose metric
-    reaches ``target_metric``; by default the group's worst final metric, the quality every
-    point reached (direction from the metric name unless ``higher_is_better`` is given).
+    A point is ``group_by`` + ``world_size`` (+ ``nodes`` when ``runs`` has it); its runs give
+    the mean (plain name), the standard deviation of the runs (``_std``, ddof 1: NaN from a
+    single run) and ``runs``. ``scaling`` labels the group (weak / strong, see
+    :mod:`workbench.analysis.groups`); ``per_device_batch_size`` and ``global_batch_size`` are
+    the point's (NaN when its runs differ). ``samples_per_s`` is samples over the measured
+    window's wall time. ``speedup`` is the point's mean throughput over the mean throughput of
+    the group's smallest world size (``base_world_size``; fewest nodes on a tie);
+    ``ideal_speedup = world_size / base_world_size``, ``efficiency = speedup / ideal_speedup``.
+    ``speedup_std = speedup * sqrt((s_N / m_N)^2 + (s_B / m_B)^2)`` propagates, to first order,
+    the runs' standard deviations ``s`` of both ends' throughputs (means ``m``): the spread of
+    one run's speedup over one base run, not the standard error of the mean speedup. It is NaN
+    when either end has a single run, and at the base (1 by definition);
+    ``efficiency_std = speedup_std / ideal_speedup``. ``time_to_quality_s``: seconds on the
+    run's training clock (t0 to the end of the first evaluation whose metric reaches
+    ``target_metric``; a resumed attempt starts where the previous one's last step ended) with
+    the target by default the group's worst final metric, the quality every point reached
+    (direction from the metric name unless ``higher_is_better`` is given).
     """
     group_by = resolve_group_by(runs, group_by)
     per_run = run_table(runs, steps, evals, group_by, statuses)
@@ -170,7 +218,5 @@ def scaling_table(
         per_run["_group"] = "all"
     has_metric = "final_metric" in per_run.columns and per_run["final_metric"].notna().any()
     if has_metric and evals is not None:
-        per_run = _time_to_quality(per_run, evals, keys, target_metric, higher_is_better)
-    point = keys + ["world_size"] + (["nodes"] if "nodes" in per_run.columns else [])
-    table = _with_speedup(_points(per_run, point), keys, point)
-    return table.drop(columns="_group") if not group_by else table
+        per_run = _time_to_quality(per_run, evals, steps, keys, target_metric, higher_is_better)
+    return points_table(per_run.drop(columns="_group", errors="ignore"), group_by)

@@ -117,20 +117,41 @@ def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def eval_rows(evals: pd.DataFrame) -> pd.DataFrame:
+def _attempt_ends(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
+    """Per run and attempt: where it stopped on its own clock, the later of its last step's end
+    (``t_start_s + step_s``, max over ranks; warm-up steps count, the run trained through them)
+    and its last evaluation's end (an evaluation after the last step is on the clock too)."""
+    check_columns(steps, ("run_id", "t_start_s", "step_s"), "steps")
+    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    step_end = (s["t_start_s"] + s["step_s"]).groupby([s["run_id"], s["attempt"]]).max()
+    eval_end = (
+        (evals["t_start_s"] + evals["eval_s"]).groupby([evals["run_id"], evals["attempt"]]).max()
+    )
+    both = pd.concat([step_end, eval_end], axis=1)
+    return both.max(axis=1).sort_index()
+
+
+def eval_rows(evals: pd.DataFrame, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per run and evaluation: rank 0's (lowest rank's) values, with a run-wide clock.
 
-    ``time_s`` is the evaluation's end in seconds since the run's first t0; a resumed attempt's
-    times are shifted by the earlier attempts' last evaluation ends (an approximation: the
-    attempt's training after its last evaluation is not known here). ``attempt`` is added (0)
-    when absent.
+    ``time_s`` is the evaluation's end on the run's training clock: seconds since the first
+    attempt's t0, where a resumed attempt starts where the previous attempt stopped: its last
+    training step's end (the largest ``t_start_s + step_s`` over its ranks, from ``steps``), or
+    its last evaluation's end when that came later; the training after an attempt's last
+    evaluation counts. The time between attempts (the wait, the restart, reading the
+    checkpoint) is not training. Without ``steps`` a later attempt's ``time_s`` is NaN
+    (unknown). ``attempt`` is added (0) when absent.
     """
     check_columns(evals, ("run_id", "rank", "step", "t_start_s", "eval_s", "metric_value"), "evals")
-    e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
-    first = e.groupby(["run_id", "attempt", "step"])["rank"].transform("min")
-    e = e[e["rank"] == first].sort_values(["run_id", "attempt", "step"])
-    end = e["t_start_s"] + e["eval_s"]
-    attempt_end = end.groupby([e["run_id"], e["attempt"]]).max()
-    offset = attempt_end.groupby(level="run_id").transform(lambda s: s.cumsum().shift(fill_value=0))
-    shift = offset.reindex(pd.MultiIndex.from_arrays([e["run_id"], e["attempt"]])).to_numpy()
-    return e.assign(time_s=end.to_numpy() + shift)
+    e_all = evals if "attempt" in evals.columns else evals.assign(attempt=0)
+    first = e_all.groupby(["run_id", "attempt", "step"])["rank"].transform("min")
+    e = e_all[e_all["rank"] == first].sort_values(["run_id", "attempt", "step"])
+    end = (e["t_start_s"] + e["eval_s"]).to_numpy()
+    later = e["attempt"].to_numpy() > 0
+    if steps is None:
+        return e.assign(time_s=np.where(later, np.nan, end))
+    ends = _attempt_ends(steps, e_all)
+    offset = ends.groupby(level="run_id").transform(lambda s: s.cumsum().shift(fill_value=0))
+    keys = pd.MultiIndex.from_arrays([e["run_id"], e["attempt"]])
+    shift = np.where(later, offset.reindex(keys).to_numpy(), 0.0)
+    return e.assign(time_s=end + shift)

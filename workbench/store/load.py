@@ -49,8 +49,9 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
         "failed_rank": (run.get("failure") or {}).get("rank"),
     }
     for key, value in config.items():
-        if key in ("derived", "fault"):
+        if key == "fault":
             continue
+        # ``derived`` stays (a list): which batch the config gave tells a run's scaling family
         if isinstance(value, dict):
             for k, v in value.items():
                 row[f"{key}.{k}"] = v
@@ -64,8 +65,9 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
 def load_runs(
     output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
 ) -> pd.DataFrame:
-    """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``) and
-    the summary figures."""
+    """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``; the
+    fault plan left out; ``derived``, the fields the config filled in, as a list) and the
+    summary figures."""
     import pandas as pd
 
     return pd.DataFrame([_flat_run_row(p) for p in iter_run_dirs(output_dir, sweeps)])

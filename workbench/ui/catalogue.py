@@ -19,8 +19,10 @@ import plotly.graph_objects as go
 from workbench.analysis.breakdown import eval_breakdown, phase_breakdown
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.memory import memory_by_rank
+from workbench.analysis.network import NetworkFit, NetworkModel
+from workbench.analysis.network import network_fit as resolve_network
 from workbench.analysis.scaling import scaling_table
-from workbench.analysis.scaling_model import NetworkModel, measured_network, predicted_vs_measured
+from workbench.analysis.scaling_model import predicted_vs_measured
 from workbench.ui import plots
 
 
@@ -50,17 +52,20 @@ class FigureContext:
         return memory_by_rank(self.steps)
 
     @cached_property
-    def network_model(self) -> str | NetworkModel | None:
-        """``network``, or the one measured from multi-rank traces (``None`` if none can be)."""
-        return measured_network(self.steps) if self.network is None else self.network
+    def network_fit(self) -> NetworkFit:
+        """``network`` as given, or one fitted to the completed multi-rank runs' traces (its
+        ``model`` is ``None`` when none can be, and its ``note`` says why)."""
+        return resolve_network(self.network, self.steps, self.runs)
 
     @cached_property
     def predicted(self) -> pd.DataFrame:
-        """The scaling model next to the measurements; empty without a network or a table."""
-        net = self.network_model
-        if net is None or not len(self.table):
+        """The scaling model next to the measurements (curves it cannot predict say why in
+        ``note``); empty without a table."""
+        if not len(self.table):
             return pd.DataFrame()
-        return predicted_vs_measured(self.runs, self.steps, net, group_by=self.group_by)
+        return predicted_vs_measured(
+            self.runs, self.steps, self.network_fit, group_by=self.group_by
+        )
 
 
 def figure_context(
@@ -138,11 +143,6 @@ EVAL_METRIC = Need(
     lambda c: _has(c.evals, "metric_value"),
     "No evaluation metric in the selected runs",
 )
-NETWORK = Need(
-    "a network model",
-    lambda c: c.network_model is not None,
-    "No multi-rank run with communication: no network estimate",
-)
 PREDICTED = Need(
     "predicted rows", lambda c: len(c.predicted) > 0, "No run the scaling model can start from"
 )
@@ -175,8 +175,8 @@ class FigureSpec:
 
 
 def _predicted(c: FigureContext) -> go.Figure:
-    net = c.network_model
-    name = net.description if isinstance(net, NetworkModel) else str(net)
+    net = c.network_fit.model
+    name = (net.description or net.name) if net is not None else ""
     return plots.predicted_vs_measured_figure(c.predicted, group_by=c.group_by, network=name)
 
 
@@ -280,7 +280,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
     FigureSpec(
         "predicted",
         "Predicted against measured",
-        (SCALING, NETWORK, PREDICTED),
+        (SCALING, PREDICTED),
         _predicted,
         label="predicted vs measured",
     ),

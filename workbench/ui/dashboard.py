@@ -17,7 +17,13 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.groups import CONFIG_COLUMNS, default_group_by, resolve_group_by
+from workbench.analysis.groups import (
+    BATCH_COLUMNS,
+    LEADING_COLUMNS,
+    config_columns,
+    default_group_by,
+    resolve_group_by,
+)
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import (
     FigureContext,
@@ -160,10 +166,16 @@ class Dashboard(widgets.VBox):
 
     def _fill_group_by(self, runs: pd.DataFrame) -> None:
         default = default_group_by(runs) if len(runs) else []
+        shown = ", ".join(default[:4]) + (
+            f" and {len(default) - 4} more" if len(default) > 4 else ""
+        )
         options: list[tuple[str, str | tuple[str, ...]]] = [
-            (f"default: {', '.join(default) or 'all runs'}", DEFAULT_GROUPING)
+            (f"default: {shown or 'all runs'}", DEFAULT_GROUPING)
         ]
-        options += [(c, (c,)) for c in CONFIG_COLUMNS if c in runs.columns]
+        # The usual single columns, and any other config column that differs between runs.
+        columns = config_columns(runs) if len(runs) else []
+        usual = (*LEADING_COLUMNS, *BATCH_COLUMNS)
+        options += [(c, (c,)) for c in columns if c in usual or runs[c].map(str).nunique() > 1]
         values = [v for _, v in options]
         value = self.group_by.value if self.group_by.value in values else DEFAULT_GROUPING
         self.group_by.options = options

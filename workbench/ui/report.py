@@ -22,7 +22,7 @@ from workbench.analysis.slow_ranks import stragglers
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
-from workbench.ui.tables import frame_html, scaling_table_html
+from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
@@ -37,10 +37,25 @@ div.scroll { overflow-x: auto; }
 
 _DEFINITIONS = """
 <ul class="note">
+<li><b>scaling group</b>: runs are repeats of one point when every config field agrees but world
+size, nodes, tasks per node, seed, run name, where results are filed, the port and timeouts. A
+group is <b>weak</b> scaling (per-device batch fixed, global batch grows with the world size) or
+<b>strong</b> (global batch fixed); a study holding both warns and keeps both, and a run at their
+crossing counts in each.</li>
 <li><b>throughput</b>: samples of all ranks over the wall time of the measured window (first
 measured step start to last step end, across ranks; warm-up steps left out), never a sum of per-rank
-rates. <b>speedup</b>: throughput over that of the group's smallest world size;
-<b>efficiency</b>: speedup / (world size / smallest world size).</li>
+rates. <b>speedup</b>: mean throughput over the mean throughput of the group's smallest world size;
+<b>efficiency</b>: speedup / (world size / smallest world size). <b>_std</b>: standard deviation of
+the runs of a point (ddof 1; empty from one run). <b>speedup_std</b> = speedup &times;
+&radic;((s<sub>N</sub>/m<sub>N</sub>)&sup2; + (s<sub>B</sub>/m<sub>B</sub>)&sup2;) with the means m
+and standard deviations s of both ends' throughputs; empty when either end is one run, and at the
+base. An empty spread draws no error bar.</li>
+<li><b>scaling model</b>: step time at N = compute + (1 - overlap) &times; ring allreduce time of
+the gradient bytes at N. Compute is the base's wall step time (the one that gives the mean
+throughput of its repeats) less (1 - overlap) &times; its traced communication (none at one
+rank); weak curves keep it, strong curves divide it by N / base N. The network is a preset, or
+fitted over runs at three or more world sizes (its RMS residual in the note); with fewer there
+is no prediction, and the figure says why.</li>
 <li><b>exposed communication</b>: backward time beyond the same config's backward time at the
 smallest world size (DDP's backward waits for the last allreduce), at most comm_s; without such a
 reference, min(comm_s, backward_s), the no-overlap bound.</li>
@@ -100,7 +115,7 @@ def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> li
             frame_html(tables["communication"].reset_index()),
         ]
     if "predicted" in tables:
-        parts += ["<h2>Scaling model</h2>", frame_html(tables["predicted"])]
+        parts += ["<h2>Scaling model</h2>", model_table_html(tables["predicted"], group_by)]
     return parts
 
 
@@ -133,9 +148,10 @@ def write_report(
     """Write the report to ``path`` (atomically) and return the path.
 
     ``network`` feeds the scaling model (a preset name or a :class:`NetworkModel`); by default it
-    is :func:`workbench.analysis.scaling_model.measured_network` of these traces, and the
-    predicted view is left out when that cannot be estimated. ``summary_csv``: also write the
-    scaling table the report computed there, as CSV (atomically; header only when there is none).
+    is :func:`workbench.analysis.network.fit_network` of these runs, and without a fit the
+    predicted view shows the measurements and says why there is no prediction. ``summary_csv``:
+    also write the scaling table the report computed there, as CSV (atomically; header only when
+    there is none).
     """
     keys = resolve_group_by(runs, group_by)
     figs, tables = build_figures(runs, steps, evals, network, keys)

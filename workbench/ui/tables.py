@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
-#: The scaling table's columns shown after the group columns, in order (only those present).
+#: The scaling table's columns shown after the group columns, in order (only those present; a
+#: ``_std`` column only when some point has one, i.e. two or more runs).
 SCALING_COLUMNS = (
+    "scaling",
+    "per_device_batch_size",
+    "global_batch_size",
     "world_size",
     "nodes",
     "runs",
@@ -16,6 +21,7 @@ SCALING_COLUMNS = (
     "samples_per_s_std",
     "samples_per_s_per_device",
     "speedup",
+    "speedup_std",
     "efficiency",
     "step_s",
     "epoch_s",
@@ -34,13 +40,35 @@ def frame_html(frame: pd.DataFrame) -> str:
     return f'<div class="scroll" style="overflow-x:auto">{table}</div>'
 
 
-def scaling_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
-    """The columns to show of a scaling table: its group columns, then :data:`SCALING_COLUMNS`."""
+def _has_spread(column: pd.Series) -> bool:
+    return bool(np.isfinite(pd.to_numeric(column, errors="coerce")).any())
+
+
+def group_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
+    """The group columns worth showing: those that differ between the table's rows, or (none
+    does) the first two, which say what was measured."""
     keys = [c for c in group_by if c in table.columns]
-    return keys + [c for c in SCALING_COLUMNS if c in table.columns and c not in keys]
+    varying = [c for c in keys if table[c].map(str).nunique() > 1]
+    return varying or keys[:2]
+
+
+def scaling_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
+    """The columns to show of a scaling table: :func:`group_columns`, then those of
+    :data:`SCALING_COLUMNS` it has, a ``_std`` column only when some point has a spread."""
+    shown = group_columns(table, group_by)
+    rest = [c for c in SCALING_COLUMNS if c in table.columns and c not in shown]
+    rest = [c for c in rest if not c.endswith("_std") or _has_spread(table[c])]
+    return shown + rest
 
 
 def scaling_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
-    """The scaling table as HTML: ``group_by`` (the list it was computed with) and the columns of
-    :data:`SCALING_COLUMNS` that it has, one row per scaling point."""
+    """The scaling table as HTML: the columns of :func:`scaling_columns`, one row per scaling
+    point (the full table, every group column, is what the CSV summary keeps)."""
     return frame_html(table[scaling_columns(table, group_by)])
+
+
+def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
+    """The scaling model's table (:func:`workbench.analysis.scaling_model.predicted_vs_measured`)
+    as HTML: :func:`group_columns`, then every column that is not a group column."""
+    shown = group_columns(table, group_by)
+    return frame_html(table[shown + [c for c in table.columns if c not in group_by]])

@@ -16,11 +16,12 @@ from workbench.ui.plots.style import LAYOUT
 def eval_breakdown_figure(evals_table: pd.DataFrame, ranks: str = "rank0") -> go.Figure:
     """Stacked predict / gather / metric / broadcast seconds per evaluation, one bar per run.
 
-    ``ranks="rank0"`` shows rank 0's times; ``"max"`` the slowest rank's per part.
+    ``ranks="rank0"`` shows rank 0's times; ``"slowest"`` the parts of each evaluation's slowest
+    rank (one rank's parts, so the stack is at most that rank's evaluation time).
     """
-    if ranks not in ("rank0", "max"):
-        raise ValueError(f"unknown ranks={ranks!r}; valid names: rank0, max")
-    suffix = "" if ranks == "rank0" else "_max"
+    if ranks not in ("rank0", "slowest"):
+        raise ValueError(f"unknown ranks={ranks!r}; valid names: rank0, slowest")
+    suffix = "" if ranks == "rank0" else "_slowest"
     cols = [f"{p}{suffix}" for p in EVAL_PARTS]
     check_columns(evals_table, ["run_id", "world_size", *cols], "eval table")
     x = (evals_table["run_id"] + " (N=" + evals_table["world_size"].astype(str) + ")").tolist()

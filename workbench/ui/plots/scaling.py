@@ -144,10 +144,24 @@ def tradeoff_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) 
     return fig
 
 
+def _no_prediction_title(pvm: pd.DataFrame) -> str:
+    """The title when some curves have no prediction: the notes saying why."""
+    missing = pvm[pvm["predicted_speedup"].isna() & pvm["measured_speedup"].notna()]
+    if "note" not in pvm.columns or missing.empty:
+        return "Predicted against measured speedup"
+    notes = "; ".join(str(n) for n in pd.unique(missing["note"].dropna()))
+    if pvm["predicted_speedup"].notna().any():
+        return (
+            f"Predicted against measured speedup<br><sup>some curves not predicted: {notes}</sup>"
+        )
+    return f"Measured speedup, not predicted<br><sup>{notes}</sup>"
+
+
 def predicted_vs_measured_figure(
     pvm: pd.DataFrame, group_by: Sequence[str] | None = None, network: str = ""
 ) -> go.Figure:
-    """Measured speedup (markers) and the ring-allreduce model's prediction (dashed) per group."""
+    """Measured speedup (markers) and the ring-allreduce model's prediction (dashed) per group;
+    a curve without a prediction shows its measurements, and the title says why (``note``)."""
     check_columns(pvm, ["world_size", "predicted_speedup", "measured_speedup"], "table")
     fig = go.Figure()
     model = f"predicted ({network})" if network else "predicted"
@@ -163,18 +177,19 @@ def predicted_vs_measured_figure(
                 hovertemplate=f"{label}<br>%{{x}} devices<br>measured %{{y:.3g}}x<extra></extra>",
             )
         )
+        predicted = rows[rows["predicted_speedup"].notna()]
+        if predicted.empty:
+            continue
         fig.add_trace(
             go.Scatter(
-                x=rows["world_size"],
-                y=rows["predicted_speedup"],
+                x=predicted["world_size"],
+                y=predicted["predicted_speedup"],
                 mode="lines",
                 line={"color": color, "dash": "dash"},
                 name=f"{label} {model}",
                 hovertemplate=f"{label}<br>%{{x}} devices<br>{model} %{{y:.3g}}x<extra></extra>",
             )
         )
-    fig.update_layout(
-        title="Predicted against measured speedup", yaxis_title="speedup (x)", **LAYOUT
-    )
+    fig.update_layout(title=_no_prediction_title(pvm), yaxis_title="speedup (x)", **LAYOUT)
     devices_axis(fig, pvm)
     return fig

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from workbench.analysis.groups import default_group_by
+from workbench.analysis.groups import FAMILY_COLUMNS, default_group_by
 from workbench.analysis.windows import check_columns
 
 GIB = float(1 << 30)
@@ -32,14 +33,30 @@ def group_keys(table: pd.DataFrame, group_by: Sequence[str] | str | None) -> lis
     return group_by
 
 
+def _family_part(rows: pd.DataFrame) -> pd.Series:
+    """``weak, per-device batch 32`` / ``strong, global batch 256`` per row."""
+    scaling = rows["scaling"].map(str)
+    if "fixed_batch_size" not in rows.columns:
+        return scaling
+    which = scaling.map({"weak": "per-device", "strong": "global"}).fillna("fixed")
+    fixed = rows["fixed_batch_size"].map(lambda v: f"{v:g}" if isinstance(v, float) else str(v))
+    return scaling + ", " + which + " batch " + fixed
+
+
 def group_labels(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> pd.Series:
-    """A legend label per row: ``col=value`` for the group columns that differ between groups."""
+    """A legend label per row: ``col=value`` for the group columns that differ between groups (the
+    family columns as ``weak, per-device batch 32``); with one group, its first two columns."""
     cols = group_keys(table, group_by)
     varying = [c for c in cols if table[c].nunique(dropna=False) > 1]
     if not varying:
         label = ", ".join(f"{c}={table[c].iloc[0]}" for c in cols[:2]) if len(table) else ""
         return pd.Series(label or "all runs", index=table.index)
-    parts = [c + "=" + table[c].astype(str) for c in varying]
+    family = [c for c in varying if c in FAMILY_COLUMNS]
+    # map(str), not astype(str): pandas 3 keeps a missing value missing through astype(str),
+    # and one missing option (model_options.x of another model) would blank the whole label
+    parts = [c + "=" + table[c].map(str) for c in varying if c not in FAMILY_COLUMNS]
+    if family:
+        parts.append(_family_part(table) if "scaling" in table.columns else table[family[0]])
     out = parts[0]
     for p in parts[1:]:
         out = out + ", " + p
@@ -57,11 +74,16 @@ def groups(
 
 
 def error_bars(rows: pd.DataFrame, col: str) -> dict[str, object] | None:
-    """Error bars from ``<col>_std`` when the table has a spread for ``col``."""
+    """Error bars from ``<col>_std`` where it is finite: none at all when no point has one, and
+    NaN (no bar, never a bar of 0) for a point without one (a single run, or the base)."""
     std = f"{col}_std"
-    if std not in rows.columns or rows[std].isna().all():
+    if std not in rows.columns:
         return None
-    return {"type": "data", "array": rows[std].fillna(0).to_numpy(), "visible": True}
+    values = pd.to_numeric(rows[std], errors="coerce").to_numpy(dtype="float64")
+    finite = np.isfinite(values)
+    if not finite.any():
+        return None
+    return {"type": "data", "array": np.where(finite, values, np.nan), "visible": True}
 
 
 def devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:

@@ -1,0 +1,234 @@
+"""The network of the scaling model: the ring-allreduce cost, link presets, and a network fitted to
+multi-rank traces (:func:`fit_network`), with its residual or the reason there is none.
+
+Pure pandas/numpy; no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.windows import check_columns, measured_steps
+
+#: Distinct multi-rank world sizes a fit needs: two parameters (bandwidth, latency) and at least
+#: one more point, so that the residual says how well the ring model fits.
+MIN_FIT_WORLD_SIZES = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkModel:
+    """The two numbers of the ring model, for one link class."""
+
+    name: str
+    #: Bytes per second one rank sends to its ring neighbour (one direction).
+    bandwidth_bytes_per_s: float
+    #: Seconds per ring hop per bucket (launch + wire latency).
+    latency_s: float
+    description: str = ""
+
+
+# Sources: line rates from the specifications (NVIDIA A100 datasheet: NVLink 3 600 GB/s total,
+# i.e. 300 GB/s per direction; InfiniBand HDR 200 Gb/s per port; IEEE 802.3 25GBASE / 10GBASE),
+# derated to what an NCCL/gloo ring typically sustains (about 75-90 % of line rate). Latencies
+# are orders of magnitude (microseconds for NVLink/IB verbs, tens of microseconds for TCP).
+# None of these was measured on this project's machines: they are assumptions to replace with
+# measured_network() as soon as a multi-rank trace exists.
+NETWORK_PRESETS: dict[str, NetworkModel] = {
+    "nvlink": NetworkModel(
+        name="nvlink",
+        bandwidth_bytes_per_s=230e9,
+        latency_s=5e-6,
+        description="NVLink 3 class (A100, 300 GB/s per direction, ~230 GB/s sustained)",
+    ),
+    "infiniband-hdr": NetworkModel(
+        name="infiniband-hdr",
+        bandwidth_bytes_per_s=22e9,
+        latency_s=5e-6,
+        description="InfiniBand HDR 200 Gb/s (25 GB/s line rate, ~22 GB/s sustained)",
+    ),
+    "ethernet-25g": NetworkModel(
+        name="ethernet-25g",
+        bandwidth_bytes_per_s=2.8e9,
+        latency_s=50e-6,
+        description="25 GbE over TCP (3.125 GB/s line rate, ~2.8 GB/s sustained)",
+    ),
+    "ethernet-10g": NetworkModel(
+        name="ethernet-10g",
+        bandwidth_bytes_per_s=1.1e9,
+        latency_s=50e-6,
+        description="10 GbE over TCP (1.25 GB/s line rate, ~1.1 GB/s sustained)",
+    ),
+}
+
+
+def ring_allreduce_time(
+    nbytes: float | np.ndarray,
+    world_size: int | np.ndarray,
+    bandwidth_bytes_per_s: float,
+    latency_s: float,
+    buckets: int | np.ndarray = 1,
+) -> float | np.ndarray:
+    """Seconds for a ring allreduce of ``nbytes`` over ``world_size`` ranks.
+
+    ``2 (N-1)/N * nbytes / bandwidth + 2 (N-1) * latency * buckets``: reduce-scatter then
+    all-gather, each N-1 hops carrying 1/N of the data; every bucket pays the hop latencies.
+    Zero for one rank.
+    """
+    if bandwidth_bytes_per_s <= 0 or latency_s < 0:
+        raise ValueError(
+            f"need bandwidth_bytes_per_s > 0 and latency_s >= 0, got "
+            f"{bandwidth_bytes_per_s} and {latency_s}"
+        )
+    n = np.asarray(world_size, dtype="float64")
+    if np.any(n < 1):
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    t = 2 * (n - 1) / n * np.asarray(nbytes, dtype="float64") / bandwidth_bytes_per_s
+    t = t + 2 * (n - 1) * latency_s * np.asarray(buckets, dtype="float64")
+    return float(t) if np.ndim(t) == 0 else t
+
+
+def as_network(network: str | NetworkModel) -> NetworkModel:
+    """A preset by name (:data:`NETWORK_PRESETS`), or the model itself; ValueError with the valid
+    names otherwise."""
+    if isinstance(network, NetworkModel):
+        return network
+    if network not in NETWORK_PRESETS:
+        valid = ", ".join(NETWORK_PRESETS)
+        raise ValueError(f"unknown network {network!r}; valid names: {valid}")
+    return NETWORK_PRESETS[network]
+
+
+@dataclass(frozen=True)
+class NetworkFit:
+    """A network fitted to traces: the model (``None`` when none could be fitted), a note saying
+    how it was fitted or why not, the RMS residual of the fit (seconds of allreduce per step; NaN
+    without a fit) and the world sizes it used."""
+
+    model: NetworkModel | None
+    note: str
+    residual_s: float = float("nan")
+    world_sizes: tuple[int, ...] = ()
+
+
+def _fit_runs(
+    steps: pd.DataFrame, runs: pd.DataFrame | None, statuses: Sequence[str] | None
+) -> tuple[pd.DataFrame, str | None]:
+    """Per multi-rank run with communication: median over steps of the smallest ``comm_s`` over
+    ranks, bytes, buckets; and why no fit is possible (``None`` if it is, so far)."""
+    check_columns(steps, ("world_size", "comm_s", "comm_bytes"), "steps")
+    m = measured_steps(steps, ["world_size", "comm_s", "comm_bytes", "comm_buckets"])
+    if runs is not None:
+        check_columns(runs, ("run_id",), "runs")
+        keep = runs
+        if statuses is not None and "status" in runs.columns:
+            keep = runs[runs["status"].isin(list(statuses))]  # failed runs are never pooled
+        m = m[m["run_id"].isin(keep["run_id"])]
+    m = m[(m["world_size"] > 1) & (m["comm_s"] > 0) & (m["comm_bytes"] > 0)]
+    if m.empty:
+        return m, "no network fit: no multi-rank run with communication times"
+    if runs is not None and "nodes" in runs.columns:
+        nodes = sorted(set(runs.loc[runs["run_id"].isin(m["run_id"]), "nodes"]))
+        if len(nodes) > 1:
+            return m, (
+                f"no network fit: the runs span {', '.join(map(str, nodes))} nodes, whose links "
+                "differ; fit the runs of one node count, or pass a network"
+            )
+    if "comm_buckets" not in m.columns:
+        m = m.assign(comm_buckets=1)
+    per_step = m.groupby(["run_id", "attempt", "step"]).agg(
+        world_size=("world_size", "max"),
+        comm_s=("comm_s", "min"),
+        comm_bytes=("comm_bytes", "median"),
+        comm_buckets=("comm_buckets", "median"),
+    )
+    return per_step.groupby(level="run_id").median(), None
+
+
+def _least_squares(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """Seconds per byte and latency, both non-negative, and how they were fitted: both; or the
+    bandwidth alone (latency fixed at 0) when the latency would come out negative. ``None`` when
+    the bandwidth would come out non-positive (more bytes took no longer: the ring model does not
+    describe these runs)."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    how = "bandwidth and latency"
+    if coef[1] < 0:  # no room for latency: bandwidth alone
+        coef = np.array([np.sum(x[:, 0] * y) / np.sum(x[:, 0] ** 2), 0.0])
+        how = "bandwidth only (the latency came out negative: fixed at 0)"
+    if coef[0] <= 0:
+        return None, "the bandwidth came out non-positive (more bytes took no longer)"
+    return coef, how
+
+
+def fit_network(
+    steps: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    statuses: Sequence[str] | None = ("completed",),
+) -> NetworkFit:
+    """Bandwidth and latency fitted to multi-rank runs' ``comm_s`` and ``comm_bytes``.
+
+    Per run: per step the smallest ``comm_s`` over ranks (the last rank to launch waits least
+    for the others, so it is closest to the transfer itself), then the median over steps. A
+    least-squares fit of ``comm_s = 2 (N-1)/N bytes / bandwidth + 2 (N-1) buckets latency``
+    (both non-negative) over the runs needs runs at :data:`MIN_FIT_WORLD_SIZES` or more distinct
+    world sizes above one (two parameters and a residual); with fewer there is no fit and the
+    note says why. With ``runs``, only runs of ``statuses`` are pooled, and runs spanning
+    several node counts are not (intra- and inter-node links differ). ``residual_s`` is the RMS
+    of measured minus fitted ``comm_s``. A latency that would come out negative is fixed at 0
+    (the note says so); a bandwidth that would come out non-positive gives no fit. Waiting for
+    stragglers and bucket queueing inflate ``comm_s`` (and DDP's sampled span also holds the
+    backward compute between buckets), so the bandwidth is a lower bound.
+    """
+    per_run, why = _fit_runs(steps, runs, statuses)
+    if why is not None:
+        return NetworkFit(None, why)
+    sizes = tuple(sorted({int(n) for n in per_run["world_size"]}))
+    if len(sizes) < MIN_FIT_WORLD_SIZES:
+        return NetworkFit(
+            None,
+            f"no network fit: it needs runs at {MIN_FIT_WORLD_SIZES} or more world sizes above 1 "
+            f"(these have {', '.join(map(str, sizes))}); pass a network preset",
+            world_sizes=sizes,
+        )
+    n = per_run["world_size"].to_numpy(dtype="float64")
+    x = np.column_stack(
+        [2 * (n - 1) / n * per_run["comm_bytes"].to_numpy(), 2 * (n - 1) * per_run["comm_buckets"]]
+    ).astype("float64")
+    y = per_run["comm_s"].to_numpy(dtype="float64")
+    coef, how = _least_squares(x, y)
+    if coef is None:
+        return NetworkFit(None, f"no network fit: {how}; pass a network preset", world_sizes=sizes)
+    residual = float(np.sqrt(np.mean((y - x @ coef) ** 2)))
+    note = (
+        f"measured: least-squares fit of {how} over {len(per_run)} runs at world sizes "
+        f"{', '.join(map(str, sizes))}, RMS residual {residual:.3g} s"
+    )
+    model = NetworkModel(
+        name="measured",
+        bandwidth_bytes_per_s=float(1 / coef[0]),
+        latency_s=float(coef[1]),
+        description=note,
+    )
+    return NetworkFit(model, note, residual, sizes)
+
+
+def measured_network(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> NetworkModel | None:
+    """The model of :func:`fit_network`, or ``None`` when there is none (its note says why)."""
+    return fit_network(steps, runs).model
+
+
+def network_fit(
+    network: str | NetworkModel | NetworkFit | None,
+    steps: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+) -> NetworkFit:
+    """``network`` as a fit: a given preset or model as it is, ``None`` fitted to the traces."""
+    if isinstance(network, NetworkFit):
+        return network
+    if network is None:
+        return fit_network(steps, runs)
+    model = as_network(network)
+    return NetworkFit(model, model.description or model.name)
