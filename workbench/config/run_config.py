@@ -209,6 +209,12 @@ class RunConfig:
         50,
         minimum=1,
     )
+    network_benchmark: bool = setting(
+        "multi-rank runs: before the first step, time allreduces at the run's own gradient "
+        "bucket sizes (about 0.3 s, outside the throughput window) and record algorithm and bus "
+        "bandwidth (nccl-tests' definitions) in run.json under 'network'",
+        True,
+    )
     profile_steps: tuple[int, int] | None = setting(
         "record torch.profiler traces for steps first..last (inclusive), one file per rank"
     )
