@@ -107,9 +107,7 @@ def test_network_benchmark_uses_the_run_buckets_and_nccl_tests_definitions(comm_
 def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) -> None:
     """Two processes, nothing of the workbench: allreduce ``nbytes`` of float32 in a loop."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     tensor = torch.zeros(nbytes // 4)
     for _ in range(5):
         dist.all_reduce(tensor)
@@ -137,8 +135,10 @@ def test_network_busbw_within_2x_of_a_bare_allreduce_loop(comm_runs) -> None:
     # n = 2: busbw = algbw x 2(2-1)/2 = bytes / time.
     bare_busbw = row["bytes"] / bare_time
     ratio = row["busbw_bytes_per_s"] / bare_busbw
-    print(f"busbw at {row['bytes']} B: workbench {row['busbw_bytes_per_s'] / 1e9:.3f} GB/s, "
-          f"bare loop {bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f}")
+    print(
+        f"busbw at {row['bytes']} B: workbench {row['busbw_bytes_per_s'] / 1e9:.3f} GB/s, "
+        f"bare loop {bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f}"
+    )
     assert 0.5 <= ratio <= 2.0
 
 
