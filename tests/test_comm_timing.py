@@ -109,15 +109,26 @@ def test_sampler_skips_a_stale_iteration() -> None:
 
 
 @pytest.mark.parametrize(
-    "missing", ["_get_ddp_logging_data", "_set_ddp_runtime_logging_sample_rate"]
+    "missing",
+    [
+        "_get_ddp_logging_data",
+        "_set_ddp_runtime_logging_sample_rate",
+        "logger.set_runtime_stats_and_log",
+    ],
 )
 def test_a_missing_private_call_records_bytes_only_with_one_warning(missing: str) -> None:
     class Lost(_FakeDDP):
         pass
 
-    setattr(Lost, missing, property(lambda self: (_ for _ in ()).throw(AttributeError(missing))))
+    class LostLogger(_FakeLogger):
+        pass
+
+    gone = property(lambda self: (_ for _ in ()).throw(AttributeError(missing)))
+    setattr(LostLogger if missing.startswith("logger.") else Lost, missing.split(".")[-1], gone)
+    ddp = Lost(_data())
+    ddp.logger = LostLogger()
     with pytest.warns(MeasurementWarning, match=missing) as caught:
-        sampler = DDPCommSampler(Lost(_data()), every_steps=1, gradient_bytes=999)
+        sampler = DDPCommSampler(ddp, every_steps=1, gradient_bytes=999)
         rows = [sampler.take() for _ in range(5)]
     assert len(caught) == 1, "one warning, not one per step"
     assert rows == [CommFields(None, 999, None)] * 5
