@@ -182,3 +182,25 @@ def test_network_benchmark_switch_is_checked_by_name() -> None:
     assert RunConfig(per_device_batch_size=8).network_benchmark is True
     with pytest.raises(ConfigError, match="network_benchmark='yes': must be true or false"):
         RunConfig(per_device_batch_size=8, network_benchmark="yes")
+
+
+def test_runs_frame_carries_the_comm_method_warnings_and_network(tmp_path) -> None:
+    from workbench.store.files import write_json
+    from workbench.store.load import load_runs
+
+    net = {"bytes": 1000, "time_s": 0.002, "algbw_bytes_per_s": 5e5, "busbw_bytes_per_s": 7.5e5}
+    write_json(
+        tmp_path / "s" / "a" / "run.json",
+        {
+            "comm_method": {"0": "bytes_only", "1": "ddp_timer"},
+            "measurement_warnings": [{"message": "lost", "ranks": [0]}],
+            "network": net,
+        },
+    )
+    write_json(tmp_path / "s" / "b" / "run.json", {"comm_method": {"0": "ddp_timer"}})
+    runs = load_runs(tmp_path).set_index("run_id")
+    assert runs.loc["a", "comm_method"] == "bytes_only,ddp_timer"
+    assert runs.loc["a", "measurement_warnings"] == "lost"
+    assert runs.loc["a", "network_busbw_bytes_per_s"] == 7.5e5
+    assert runs.loc["b", "comm_method"] == "ddp_timer"
+    assert runs[["measurement_warnings", "network_busbw_bytes_per_s"]].loc["b"].isna().all()
