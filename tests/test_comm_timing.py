@@ -103,6 +103,16 @@ def test_sampler_reads_the_three_figures_and_the_buckets() -> None:
     assert sampler.method == "ddp_timer" and sampler.warnings == []
 
 
+def test_with_a_compression_hook_bytes_are_the_hooks_and_times_ddps() -> None:
+    meter = CommMeter(kind="fp16", timed=False)
+    meter.active = True
+    meter._record(time.perf_counter(), 500)  # what the fp16 hook sent: half of DDP's 1000
+    sampler = DDPCommSampler(_FakeDDP(_data()), every_steps=4, gradient_bytes=999, hook_meter=meter)
+    fields = sampler.take()
+    assert (fields.comm_bytes, fields.comm_buckets) == (500, 1)
+    assert fields.comm_s == pytest.approx(0.011) and fields.comm_exposed_s == pytest.approx(0.003)
+
+
 def test_sampler_skips_a_stale_iteration() -> None:
     sampler = DDPCommSampler(_FakeDDP(_data(iteration=7)), every_steps=4, gradient_bytes=999)
     assert sampler.take() == CommFields(None, 1000, 2)

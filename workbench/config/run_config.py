@@ -194,12 +194,13 @@ class RunConfig:
     )
     trace_sample_ids: bool = setting("also record which dataset indices each rank consumed", False)
     trace_comm: str = setting(
-        "how gradient communication is timed: 'sampled' reads DDP's own timer (no Python hook) "
-        "on the first 10 steps and every trace_comm_every_steps after, leaving comm_s empty in "
-        "between; 'hook' times every bucket of every step with a Python comm hook (about 0.1 ms "
-        "per bucket on CPU, see BENCHMARKS.md); 'off' records nothing. comm_bytes and "
-        "comm_buckets are recorded on every step unless 'off'. The compression hooks always time "
-        "every step: they are Python hooks anyway",
+        "how gradient communication is timed: 'sampled' reads DDP's own timer (no Python hook; "
+        "with a compression hook, that hook's bytes) on the first 10 steps and every "
+        "trace_comm_every_steps after: comm_s (DDP's span), backward_compute_s and "
+        "comm_exposed_s, empty in between; 'hook' times every bucket of every step with a "
+        "Python comm hook (about 0.1 ms per bucket on CPU, see BENCHMARKS.md; bytes only on "
+        "CUDA, where the hook sees the enqueue, not the transfer); 'off' records nothing. "
+        "comm_bytes and comm_buckets are recorded on every step unless 'off'",
         "sampled",
         choices=COMM_TRACING,
     )

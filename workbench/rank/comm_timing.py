@@ -93,17 +93,22 @@ def bucket_counts(data: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 class DDPCommSampler:
-    """Communication timing from DDP's own reducer timer: no Python hook, so DDP keeps its C++
-    allreduce path. DDP times the first 10 iterations and every ``every_steps``-th after (the
+    """Communication timing from DDP's own reducer timer: no Python hook needed, so DDP keeps its
+    C++ allreduce path. DDP times the first 10 iterations and every ``every_steps``-th after (the
     rate is set here); on those steps ``take()`` reads comm_s, backward_compute_s and
-    comm_exposed_s (see :func:`ddp_timer_fields`). Bytes and bucket count come from DDP's bucket
-    sizes on every step; ``gradient_bytes`` (all gradients) stands in for them if DDP's logging
-    data is unavailable. ``take()`` must be called once per synchronised step, after
-    ``backward``. ``warnings`` holds what the rank said about a missing private call."""
+    comm_exposed_s (see :func:`ddp_timer_fields`). Bytes and bucket count come, on every step,
+    from ``hook_meter`` where a compression hook moves the gradients (what it really sent: the
+    reducer's timer spans a hook's work as well), else from DDP's bucket sizes;
+    ``gradient_bytes`` (all gradients) stands in for those if DDP's logging data is unavailable.
+    ``take()`` must be called once per synchronised step, after ``backward``. ``warnings`` holds
+    what the rank said about a missing private call."""
 
-    def __init__(self, ddp: Any, every_steps: int, gradient_bytes: int) -> None:
+    def __init__(
+        self, ddp: Any, every_steps: int, gradient_bytes: int, hook_meter: Any = None
+    ) -> None:
         self.ddp = ddp
         self.every_steps = every_steps
+        self.hook_meter = hook_meter
         self.iteration = 0  # DDP's count: forwards that synchronise gradients
         self.warnings: list[str] = []
         self.timed = True  # False once a private call failed: bytes only from then on
@@ -136,24 +141,28 @@ class DDPCommSampler:
     def _sampled(self) -> bool:
         return self.iteration <= 10 or self.iteration % self.every_steps == 0
 
-    def take(self) -> CommFields:
-        """This step's communication columns."""
-        self.iteration += 1
-        if not self.timed or not self._sampled():
-            return CommFields(None, self._bytes, self._buckets)
+    def _times(self) -> tuple[float | None, float | None, float | None]:
+        """DDP's figures for this step (comm_s, backward_compute_s, comm_exposed_s)."""
         # DDP itself folds the timer into its logging data at the next forward; doing it now
         # puts the figures on this step's row.
         self._call("logger.set_runtime_stats_and_log")
         data = self._call("_get_ddp_logging_data") if self.timed else None
         if not isinstance(data, Mapping):
-            return CommFields(None, self._bytes, self._buckets)
+            return None, None, None
         counts = bucket_counts(data)
         if counts is not None:
             self._bytes, self._buckets = counts
         if data.get("iteration") != self.iteration:
-            return CommFields(None, self._bytes, self._buckets)
-        comm, compute, exposed = ddp_timer_fields(data)
-        return CommFields(comm, self._bytes, self._buckets, compute, exposed)
+            return None, None, None
+        return ddp_timer_fields(data)
+
+    def take(self) -> CommFields:
+        """This step's communication columns."""
+        self.iteration += 1
+        sent = self.hook_meter.take() if self.hook_meter is not None else None
+        times = self._times() if self.timed and self._sampled() else (None, None, None)
+        nbytes, buckets = (sent[1], sent[2]) if sent is not None else (self._bytes, self._buckets)
+        return CommFields(times[0], nbytes, buckets, times[1], times[2])
 
 
 def _torch_version() -> str:

@@ -110,22 +110,23 @@ class Trainer:
             gradient_as_bucket_view=config.gradient_as_bucket_view,
             static_graph=config.static_graph,
         )
+        every, nbytes = config.trace_comm_every_steps, gradient_bytes(module)
         if config.trace_comm == "hook" or config.comm_hook != "allreduce":
             ddp.register_comm_hook(None, meter.hook)
             meter.active = True
-            if not meter.timed:
-                self.warnings.append(
-                    warn(
-                        f"comm_s is not recorded on {device.type} with a Python comm hook "
-                        f"(trace_comm={config.trace_comm!r}, comm_hook={config.comm_hook!r}): "
-                        "NCCL runs the hook's callbacks when the work is queued, so a host "
-                        "clock would time the enqueue; comm_bytes only. trace_comm='sampled' "
-                        "with comm_hook='allreduce' reads DDP's own GPU-timed figures"
-                    )
+        if config.trace_comm == "sampled":  # a compression hook: its bytes, DDP's times
+            meter.timed = False
+            hooked = meter if meter.active else None
+            return ddp, DDPCommSampler(ddp, every, nbytes, hook_meter=hooked)
+        if config.trace_comm == "hook" and not meter.timed:
+            self.warnings.append(
+                warn(
+                    f"trace_comm='hook' records no comm_s on {device.type}: NCCL runs a comm "
+                    "hook's callbacks when the work is queued, so a host clock would time the "
+                    "enqueue, not the transfer; comm_bytes only. trace_comm='sampled' reads "
+                    "DDP's own figures (timed with CUDA events)"
                 )
-        elif config.trace_comm == "sampled":
-            sampler = DDPCommSampler(ddp, config.trace_comm_every_steps, gradient_bytes(module))
-            return ddp, sampler
+            )
         return ddp, meter
 
     def comm_method(self) -> str:
