@@ -51,7 +51,9 @@ def bus_factor(world_size: int) -> float:
     return 2.0 * (world_size - 1) / world_size
 
 
-def _time_size(nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float) -> dict:
+def _time_size(
+    nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float
+) -> dict[str, Any]:
     """One bucket size: a warm-up allreduce, one to size the loop (the same count on every
     rank: the time is agreed), then the timed loop."""
     element = torch.tensor([], dtype=dtype).element_size()
