@@ -67,6 +67,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from workbench.config.run_config import RunConfig  # noqa: E402
 from workbench.ports import free_port  # noqa: E402
 from workbench.rank import distributed
+from workbench.rank.comm_timing import DDPCommSampler  # noqa: E402
 from workbench.rank.data import fetch_batch, train_batches  # noqa: E402
 from workbench.rank.models import build_model  # noqa: E402
 from workbench.rank.profiling import NoProfiler  # noqa: E402
@@ -482,7 +483,7 @@ def measure_hook_cost(
         for name in ("python_default", "commmeter"):
             diffs[name].append((t[name][0] - t["builtin"][0]) / buckets * 1e6)
         diffs["commmeter_cpu"].append((t["commmeter"][1] - t["builtin"][1]) / buckets * 1e6)
-    sampler = distributed.DDPCommSampler(models["builtin"], every_steps=1)
+    sampler = DDPCommSampler(models["builtin"], every_steps=1, gradient_bytes=0)
     reads = []
     for _ in range(rounds):
         models["builtin"](x).sum().backward()

@@ -63,6 +63,8 @@ def make_steps(
             "comm_s": comm_s if world_size > 1 else 0.0,
             "comm_bytes": comm_bytes if world_size > 1 else 0,
             "comm_buckets": comm_buckets,
+            "backward_compute_s": np.nan,
+            "comm_exposed_s": np.nan,
             "samples": samples,
             "loss": loss0 - loss_drop * (step - 1),
             "lr": 0.1,

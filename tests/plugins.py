@@ -84,3 +84,16 @@ class _WithUnusedHead(nn.Module):
 
 def with_unused_head() -> nn.Module:
     return _WithUnusedHead()
+
+
+def mlp_in_a_torch_without_ddp_logging_data() -> nn.Module:
+    """The default MLP, built in a rank whose torch has lost DDP's private
+    ``_get_ddp_logging_data`` (as a future torch might): the model is built before DDP wraps
+    it, so deleting the method here takes it away from this rank's DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workbench.rank.models import MLP
+
+    if hasattr(DistributedDataParallel, "_get_ddp_logging_data"):
+        delattr(DistributedDataParallel, "_get_ddp_logging_data")
+    return MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)

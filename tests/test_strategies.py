@@ -87,10 +87,22 @@ def test_gradient_accumulation_equals_the_larger_batch(runs, ddp2) -> None:
 
 
 def test_comm_hook_tracing_times_every_step(runs) -> None:
-    for name in ("rank0", "fp16"):  # trace_comm="hook"; a compression hook always times
+    steps = runs["rank0"].traces()  # trace_comm="hook"
+    assert len(steps) == 32 and (steps["comm_s"] > 0).all()
+    assert (steps["comm_bytes"] == FULL).all()
+
+
+def test_a_compression_hook_is_timed_by_ddp_and_counted_by_the_hook(runs) -> None:
+    """trace_comm="sampled" with a compression hook: DDP's reducer timer spans the hook's work
+    (steps 1-10 of 16 at the default sampling), the hook counts what it really sent."""
+    for name in ("fp16", "bf16", "powersgd"):
         steps = runs[name].traces()
-        assert len(steps) == 32 and (steps["comm_s"] > 0).all(), name
-    assert (runs["rank0"].traces()["comm_bytes"] == FULL).all()
+        timed = steps[steps["comm_exposed_s"].notna()]
+        assert timed.groupby("rank")["step"].apply(list).tolist() == [list(range(1, 11))] * 2
+        assert (timed["comm_exposed_s"] > 0).all() and (timed["comm_s"] > 0).all(), name
+        assert (timed["comm_exposed_s"] <= timed["comm_s"]).all(), name
+        assert timed["backward_compute_s"].notna().all(), name
+        assert (steps["comm_buckets"] >= 1).all(), name
 
 
 def test_each_comm_hook_runs_and_changes_traced_bytes(runs) -> None:

@@ -99,3 +99,9 @@ class UnusedParametersError(RuntimeError):
             "DDP would fail at the next step. Remove them from the model, or set "
             "find_unused_parameters=True (slower: an extra pass over the graph per step)"
         )
+
+
+class MeasurementWarning(RuntimeWarning):
+    """A figure could not be measured as configured (a private DDP call missing in this torch,
+    a timer that would report the wrong thing): the run goes on and records less, and the rank
+    summary and ``run.json`` say what (``measurement_warnings``)."""

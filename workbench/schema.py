@@ -27,10 +27,27 @@ STEP_COLUMNS: dict[str, str] = {
     "backward_s": "float64",
     "optimizer_s": "float64",
     "step_s": "float64",
-    # Gradient allreduce time: DDP's first-launch-to-last-completion span on sampled steps
-    # (trace_comm="sampled", null in between) or each bucket's launch-to-completion time summed
-    # (trace_comm="hook" and the compression hooks).
+    # Gradient communication. With trace_comm="sampled" the three columns below are DDP's own
+    # reducer timer (its logging data), on sampled steps only (null in between, and null where
+    # DDP reset a field to 0 or the timer is unavailable: then comm_bytes alone is recorded):
+    # comm_s is DDP's backward_comm_time, from the first bucket's allreduce launch to the end of
+    # finalize_backward (the wait for the last bucket): a span that, with several buckets,
+    # mostly overlaps backward compute, so it is NOT the communication cost. On CPU the
+    # reducer's timer reads the host clock; on CUDA it records events on the compute stream.
+    # With trace_comm="hook" and the compression hooks: each bucket's launch-to-completion
+    # time summed (on CPU only; null on CUDA, where a Python hook sees the enqueue, not the
+    # transfer).
     "comm_s": "float64",
+    # DDP's backward_compute_time: from the end of DDP's forward (the reducer's
+    # prepare_for_backward, so the loss computation is included) to the end of the autograd
+    # backward pass (the reducer's final callback, once every gradient is ready). Sampled
+    # steps only, like comm_s.
+    "backward_compute_s": "float64",
+    # Exposed communication: backward_comm_time - backward_compute_comm_overlap_time, i.e. the
+    # time from the end of backward compute (the last gradient ready) to the end of
+    # finalize_backward: the communication (and the copy of reduced buckets into .grad) that no
+    # computation hides. This is what communication adds to the step. Sampled steps only.
+    "comm_exposed_s": "float64",
     "comm_bytes": "int64",  # bytes handed to allreduce this step (all buckets)
     "comm_buckets": "int64",
     "samples": "int64",  # samples this rank consumed this step

@@ -194,12 +194,13 @@ class RunConfig:
     )
     trace_sample_ids: bool = setting("also record which dataset indices each rank consumed", False)
     trace_comm: str = setting(
-        "how gradient communication is timed: 'sampled' reads DDP's own timer (no Python hook) "
-        "on the first 10 steps and every trace_comm_every_steps after, leaving comm_s empty in "
-        "between; 'hook' times every bucket of every step with a Python comm hook (about 0.1 ms "
-        "per bucket on CPU, see BENCHMARKS.md); 'off' records nothing. comm_bytes and "
-        "comm_buckets are recorded on every step unless 'off'. The compression hooks always time "
-        "every step: they are Python hooks anyway",
+        "how gradient communication is timed: 'sampled' reads DDP's own timer (no Python hook; "
+        "with a compression hook, that hook's bytes) on the first 10 steps and every "
+        "trace_comm_every_steps after: comm_s (DDP's span), backward_compute_s and "
+        "comm_exposed_s, empty in between; 'hook' times every bucket of every step with a "
+        "Python comm hook (about 0.1 ms per bucket on CPU, see BENCHMARKS.md; bytes only on "
+        "CUDA, where the hook sees the enqueue, not the transfer); 'off' records nothing. "
+        "comm_bytes and comm_buckets are recorded on every step unless 'off'",
         "sampled",
         choices=COMM_TRACING,
     )
@@ -208,6 +209,12 @@ class RunConfig:
         "(on CUDA each read waits for the step's timing events)",
         50,
         minimum=1,
+    )
+    network_benchmark: bool = setting(
+        "multi-rank runs: before the first step, time allreduces at the run's own gradient "
+        "bucket sizes (about 0.3 s, outside the throughput window) and record algorithm and bus "
+        "bandwidth (nccl-tests' definitions) in run.json under 'network'",
+        True,
     )
     profile_steps: tuple[int, int] | None = setting(
         "record torch.profiler traces for steps first..last (inclusive), one file per rank"

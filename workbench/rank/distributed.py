@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import jobs
+from workbench.rank.comm_timing import CommFields
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,15 @@ def gather_rows(rows: torch.Tensor, rank: int, world_size: int) -> torch.Tensor 
 class CommMeter:
     """A DDP communication hook that moves the gradients (plain averaging allreduce, fp16 or bf16
     compression, or PowerSGD) and records, per bucket, the time from launch to completion and
-    the bytes handed to allreduce. ``take()`` returns and resets the step's totals."""
+    the bytes handed to allreduce. ``take()`` returns and resets the step's totals.
 
-    def __init__(self, kind: str = "allreduce", powersgd_rank: int = 1) -> None:
+    With ``timed=False`` (every CUDA device) it records bytes only: NCCL runs ``Future.then``
+    callbacks as soon as the work is queued (see ``Work.get_future``), so a host clock around
+    them would report the enqueue as the communication."""
+
+    def __init__(self, kind: str = "allreduce", powersgd_rank: int = 1, timed: bool = True) -> None:
         self.kind = kind
+        self.timed = timed
         self.active = False  # set once DDP runs the hook: without it there is nothing to report
         self._seconds = 0.0
         self._bytes = 0
@@ -164,7 +170,8 @@ class CommMeter:
             )
 
     def _record(self, start: float, nbytes: int) -> None:
-        self._seconds += time.perf_counter() - start
+        if self.timed:
+            self._seconds += time.perf_counter() - start
         self._bytes += nbytes
         self._buckets += 1
 
@@ -217,47 +224,28 @@ class CommMeter:
             total += ((n + m) * r if compress else n * m) * size
         return total
 
-    def take(self) -> tuple[float | None, int | None, int | None]:
+    def take(self) -> CommFields:
+        """The step's totals (all None if DDP never ran the hook); resets them."""
         if not self.active:
-            return None, None, None
-        out = (self._seconds, self._bytes, self._buckets)
+            return CommFields(None, None, None)
+        out = CommFields(self._seconds if self.timed else None, self._bytes, self._buckets)
         self._seconds, self._bytes, self._buckets = 0.0, 0, 0
         return out
 
 
-class DDPCommSampler:
-    """Communication timing from DDP's own reducer timer: no Python hook, so DDP keeps its C++
-    allreduce path. DDP times the first 10 iterations and every ``every_steps``-th after (the
-    rate is set here); on those steps ``take()`` reads the span from the first bucket's launch to
-    the last bucket's completion. Bytes and bucket count come from DDP's bucket sizes on every
-    step. ``take()`` must be called once per synchronised step, after ``backward``."""
-
-    def __init__(self, ddp: Any, every_steps: int) -> None:
-        self.ddp = ddp
-        self.every_steps = every_steps
-        self.iteration = 0  # DDP's count: forwards that synchronise gradients
-        self._bytes: int | None = None
-        self._buckets: int | None = None
-        ddp._set_ddp_runtime_logging_sample_rate(every_steps)
-
-    def _sampled(self) -> bool:
-        return self.iteration <= 10 or self.iteration % self.every_steps == 0
-
-    def take(self) -> tuple[float | None, int | None, int | None]:
-        self.iteration += 1
-        if not self._sampled():
-            return None, self._bytes, self._buckets
-        # DDP itself folds the timer into its logging data at the next forward; doing it now
-        # puts the figures on this step's row.
-        self.ddp.logger.set_runtime_stats_and_log()
-        data = self.ddp._get_ddp_logging_data()
-        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
-        if sizes:
-            counts = [int(size) for size in str(sizes).split(",")]
-            self._bytes, self._buckets = sum(counts), len(counts)
-        if data.get("iteration") != self.iteration or "backward_comm_time" not in data:
-            return None, self._bytes, self._buckets
-        return data["backward_comm_time"] / 1e9, self._bytes, self._buckets
+def time_all_reduce(tensor: torch.Tensor, iterations: int) -> float:
+    """Seconds for ``iterations`` back-to-back sum-allreduces of ``tensor`` on the default group,
+    from a barrier to the last one's completion (on CUDA, after synchronising), averaged over
+    the ranks as nccl-tests does; the same value on every rank."""
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        dist.all_reduce(tensor)
+    if tensor.device.type == "cuda":
+        torch.cuda.synchronize(tensor.device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
+    dist.all_reduce(elapsed)
+    return float(elapsed.item()) / dist.get_world_size()
 
 
 def new_eval_group(timeout_s: float) -> Any:

@@ -105,12 +105,17 @@ def train(
     ):
         clock = PhaseClock(device)
         loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log)
+        network = trainer.measure_network()  # before t0: outside every traced window
         distributed.barrier()
         tracer.set_t0()
         run_epochs(loop, state)
         finish(loop, state)
     summary = summarize(trainer.module, env, device, state.step, tracer)
     summary["preempted"] = state.preempted
+    summary["comm_method"] = trainer.comm_method()
+    summary["measurement_warnings"] = trainer.measurement_warnings()
+    if network is not None:
+        summary["network"] = network
     consolidate(traces, env.rank)
     del loop, trainer  # free the DDP model before the process group goes (distributed.teardown)
     return summary

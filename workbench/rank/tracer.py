@@ -234,7 +234,7 @@ def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
 #: What ``Tracer.step`` buffers per row, in order (then the memory sample); the constant columns
 #: (run, rank, host, ...) and the five phase columns are filled in at the flush.
 _ROW = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
-_ROW += ("comm_buckets", "samples", "loss", "lr")
+_ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
 _MEMORY = ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes", "mem_device_bytes")
 _MEMORY += ("rss_bytes",)
 
@@ -323,6 +323,8 @@ class Tracer:
         samples: int,
         loss: Any,
         lr: float,
+        backward_compute_s: float | None = None,
+        comm_exposed_s: float | None = None,
     ) -> None:
         """Buffer one step's row. ``phases`` is ``PhaseClock.stop()`` (or ``Phases``);
         ``loss`` a float or, on CUDA, a 0-d tensor read at the flush (a non-finite one raises
@@ -333,7 +335,7 @@ class Tracer:
         rows = self._rows
         rows.append(
             (epoch, step, warmup, t_start_s, phases, comm_s, comm_bytes, comm_buckets, samples)
-            + (loss, lr, self._mem)
+            + (loss, lr, backward_compute_s, comm_exposed_s, self._mem)
         )
         if now >= self._flush_due or len(rows) >= self.max_rows:
             self.flush()

@@ -15,10 +15,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
-from workbench.rank import checkpoint, distributed
+from workbench.rank import checkpoint, distributed, network
+from workbench.rank.comm_timing import DDPCommSampler, warn
 from workbench.rank.data import build_datasets, fetch_batch
+from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
-from workbench.rank.models import build_model, model_task
+from workbench.rank.models import build_model, gradient_bytes, model_task
 from workbench.rank.tracer import PhaseClock, Tracer
 
 
@@ -63,6 +65,7 @@ class Trainer:
         attempt: int,
     ) -> None:
         self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
+        self.warnings: list[str] = []
         seed_everything(config.seed)
         self.module = build_model(config.model, dict(config.model_options)).to(device)
         self.train_set, self.eval_set = build_datasets(config, env.rank, env.world_size)
@@ -87,13 +90,12 @@ class Trainer:
                 start, self.optimizer, self.scaler, env.rank
             )
 
-    def _wrap(
-        self, module: nn.Module
-    ) -> tuple[nn.Module, distributed.CommMeter | distributed.DDPCommSampler]:
+    def _wrap(self, module: nn.Module) -> tuple[nn.Module, CommMeter | DDPCommSampler]:
         """The strategy (DDP with its knobs, DataParallel over this node's GPUs, or the bare
         module on one device) and what times its gradient communication."""
         config, device = self.config, self.device
-        meter = distributed.CommMeter(config.comm_hook, config.powersgd_rank)
+        # On CUDA a Python hook's host clock sees the enqueue, not the transfer: bytes only.
+        meter = CommMeter(config.comm_hook, config.powersgd_rank, timed=device.type != "cuda")
         if config.strategy == "single":
             meter.active = True  # nothing is communicated: zeros are the measurement
             return module, meter
@@ -108,12 +110,52 @@ class Trainer:
             gradient_as_bucket_view=config.gradient_as_bucket_view,
             static_graph=config.static_graph,
         )
+        every, nbytes = config.trace_comm_every_steps, gradient_bytes(module)
         if config.trace_comm == "hook" or config.comm_hook != "allreduce":
             ddp.register_comm_hook(None, meter.hook)
             meter.active = True
-        elif config.trace_comm == "sampled":
-            return ddp, distributed.DDPCommSampler(ddp, config.trace_comm_every_steps)
+        if config.trace_comm == "sampled":  # a compression hook: its bytes, DDP's times
+            meter.timed = False
+            hooked = meter if meter.active else None
+            return ddp, DDPCommSampler(ddp, every, nbytes, hook_meter=hooked)
+        if config.trace_comm == "hook" and not meter.timed:
+            self.warnings.append(
+                warn(
+                    f"trace_comm='hook' records no comm_s on {device.type}: NCCL runs a comm "
+                    "hook's callbacks when the work is queued, so a host clock would time the "
+                    "enqueue, not the transfer; comm_bytes only. trace_comm='sampled' reads "
+                    "DDP's own figures (timed with CUDA events)"
+                )
+            )
         return ddp, meter
+
+    def comm_method(self) -> str:
+        """How this rank's communication columns were measured: ``ddp_timer`` (DDP's reducer
+        timer, sampled), ``hook`` (a Python comm hook's host clock, every step), ``bytes_only``,
+        ``off`` (trace_comm='off') or ``none`` (no DDP: nothing is communicated, or DataParallel);
+        for the rank's summary and ``run.json``."""
+        if isinstance(self.comm, DDPCommSampler):
+            return self.comm.method
+        if not isinstance(self.ddp, DDP):
+            return "none"
+        if not self.comm.active:
+            return "off"
+        return "hook" if self.comm.timed else "bytes_only"
+
+    def measurement_warnings(self) -> list[str]:
+        """What this rank could not measure as configured (each said once in its log)."""
+        sampled = self.comm.warnings if isinstance(self.comm, DDPCommSampler) else []
+        return list(dict.fromkeys(self.warnings + sampled))
+
+    def measure_network(self) -> dict[str, Any] | None:
+        """The allreduce micro-benchmark at this run's bucket sizes (``network.py``), on every
+        rank of a multi-rank DDP run unless ``network_benchmark`` is off; None otherwise."""
+        config = self.config
+        if not (config.network_benchmark and self.env.world_size > 1 and isinstance(self.ddp, DDP)):
+            return None
+        element = 2 if config.comm_hook in ("fp16", "bf16") else 4
+        sizes = network.bucket_sizes(self.module, config.bucket_cap_mb, element)
+        return network.measure_allreduce(sizes, self.device, self.env.world_size, config.comm_hook)
 
     def set_lr(self, step: int) -> None:
         """The learning rate for ``step``: scaled by the batch rule, ramped up over warm-up."""
@@ -172,12 +214,9 @@ class Trainer:
         the optimizer; durations once the tracer flushes), the comm meter's totals and the loss:
         a float on CPU, the tensor itself on CUDA, where reading it would wait for the GPU (the
         tracer reads the losses of many steps at once, at its flush)."""
-        comm_s, comm_bytes, comm_buckets = self.comm.take()
         return dict(
             phases=clock.stop(),
-            comm_s=comm_s,
-            comm_bytes=comm_bytes,
-            comm_buckets=comm_buckets,
+            **self.comm.take()._asdict(),
             samples=sum(len(b) for b in micro_batches),
             loss=loss_sum if self.device.type == "cuda" else float(loss_sum),
             lr=self.optimizer.param_groups[0]["lr"],

@@ -164,3 +164,22 @@ def exit_warnings(states: RankStates, log_tails: Mapping[int, str | None]) -> li
         for rank, s in states.items()
         if s["status"] == "completed" and crashed_at_exit(log_tails.get(rank))
     ]
+
+
+def rank_measurements(states: RankStates) -> dict[str, Any]:
+    """What the ranks' summaries say about how their communication was measured, for
+    ``run.json``: ``comm_method`` per rank (``ddp_timer``, ``hook``, ``bytes_only``, ``off``,
+    ``none``), ``measurement_warnings`` (each message once, with the ranks that gave it) and
+    ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's)."""
+    summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
+    by_message: dict[str, list[int]] = {}
+    for rank, summary in summaries.items():
+        for message in summary.get("measurement_warnings") or ():
+            by_message.setdefault(message, []).append(rank)
+    return {
+        "comm_method": {
+            str(r): s["comm_method"] for r, s in summaries.items() if "comm_method" in s
+        },
+        "measurement_warnings": [{"message": m, "ranks": r} for m, r in by_message.items()],
+        "network": summaries.get(0, {}).get("network"),
+    }

@@ -27,6 +27,7 @@ from workbench.run.failure import (
     final_status,
     last_lines,
     live_status,
+    rank_measurements,
     root_cause,
 )
 from workbench.store.files import read_json, read_rank_states, update_run
@@ -241,6 +242,7 @@ class RunHandle:
             if s["status"] == "completed"
         }
         fields["exit_warnings"] = exit_warnings(states, tails)
+        fields.update(rank_measurements(states))
         try:
             fields["summary"] = run_summary(
                 load_traces(self.path, "steps"), load_traces(self.path, "eval")

@@ -59,15 +59,33 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
             row[key] = value
     for key, value in (run.get("summary") or {}).items():
         row[key] = value
+    row.update(_measurement_columns(run))
     return row
+
+
+def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
+    """How the run's communication was measured (``comm_method``: one value, or the ranks'
+    values joined by commas), what it could not measure (``measurement_warnings``, the messages
+    joined; None if none) and the allreduce micro-benchmark (``network_*``: null when the run
+    had one rank or ``network_benchmark`` off)."""
+    network = run.get("network") or {}
+    methods = sorted(set((run.get("comm_method") or {}).values()))
+    said = [w.get("message", "") for w in run.get("measurement_warnings") or ()]
+    out: dict[str, Any] = {
+        "comm_method": ",".join(methods) or None,
+        "measurement_warnings": "; ".join(said) or None,
+    }
+    for key in ("bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s"):
+        out[f"network_{key}"] = network.get(key)
+    return out
 
 
 def load_runs(
     output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
 ) -> pd.DataFrame:
     """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``; the
-    fault plan left out; ``derived``, the fields the config filled in, as a list) and the
-    summary figures."""
+    fault plan left out; ``derived``, the fields the config filled in, as a list), the summary
+    figures, and how communication was measured (see ``_measurement_columns``)."""
     import pandas as pd
 
     return pd.DataFrame([_flat_run_row(p) for p in iter_run_dirs(output_dir, sweeps)])

@@ -1,0 +1,172 @@
+"""Communication with known answers, through real gloo runs: exposed communication at one rank
+with many buckets (almost nothing), at two ranks (more than nothing, less than the backward),
+the allreduce micro-benchmark against a bare ``torch.distributed.all_reduce`` loop, and a torch
+that lost a private DDP call (bytes only, one warning, the run completes)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from workbench import schema
+from workbench.ports import free_port
+from workbench.rank.models import build_model, gradient_bytes
+from workbench.run.launch import launch
+from workbench.store.files import read_json
+
+from .conftest import base_config
+
+pytestmark = pytest.mark.slow
+
+#: An MLP of 8 hidden layers of 256 (each about 257 KiB of gradients) and buckets of 0.25 MiB:
+#: DDP puts each layer in a bucket of its own, so 9 buckets.
+WIDE = {"hidden_dim": 256, "num_layers": 8}
+CAP_MB = 0.25
+
+
+def _comm_config(store, world_size: int, name: str, **changes):
+    return base_config(
+        store,
+        world_size=world_size,
+        run_name=name,
+        model_options=WIDE,
+        bucket_cap_mb=CAP_MB,
+        trace_comm_every_steps=1,
+        **changes,
+    )
+
+
+@pytest.fixture(scope="module")
+def comm_runs(store):
+    """One rank and two ranks of the many-bucket model, launched together."""
+    handles = {
+        "one": launch(_comm_config(store, 1, "comm-1rank")),
+        "two": launch(_comm_config(store, 2, "comm-2rank")),
+    }
+    for handle in handles.values():
+        assert handle.wait(timeout_s=300) == "completed", handle.logs()
+    return handles
+
+
+def _measured(handle):
+    steps = handle.traces()
+    steps = steps[~steps["warmup"]]
+    return steps, read_json(handle.path / schema.RUN_FILE)
+
+
+def test_one_rank_many_buckets_exposes_almost_no_communication(comm_runs) -> None:
+    steps, run = _measured(comm_runs["one"])
+    assert (steps["comm_buckets"] >= 8).all(), steps["comm_buckets"].unique()
+    assert steps[["comm_s", "backward_compute_s", "comm_exposed_s"]].notna().all().all()
+    exposed_share = steps["comm_exposed_s"].sum() / steps["step_s"].sum()
+    span_share = steps["comm_s"].sum() / steps["step_s"].sum()
+    print(f"1 rank: exposed {exposed_share:.2%} of the step, DDP's span {span_share:.2%}")
+    assert exposed_share < 0.05
+    # DDP's span covers most of the backward although one rank moves nothing.
+    assert span_share > 4 * exposed_share
+    assert (steps["comm_exposed_s"] <= steps["comm_s"]).all()
+    assert run["comm_method"] == {"0": "ddp_timer"}
+    assert run["measurement_warnings"] == []
+    assert run["network"] is None, "one rank: no network to measure"
+
+
+def test_two_ranks_expose_some_communication_within_the_backward(comm_runs) -> None:
+    steps, run = _measured(comm_runs["two"])
+    assert steps[["comm_s", "backward_compute_s", "comm_exposed_s"]].notna().all().all()
+    assert (steps["comm_exposed_s"] > 0).all()
+    assert (steps["comm_exposed_s"] <= steps["backward_s"]).all()
+    assert (steps["comm_exposed_s"] <= steps["comm_s"]).all()
+    assert (steps["backward_compute_s"] <= steps["step_s"]).all()
+    assert run["comm_method"] == {"0": "ddp_timer", "1": "ddp_timer"}
+    assert run["measurement_warnings"] == []
+
+
+def test_network_benchmark_uses_the_run_buckets_and_nccl_tests_definitions(comm_runs) -> None:
+    steps, run = _measured(comm_runs["two"])
+    net = run["network"]
+    assert net["collective"] == "allreduce" and net["world_size"] == 2
+    # The benchmark's buckets are the run's: the same bytes and count DDP reports.
+    assert net["bytes"] == sum(net["bucket_sizes_bytes"]) == steps["comm_bytes"].iloc[0]
+    assert len(net["bucket_sizes_bytes"]) == steps["comm_buckets"].iloc[0]
+    assert net["bytes"] == gradient_bytes(build_model("mlp", WIDE))
+    assert net["algbw_bytes_per_s"] == pytest.approx(net["bytes"] / net["time_s"])
+    # busbw = algbw x 2(n-1)/n: at n = 2 the factor is 1.
+    assert net["busbw_bytes_per_s"] == pytest.approx(net["algbw_bytes_per_s"])
+    for row in net["sizes"]:
+        assert row["algbw_bytes_per_s"] == pytest.approx(row["bytes"] / row["time_s"])
+        assert row["iterations"] >= 3
+    assert net["duration_s"] < 1.0, "a few hundred milliseconds, not a second"
+
+
+def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) -> None:
+    """Two processes, nothing of the workbench: allreduce ``nbytes`` of float32 in a loop."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tensor = torch.zeros(nbytes // 4)
+    for _ in range(5):
+        dist.all_reduce(tensor)
+    times = []
+    for _ in range(3):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            dist.all_reduce(tensor)
+        times.append((time.perf_counter() - start) / iterations)
+    if rank == 0:
+        out["time_s"] = statistics.median(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_network_busbw_within_2x_of_a_bare_allreduce_loop(comm_runs) -> None:
+    _, run = _measured(comm_runs["two"])
+    row = max(run["network"]["sizes"], key=lambda r: r["bytes"])
+    with mp.Manager() as manager:
+        out = manager.dict()
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_bare_loop, args=(free_port(), row["bytes"], 100, out), nprocs=2, join=True)
+        bare_time = out["time_s"]
+    # n = 2: busbw = algbw x 2(2-1)/2 = bytes / time.
+    bare_busbw = row["bytes"] / bare_time
+    ratio = row["busbw_bytes_per_s"] / bare_busbw
+    print(
+        f"busbw at {row['bytes']} B: workbench {row['busbw_bytes_per_s'] / 1e9:.3f} GB/s, "
+        f"bare loop {bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f}"
+    )
+    assert 0.5 <= ratio <= 2.0
+
+
+def test_network_benchmark_can_be_turned_off(store) -> None:
+    handle = launch(
+        base_config(store, world_size=2, run_name="no-net", network_benchmark=False, epochs=1)
+    )
+    assert handle.wait(timeout_s=180) == "completed"
+    assert read_json(handle.path / schema.RUN_FILE)["network"] is None
+
+
+def test_a_missing_private_ddp_call_falls_back_to_bytes_with_one_warning(store) -> None:
+    handle = launch(
+        base_config(
+            store,
+            world_size=1,
+            run_name="no-ddp-logging",
+            model="tests.plugins:mlp_in_a_torch_without_ddp_logging_data",
+            dataset="tests.plugins:synthetic_like_mlp",
+        )
+    )
+    assert handle.wait(timeout_s=180) == "completed", handle.logs()
+    steps = handle.traces()
+    assert len(steps) == 16
+    assert steps[["comm_s", "backward_compute_s", "comm_exposed_s"]].isna().all().all()
+    assert (steps["comm_bytes"] == gradient_bytes(build_model("mlp", {}))).all()
+    run = read_json(handle.path / schema.RUN_FILE)
+    assert run["comm_method"] == {"0": "bytes_only"}
+    [warning] = run["measurement_warnings"]
+    assert "_get_ddp_logging_data" in warning["message"] and warning["ranks"] == [0]
+    assert handle.logs(0).count("_get_ddp_logging_data failed") == 1

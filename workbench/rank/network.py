@@ -1,0 +1,110 @@
+"""The network measured directly: a short allreduce micro-benchmark at the run's own gradient
+bucket sizes, run by every rank of a multi-rank run before its first step (outside the
+throughput window), reported in nccl-tests' definitions.
+
+nccl-tests (``doc/PERFORMANCE.md``): algorithm bandwidth ``algbw = bytes / time``; bus bandwidth
+for allreduce ``busbw = algbw x 2(n-1)/n`` with n ranks, the figure comparable with the
+hardware's link bandwidth whatever the rank count. Time is the mean over the ranks of one
+allreduce, from a barrier to the last of a loop of back-to-back allreduces completing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.rank import distributed
+
+#: Wall-time budget of the whole benchmark (seconds), warm-up included; the timed loop of each
+#: bucket size gets an equal share.
+BUDGET_S = 0.3
+#: Timed allreduces per bucket size, at least and at most.
+MIN_ITERATIONS, MAX_ITERATIONS = 3, 1000
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def bucket_sizes(module: nn.Module, bucket_cap_mb: float, element_bytes: int = 4) -> list[int]:
+    """The bytes of each gradient bucket as DDP forms them when ``bucket_cap_mb`` is given (the
+    workbench always gives it, so DDP caps its first bucket at the same size): parameters that
+    need a gradient, last registered first (DDP's order until it rebuilds the buckets in the
+    order gradients became ready), a bucket closing once it holds at least the cap.
+    ``element_bytes``: bytes per gradient element sent (2 with fp16 or bf16 compression)."""
+    cap = bucket_cap_mb * 2**20
+    sizes: list[int] = []
+    current = 0
+    for p in reversed([p for p in module.parameters() if p.requires_grad]):
+        current += p.numel() * element_bytes
+        if current >= cap:
+            sizes.append(current)
+            current = 0
+    if current:
+        sizes.append(current)
+    return sizes
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' bus bandwidth factor for allreduce: 2(n-1)/n."""
+    return 2.0 * (world_size - 1) / world_size
+
+
+def _time_size(
+    nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float
+) -> dict[str, Any]:
+    """One bucket size: a warm-up allreduce, one to size the loop (the same count on every
+    rank: the time is agreed), then the timed loop."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    tensor = torch.zeros(max(nbytes // element, 1), dtype=dtype, device=device)
+    distributed.time_all_reduce(tensor, 1)  # connections and buffers for this size
+    once = distributed.time_all_reduce(tensor, 1)
+    iterations = int(min(max(budget_s / max(once, 1e-9), MIN_ITERATIONS), MAX_ITERATIONS))
+    seconds = distributed.time_all_reduce(tensor, iterations) / iterations
+    sent = tensor.numel() * element
+    return {
+        "bytes": sent,
+        "iterations": iterations,
+        "time_s": seconds,
+        "algbw_bytes_per_s": sent / seconds,
+    }
+
+
+def measure_allreduce(
+    sizes: Sequence[int],
+    device: torch.device,
+    world_size: int,
+    precision_hook: str = "allreduce",
+    budget_s: float = BUDGET_S,
+) -> dict[str, Any]:
+    """Time an allreduce of each distinct size in ``sizes`` (bytes, one step's buckets) on the
+    default process group; every rank must call it. Returns the record ``run.json`` keeps:
+    per size, and for one step's buckets together (``time_s``: the per-size times summed over
+    ``sizes``; ``algbw`` and ``busbw`` from the total bytes over that time)."""
+    started = time.perf_counter()
+    dtype = _DTYPES.get(precision_hook, torch.float32)
+    distinct = sorted(set(sizes))
+    factor = bus_factor(world_size)
+    per_size = {}
+    for nbytes in distinct:
+        row = _time_size(nbytes, dtype, device, budget_s / (2 * len(distinct)))
+        row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * factor
+        per_size[nbytes] = row
+    total = sum(per_size[n]["bytes"] for n in sizes)
+    time_s = sum(per_size[n]["time_s"] for n in sizes)
+    algbw = total / time_s if time_s > 0 else None
+    return {
+        "collective": "allreduce",
+        "definition": "nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n",
+        "world_size": world_size,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "bucket_sizes_bytes": list(sizes),
+        "bytes": total,
+        "time_s": time_s,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * factor if algbw is not None else None,
+        "sizes": [per_size[n] for n in distinct],
+        "duration_s": time.perf_counter() - started,
+    }
