@@ -40,7 +40,7 @@ def _cluster_dir() -> Path | None:
 
 
 def _free_port_triple() -> int:
-    """A port p with p, p+1 and p+2 free (slurmctld and the two slurmd), below the ephemeral range."""
+    """A port p with p, p+1 and p+2 free (slurmctld, two slurmd), below the ephemeral range."""
     for _ in range(200):
         port = free_port()
         if port + 2 < 32768 and all(_port_free(p) for p in (port + 1, port + 2)):

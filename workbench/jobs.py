@@ -69,7 +69,10 @@ def node_address(node: str) -> str:
     try:
         out = subprocess.run(
             ["scontrol", "-o", "show", "node", node],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return node  # the rendezvous will then fail and name the address it tried
