@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from .requirements import require
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
 #: Without the background-networking flags Chromium keeps calling home on a machine that
 #: cannot reach it; playwright's own browser download does not work here, so Debian's is used.
 ARGS = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,22 @@ from workbench.run.launch import launch
 
 # Keep each rank to one thread: two ranks share this machine's two cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jupyter_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Kernels (papermill's, the sweeps', JupyterLab's) keep their profile and connection files
+    in the session's own folders, not in the user's ``~/.ipython`` and Jupyter runtime dir."""
+    root = tmp_path_factory.mktemp("jupyter")
+    dirs = {"IPYTHONDIR": str(root / "ipython"), "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+    saved = {name: os.environ.get(name) for name in dirs}
+    os.environ.update(dirs)
+    yield dirs
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -57,3 +57,17 @@ def wait_until_no_job_processes(run_path: Path, timeout_s: float = 30) -> None:
         raise AssertionError(
             f"processes of {run_path.name} alive after {timeout_s:g} s: {left}"
         ) from None
+
+
+def stays(condition: Callable[[], T], duration_s: float, what: str, poll_s: float = 0.2) -> T:
+    """Poll ``condition`` for ``duration_s`` and fail the moment it stops holding, saying ``what``
+    should have held and what was seen: for claims that something does *not* happen (no file
+    appears, nothing restarts), which no single look can show."""
+    deadline = time.monotonic() + duration_s
+    while True:
+        seen = condition()
+        if not seen:
+            raise AssertionError(f"{what} stopped holding; seen: {seen!r}")
+        if time.monotonic() > deadline:
+            return seen
+        time.sleep(poll_s)

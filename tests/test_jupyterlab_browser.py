@@ -22,7 +22,7 @@ import pytest
 
 from workbench.ports import free_port
 
-from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
+from .browser_support import ARGS, CHROMIUM, MARKS, is_local
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every host name but the loopback one fails to resolve in this browser.
@@ -153,7 +153,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Pa
         log.close()
 
 
-def test_quickstart_runs_and_its_dashboard_reacts(lab: tuple[str, str, Path]) -> None:
+def test_quickstart_runs_and_its_dashboard_reacts(
+    lab: tuple[str, str, Path], tmp_path: Path
+) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
     base, token, store = lab
     errors: list[str] = []
@@ -206,8 +208,8 @@ def test_quickstart_runs_and_its_dashboard_reacts(lab: tuple[str, str, Path]) ->
             legend = page.locator(".js-plotly-plot .legendtext").all_text_contents()
             page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
         finally:
-            ARTIFACTS.mkdir(exist_ok=True)  # also on failure: the page as it was
-            page.screenshot(path=str(ARTIFACTS / "quickstart.png"))
+            # also on failure: the page as it was, in the test's own folder
+            page.screenshot(path=str(tmp_path / "quickstart.png"))
             browser.close()
     assert any(text.startswith("ideal") for text in legend), legend
     assert errors == []

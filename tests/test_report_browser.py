@@ -9,7 +9,7 @@ import pytest
 
 from workbench.ui.report import build_figures, write_report
 
-from .browser_support import ARGS, ARTIFACTS, CHROMIUM, MARKS, is_local
+from .browser_support import ARGS, CHROMIUM, MARKS, is_local
 from .frames import ddp_steps, make_runs, scaling_sweep
 
 pytestmark = MARKS
@@ -61,8 +61,7 @@ def test_report_renders_offline_in_chromium(tmp_path: Path) -> None:
                 "Array.from(document.querySelectorAll('.plotly-graph-div'))"
                 ".map(d => d.querySelectorAll('.trace, .hm, .heatmaplayer image').length)"
             )
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
         finally:
             browser.close()
     assert errors == []

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_notebook
 
-from tests.helpers import job_processes
+from tests.helpers import job_processes, stays
 from workbench.cli import main
 from workbench.errors import ConfigError
 from workbench.sweeps.runner import (
@@ -472,8 +472,11 @@ def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: 
     # theirs was recorded yet), nothing writes into its folder, and it does not look complete.
     assert _live_sweep_processes(points) == []
     before = sorted(str(f) for f in second.path.rglob("*"))
-    time.sleep(3)
-    assert sorted(str(f) for f in second.path.rglob("*")) == before
+    stays(
+        lambda: sorted(str(f) for f in second.path.rglob("*")) == before,
+        3,
+        "no file appearing in or leaving the interrupted point's folder",
+    )
     assert point_state(first.path) == "complete"
     assert [point_state(p.path) for p in points[1:]] == ["stale", "missing", "missing"]
     assert not (second.path / NOTEBOOK_FILE).exists()
