@@ -66,7 +66,7 @@ class RankTask:
                     **base,
                     "status": "failed",
                     "ended_at": time.time(),
-                    "exception": f"{type(exc).__name__}: {exc}",
+                    "exception": explain(exc, self.config),
                     "traceback": traceback.format_exc(),
                 },
             )
@@ -86,6 +86,31 @@ class RankTask:
         return jobs.resubmission(
             dataclasses.replace(self, attempt=self.attempt + 1, master_port=free_port())
         )
+
+
+#: What torch says when a layer's input width is not the data's (linear, conv, embedding, norm).
+_SHAPE_ERRORS = (
+    "shapes cannot be multiplied",
+    "size mismatch",
+    "Expected input batch_size",
+    "channels, but got",
+    "normalized_shape",
+    "index out of range in self",
+)
+
+
+def explain(exc: BaseException, config: RunConfig) -> str:
+    """The exception as recorded for the failure report. A shape error from a model that does
+    not fit its dataset (a plug-in's width differs from the data's) also names both and what
+    has to agree, instead of torch's bare "mat1 and mat2 shapes cannot be multiplied"."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RuntimeError | IndexError) and any(m in str(exc) for m in _SHAPE_ERRORS):
+        text = (
+            f"the model {config.model!r} does not take the inputs of the dataset "
+            f"{config.dataset!r}: its first layer's input width (model_options "
+            f"{dict(config.model_options)!r}) must equal the width of the dataset's items. " + text
+        )
+    return text
 
 
 def run_rank(
