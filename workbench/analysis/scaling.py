@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.completeness import mark_incomplete
 from workbench.analysis.groups import assign_groups, group_frame, resolve_group_by
 from workbench.analysis.windows import (
     check_columns,
@@ -69,7 +70,9 @@ def run_table(
     :func:`measured_window` figures, ``samples_per_s_per_device``, ``epoch_s`` (train_samples /
     samples_per_s), ``final_loss`` (training loss at the last step), and from ``evals``:
     ``metric_name``, ``final_metric`` and ``final_eval_loss`` (rank 0's last evaluation).
-    ``statuses=None`` keeps every status; other runs never reach a group.
+    ``statuses=None`` keeps every status; other runs never reach a group. ``incomplete``
+    names the ranks whose step rows are missing (see :mod:`workbench.analysis.completeness`);
+    such a run's throughput columns are empty.
     """
     check_columns(runs, ("run_id",), "runs")
     group_by = resolve_group_by(runs, group_by)
@@ -80,6 +83,7 @@ def run_table(
     table["samples_per_s_per_device"] = table["samples_per_s"] / table["world_size"]
     if "train_samples" in table.columns:
         table["epoch_s"] = table["train_samples"] / table["samples_per_s"]
+    table = mark_incomplete(table, runs, steps)
     table = table.merge(_final_loss(steps), left_on="run_id", right_index=True, how="left")
     if evals is not None and len(evals):
         last = eval_rows(evals).groupby("run_id").last()
@@ -141,6 +145,14 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
     for c in POINT_FACTS:
         if c in per_run.columns and c not in point:
             aggs[c] = (c, _only)
+    if "incomplete" in per_run.columns:
+        per_run = per_run.assign(
+            incomplete=per_run["run_id"]
+            .astype(str)
+            .str.cat(per_run["incomplete"], sep=": ")
+            .where(per_run["incomplete"] != "", "")
+        )
+        aggs["incomplete"] = ("incomplete", lambda notes: "; ".join(n for n in notes if n))
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
     return table.sort_values(point, kind="stable").reset_index(drop=True)
 

@@ -10,21 +10,29 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.completeness import missing_ranks
 from workbench.analysis.windows import measured_window
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
 
-def run_summary(steps: pd.DataFrame, evals: pd.DataFrame) -> dict[str, Any]:
+def run_summary(
+    steps: pd.DataFrame, evals: pd.DataFrame, writers: int | None = None
+) -> dict[str, Any]:
     """Throughput over the measured window (first measured step start to last step end, across
     ranks; warm-up steps excluded), mean phase times, peak memory, final loss and metric, from
-    one run's ``steps`` and ``evals`` trace frames."""
+    one run's ``steps`` and ``evals`` trace frames. ``writers``: the processes that trace (the
+    run's ``RunConfig.processes``); when some lack rows, ``incomplete`` says which and the
+    throughput is left out (a window over the other ranks would under-count the samples)."""
     out: dict[str, Any] = {"traced_steps": int(steps["step"].nunique()) if len(steps) else 0}
+    incomplete = missing_ranks(steps, writers) if writers and len(steps) else ""
+    if incomplete:
+        out["incomplete"] = incomplete
     measured = steps[~steps["warmup"].astype(bool)] if len(steps) else steps
     if len(measured):
         # The analysis's own window: a resumed run adds its attempts' windows, not the gap.
         window = measured_window(steps).iloc[0]
-        rate = window["samples_per_s"]
+        rate = float("nan") if incomplete else window["samples_per_s"]
         out.update(
             measured_steps=int(window["steps"]),
             measured_wall_s=float(window["measured_s"]),

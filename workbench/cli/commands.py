@@ -48,6 +48,8 @@ def _print_summary(run_path: Path) -> None:
         v = s.get(key)
         return "n/a" if v is None else f"{v * scale:.4g}{unit}"
 
+    if s.get("incomplete"):
+        print(f"incomplete traces, throughput left out: {s['incomplete']}")
     print(
         f"throughput: {fmt('samples_per_s', ' samples/s')} total, "
         f"{fmt('samples_per_s_per_device', ' samples/s')} per device "

@@ -245,7 +245,9 @@ class RunHandle:
         fields.update(rank_measurements(states))
         try:
             fields["summary"] = run_summary(
-                load_traces(self.path, "steps"), load_traces(self.path, "eval")
+                load_traces(self.path, "steps"),
+                load_traces(self.path, "eval"),
+                writers=self.config.processes,
             )
         except Exception as exc:  # a summary must never hide the run's own outcome
             fields["summary_error"] = f"{type(exc).__name__}: {exc}"

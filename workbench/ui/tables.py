@@ -3,6 +3,7 @@ and a generic renderer for any other frame. No torch."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ SCALING_COLUMNS = (
     "final_loss",
     "final_metric",
     "time_to_quality_s",
+    "incomplete",
 )
 
 
@@ -58,13 +60,35 @@ def scaling_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
     shown = group_columns(table, group_by)
     rest = [c for c in SCALING_COLUMNS if c in table.columns and c not in shown]
     rest = [c for c in rest if not c.endswith("_std") or _has_spread(table[c])]
-    return shown + rest
+    return shown + [c for c in rest if c != "incomplete" or _incomplete(table).any()]
+
+
+def _incomplete(table: pd.DataFrame) -> pd.Series:
+    notes = table["incomplete"] if "incomplete" in table.columns else pd.Series(dtype="string")
+    return notes.notna() & (notes.astype(str) != "")
+
+
+def incomplete_html(table: pd.DataFrame) -> str:
+    """A warning naming the runs whose traces miss some rank (empty when there is none): their
+    throughput, speedup and efficiency are left empty rather than computed from part of the
+    ranks."""
+    notes = table.loc[_incomplete(table), "incomplete"] if len(table) else []
+    if not len(notes):
+        return ""
+    items = "".join(f"<li>{html.escape(str(n))}</li>" for n in notes)
+    return (
+        '<div class="warning" style="border-left: 4px solid #c60; background: #fff4e5; '
+        "padding: 0.4rem 1rem; margin: 0.8rem 0\"><b>Incomplete runs</b>: some rank's step "
+        "trace is missing or unreadable, so their throughput, speedup and efficiency are left "
+        "empty (a window over the other ranks would under-count the samples)."
+        f"<ul>{items}</ul></div>"
+    )
 
 
 def scaling_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The scaling table as HTML: the columns of :func:`scaling_columns`, one row per scaling
     point (the full table, every group column, is what the CSV summary keeps)."""
-    return frame_html(table[scaling_columns(table, group_by)])
+    return incomplete_html(table) + frame_html(table[scaling_columns(table, group_by)])
 
 
 def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
