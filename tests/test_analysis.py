@@ -520,3 +520,26 @@ def test_predicted_vs_measured_table() -> None:
     }
     by_model = predicted_vs_measured(runs, steps, SLOW_NET, group_by=["model"])
     assert list(by_model.columns[:4]) == ["model", "nodes", "world_size", "network"]
+
+
+def test_a_straggler_is_attributed_to_the_phase_that_makes_it_slow() -> None:
+    # Rank 2 of 4 loads each batch 0.3 s slower from step 30 on (a slow disk); the others wait
+    # for it in their allreduce, so their comm grows by 0.3 s and their backward with it.
+    steps = make_steps("d", world_size=4, n_steps=60, step_s=1.0, data_s=0.1, comm_s=0.1)
+    slow = (steps["rank"] == 2) & (steps["step"] >= 30)
+    steps.loc[slow, "data_s"] += 0.3
+    waiting = ~slow & (steps["step"] >= 30)
+    steps.loc[waiting, "comm_s"] += 0.3
+    steps.loc[waiting, "backward_s"] += 0.3
+    steps.loc[steps["step"] >= 30, "step_s"] += 0.3
+    found = stragglers(steps)
+    assert found["rank"].tolist() == [2] and found["start_step"].tolist() == [30]
+    assert found["slow_phase"].tolist() == ["data_s"]
+    assert found["slow_phase_extra_s"].tolist() == pytest.approx([0.3])
+    # the same planted in forward instead
+    steps = make_steps("d", world_size=4, n_steps=60, step_s=1.0, comm_s=0.1)
+    steps.loc[slow, "forward_s"] += 0.2
+    steps.loc[waiting, "comm_s"] += 0.2
+    steps.loc[waiting, "backward_s"] += 0.2
+    steps.loc[steps["step"] >= 30, "step_s"] += 0.2
+    assert stragglers(steps)["slow_phase"].tolist() == ["forward_s"]

@@ -28,7 +28,12 @@ STRAGGLER_COLUMNS = [
     "value_s",
     "others_s",
     "extra_s",
+    "slow_phase",
+    "slow_phase_extra_s",
 ]
+#: The traced phases a straggler's extra time is attributed to (backward less its communication,
+#: which on a fast rank is mostly waiting for the slow one).
+SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
 
 
 def _median_of_others(a: np.ndarray) -> np.ndarray:
@@ -61,12 +66,32 @@ def _measure(steps: pd.DataFrame, measure: str) -> pd.DataFrame:
         raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
     cols = ("step_s", "comm_s") if measure == "compute_s" else (measure,)
     check_columns(steps, ("world_size", *cols), "steps")
-    m = measured_steps(steps, ["world_size", "host", *cols])
-    if measure == "compute_s":
-        value = m["step_s"] - comm_filled(m).fillna(0)
-    else:
-        value = m[measure]
-    return m.assign(_value=value.astype("float64"))
+    phases = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s")
+    m = measured_steps(steps, ["world_size", "host", *cols, *phases])
+    comm = comm_filled(m).fillna(0) if "comm_s" in m.columns else 0.0
+    value = m["step_s"] - comm if measure == "compute_s" else m[measure]
+    m = m.assign(_value=value.astype("float64"))
+    if "backward_s" in m.columns:
+        # a column of our own: the trace's backward_compute_s is DDP's sampled timer
+        m = m.assign(_backward_compute_s=(m["backward_s"] - comm).astype("float64"))
+    return m
+
+
+def _slow_phase(g: pd.DataFrame, steps: pd.Index, rank: object) -> tuple[str, float]:
+    """The traced phase in which ``rank`` exceeds the median of the other ranks the most over
+    ``steps`` (median excess, seconds); ``("", nan)`` when no phase exceeds it."""
+    best, best_extra = "", float("nan")
+    for phase in SLOW_PHASES:
+        column = "_backward_compute_s" if phase == "backward_compute_s" else phase
+        if column not in g.columns:
+            continue
+        mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").reindex(steps)
+        a = mat.to_numpy(dtype="float64")
+        j = list(mat.columns).index(rank)
+        extra = float(np.nanmedian(a[:, j] - _median_of_others(a)[:, j]))
+        if extra > 0 and not extra <= best_extra:
+            best, best_extra = phase, extra
+    return best, best_extra
 
 
 def _attempt_stragglers(
@@ -91,6 +116,7 @@ def _attempt_stragglers(
         tail = slow[i:, j]
         idx = i + np.flatnonzero(tail)
         rank = int(mat.columns[j])
+        phase, phase_extra = _slow_phase(g, mat.index[idx], rank)
         found.append(
             {
                 "rank": rank,
@@ -104,6 +130,8 @@ def _attempt_stragglers(
                 "value_s": float(np.median(a[idx, j])),
                 "others_s": float(np.median(ref[idx, j])),
                 "extra_s": float(np.median(a[idx, j] - ref[idx, j])),
+                "slow_phase": phase,
+                "slow_phase_extra_s": phase_extra,
             }
         )
     return found
@@ -129,7 +157,10 @@ def stragglers(
     ``persistence`` are slow. Reported: ``start_step``, ``end_step`` (last slow step),
     ``slow_steps`` and ``slow_fraction`` from the start on, ``ratio`` (median over those slow
     steps), ``value_s`` / ``others_s`` (medians of its measure and the others' median) and
-    ``extra_s`` (their difference: seconds per step the run loses to it).
+    ``extra_s`` (their difference: seconds per step the run loses to it). ``slow_phase`` names
+    the traced phase (:data:`SLOW_PHASES`; backward less the rank's communication) in which the
+    rank exceeds the others' median the most over those steps, by ``slow_phase_extra_s`` (median
+    seconds per step); empty when no traced phase is slower (the time is outside them).
     """
     if min_steps < 1 or not 0 < persistence <= 1 or threshold < 0:
         raise ValueError(

@@ -60,7 +60,9 @@ is no prediction, and the figure says why.</li>
 smallest world size (DDP's backward waits for the last allreduce), at most comm_s; without such a
 reference, min(comm_s, backward_s), the no-overlap bound.</li>
 <li><b>straggler</b>: a rank whose compute time (step_s - comm_s) exceeds the median of the other
-ranks' by more than the threshold on most steps of a window, from the reported step on.</li>
+ranks' by more than the threshold on most steps of a window, from the reported step on;
+<i>slow_phase</i> is the traced phase (data, forward, backward less communication, optimizer) in
+which it exceeds the others' median the most, by <i>slow_phase_extra_s</i> per step.</li>
 </ul>
 """
 
