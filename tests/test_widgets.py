@@ -277,11 +277,10 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
     dash.figure_kind.value = "eval"
     assert [t.name for t in dash.figure.data] == ["predict", "gather", "metric", "broadcast"]
     dash.figure_kind.value = "predicted"
-    # Two world sizes: no network can be fitted (it needs three), so the figure shows the
-    # measurements and says why there is no prediction, instead of a fit through two points.
-    assert not any("predicted" in (t.name or "") for t in dash.figure.data)
-    assert [list(t.x) for t in dash.figure.data] == [[1, 2]]
-    assert "3 or more world sizes" in dash.figure.layout.title.text
+    # ddp2 measured its network (the allreduce micro-benchmark before its first step): the
+    # model predicts from that, not from a fit, which two world sizes could not support.
+    names = [t.name or "" for t in dash.figure.data]
+    assert any("predicted (measured allreduce, busbw" in n for n in names), names
 
 
 @pytest.mark.slow

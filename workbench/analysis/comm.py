@@ -43,13 +43,16 @@ def communication(
     * ``method="no_overlap_bound"`` (no reference, or a multi-rank run at the smallest world
       size): ``exposed_comm_s = min(comm_s, backward_s)``, the upper bound that assumes no
       overlap at all.
+    * ``method="measured"`` wins over both where the trace has ``comm_exposed_s`` (DDP's own
+      timer, on sampled steps: its span less its overlap with backward compute, see
+      :mod:`workbench.schema`): its mean over the sampled steps, at most ``comm_s``.
 
     Also ``overlapped_comm_s = comm_s - exposed_comm_s``, ``exposed_share`` (of ``step_s``) and
     ``bus_bandwidth_bytes_per_s = 2 (N-1)/N * comm_bytes / comm_s`` (NaN for one rank).
     """
     check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
     needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]
-    m = measured_steps(steps, needed)
+    m = measured_steps(steps, [*needed, "comm_exposed_s"])
     aggs: dict[str, tuple[str, str]] = {
         "world_size": ("world_size", "max"),
         "steps": ("step", "count"),
@@ -60,6 +63,8 @@ def communication(
     }
     if "comm_buckets" in m.columns:
         aggs["comm_buckets"] = ("comm_buckets", "mean")
+    if "comm_exposed_s" in m.columns:
+        aggs["traced_exposed_s"] = ("comm_exposed_s", "mean")
     out = m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
     out["comm_share"] = out["comm_s"] / out["step_s"].where(out["step_s"] > 0)
     out["reference_world_size"] = np.nan
@@ -79,6 +84,12 @@ def _with_exposed(out: pd.DataFrame) -> pd.DataFrame:
     )
     out["exposed_comm_s"] = from_ref.where(has_ref, bound)
     out["method"] = np.where(has_ref, "reference", "no_overlap_bound")
+    if "traced_exposed_s" in out.columns:  # DDP's own timer: what no compute hid, measured
+        traced = out["traced_exposed_s"].notna()
+        measured = np.minimum(out["traced_exposed_s"].clip(lower=0), out["comm_s"])
+        out["exposed_comm_s"] = measured.where(traced, out["exposed_comm_s"])
+        out["method"] = np.where(traced, "measured", out["method"])
+        out = out.drop(columns="traced_exposed_s")
     out["overlapped_comm_s"] = out["comm_s"] - out["exposed_comm_s"]
     out["exposed_share"] = out["exposed_comm_s"] / out["step_s"].where(out["step_s"] > 0)
     n = out["world_size"].astype("float64")

@@ -220,15 +220,55 @@ def measured_network(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> N
     return fit_network(steps, runs).model
 
 
+def benchmarked_network(
+    runs: pd.DataFrame | None, statuses: Sequence[str] | None = ("completed",)
+) -> NetworkFit:
+    """The network the runs measured directly: each multi-rank run's allreduce micro-benchmark
+    at its own bucket sizes (``network_busbw_bytes_per_s`` of the runs frame, nccl-tests' bus
+    bandwidth), the median over the runs as the ring's bandwidth. The benchmark's time holds
+    each bucket's launch and latency too, so the latency is folded into that bandwidth (0 s
+    here): exact at the runs' own bucket sizes. ``model`` is ``None`` when no run has one."""
+    column = "network_busbw_bytes_per_s"
+    if runs is None or column not in runs.columns:
+        return NetworkFit(None, "no allreduce micro-benchmark in the runs")
+    keep = runs
+    if statuses is not None and "status" in runs.columns:
+        keep = runs[runs["status"].isin(list(statuses))]
+    busbw = pd.to_numeric(keep[column], errors="coerce").dropna()
+    busbw = busbw[busbw > 0]
+    if busbw.empty:
+        return NetworkFit(None, "no allreduce micro-benchmark in the runs")
+    sizes: tuple[int, ...] = ()
+    if "world_size" in keep.columns:
+        sizes = tuple(sorted({int(n) for n in keep.loc[busbw.index, "world_size"]}))
+    bandwidth = float(busbw.median())
+    note = (
+        f"measured directly: allreduce micro-benchmark at the runs' bucket sizes, bus bandwidth "
+        f"(nccl-tests: bytes / time x 2(n-1)/n) median {bandwidth / 1e9:.3g} GB/s over "
+        f"{len(busbw)} run(s) at world sizes {', '.join(map(str, sizes)) or '?'}; latency "
+        "folded into that bandwidth"
+    )
+    model = NetworkModel(
+        name="benchmark",
+        bandwidth_bytes_per_s=bandwidth,
+        latency_s=0.0,
+        description=f"measured allreduce, busbw {bandwidth / 1e9:.3g} GB/s",
+    )
+    return NetworkFit(model, note, world_sizes=sizes)
+
+
 def network_fit(
     network: str | NetworkModel | NetworkFit | None,
     steps: pd.DataFrame,
     runs: pd.DataFrame | None = None,
 ) -> NetworkFit:
-    """``network`` as a fit: a given preset or model as it is, ``None`` fitted to the traces."""
+    """``network`` as a fit: a given preset or model as it is; ``None``: the runs' own allreduce
+    micro-benchmark (:func:`benchmarked_network`) where they have one, else a fit to the traces'
+    ``comm_s`` (:func:`fit_network`), whose span also holds backward compute."""
     if isinstance(network, NetworkFit):
         return network
     if network is None:
-        return fit_network(steps, runs)
+        measured = benchmarked_network(runs)
+        return measured if measured.model is not None else fit_network(steps, runs)
     model = as_network(network)
     return NetworkFit(model, model.description or model.name)

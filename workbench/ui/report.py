@@ -54,11 +54,17 @@ base. An empty spread draws no error bar.</li>
 the gradient bytes at N. Compute is the base's wall step time (the one that gives the mean
 throughput of its repeats) less (1 - overlap) &times; its traced communication (none at one
 rank); weak curves keep it, strong curves divide it by N / base N. The network is a preset, or
-fitted over runs at three or more world sizes (its RMS residual in the note); with fewer there
-is no prediction, and the figure says why.</li>
-<li><b>exposed communication</b>: backward time beyond the same config's backward time at the
-smallest world size (DDP's backward waits for the last allreduce), at most comm_s; without such a
-reference, min(comm_s, backward_s), the no-overlap bound.</li>
+the runs' own allreduce micro-benchmark (run before the first step at the run's bucket sizes:
+bus bandwidth = bytes / time &times; 2(n-1)/n, as nccl-tests define it; the median over the
+runs), or, without one, fitted over runs at three or more world sizes (its RMS residual in the
+note); with none of these there is no prediction, and the figure says why.</li>
+<li><b>exposed communication</b>: where DDP's own timer was read (sampled steps), its
+communication span less the part overlapped with backward compute, i.e. the time from the last
+gradient ready to the end of the allreduces (method "measured"); otherwise backward time beyond
+the same config's backward time at the smallest world size (DDP's backward waits for the last
+allreduce), at most comm_s; without such a reference, min(comm_s, backward_s), the no-overlap
+bound. <b>comm_s</b> is a span from the first bucket's launch to the last one's end, mostly
+hidden behind backward: not the cost of communication.</li>
 <li><b>straggler</b>: a rank whose compute time (step_s - comm_s) exceeds the median of the other
 ranks' by more than the threshold on most steps of a window, from the reported step on;
 <i>slow_phase</i> is the traced phase (data, forward, backward less communication, optimizer) in
