@@ -159,6 +159,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
-        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr,index]
         sub.error(_unrecognized(extra, sub))
     return int(args.func(args))
