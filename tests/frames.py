@@ -92,11 +92,13 @@ def make_evals(
     broadcast_s: float = 0.05,
     samples: int = 16,
     metric_name: str = "accuracy",
+    wait_s: float = 0.0,
 ) -> pd.DataFrame:
     """Evaluation rows after the given steps; rank 0 computes the metric, rank r gathers longer.
 
-    Evaluation after step k starts at ``k * step_s`` and lasts ``predict + gather + metric +
-    broadcast`` on rank 0 (the other ranks have no metric time and ``gather_s * (1 + r)``).
+    Evaluation after step k starts at ``k * step_s`` and lasts ``predict + wait + gather +
+    metric + broadcast`` on rank 0 (the other ranks have no metric time and
+    ``gather_s * (1 + r)``).
     """
     rows = []
     for k, value in zip(eval_steps, metric_values, strict=True):
@@ -113,10 +115,11 @@ def make_evals(
                     "step": k,
                     "t_start_s": k * step_s,
                     "predict_s": predict_s,
+                    "wait_s": wait_s,
                     "gather_s": gather,
                     "metric_s": metric,
                     "broadcast_s": broadcast_s,
-                    "eval_s": predict_s + gather + metric + broadcast_s,
+                    "eval_s": predict_s + wait_s + gather + metric + broadcast_s,
                     "samples": samples,
                     "metric_name": metric_name,
                     "metric_value": value,

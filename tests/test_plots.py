@@ -148,7 +148,7 @@ def test_memory_per_rank_in_gib() -> None:
 def test_eval_breakdown_stacked_per_run(sweep) -> None:
     table = eval_breakdown(sweep[2])
     fig = plots.eval_breakdown_figure(table)
-    assert [t.name for t in fig.data] == ["predict", "gather", "metric", "broadcast"]
+    assert [t.name for t in fig.data] == ["predict", "wait", "gather", "metric", "broadcast"]
     assert list(fig.data[0].x) == ["ws1 (N=1)", "ws2 (N=2)", "ws4 (N=4)"]
     assert list(trace(fig, "gather").y) == pytest.approx([0.1, 0.1, 0.1])
     slowest = plots.eval_breakdown_figure(table, ranks="slowest")

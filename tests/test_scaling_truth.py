@@ -340,12 +340,14 @@ def one_evaluation(rank1_broadcast: float) -> pd.DataFrame:
     broadcast for ``rank1_broadcast`` seconds (eval_on="rank0")."""
     base = {"run_id": "e", "world_size": 2, "attempt": 0, "epoch": 0, "step": 5, "t_start_s": 5.0}
     base.update(samples=0, metric_name="accuracy", metric_value=0.5, loss=0.5, gather_s=0.0)
+    base.update(wait_s=0.0)
     rows = [
         {**base, "rank": 0, "predict_s": 1.0, "metric_s": 0.01, "broadcast_s": 0.0, "samples": 64},
         {**base, "rank": 1, "predict_s": 0.0, "metric_s": 0.0, "broadcast_s": rank1_broadcast},
     ]
     for row in rows:
         row["eval_s"] = row["predict_s"] + row["gather_s"] + row["metric_s"] + row["broadcast_s"]
+        row["eval_s"] += row["wait_s"]
     return pd.DataFrame(rows).astype(EVAL_COLUMNS)
 
 

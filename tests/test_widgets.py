@@ -275,7 +275,8 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
     dash.figure_kind.value = "speedup"
     assert list(dash.figure.data[0].x) == [1, 2]
     dash.figure_kind.value = "eval"
-    assert [t.name for t in dash.figure.data] == ["predict", "gather", "metric", "broadcast"]
+    parts = ["predict", "wait", "gather", "metric", "broadcast"]
+    assert [t.name for t in dash.figure.data] == parts
     dash.figure_kind.value = "predicted"
     # ddp2 measured its network (the allreduce micro-benchmark before its first step): the
     # model predicts from that, not from a fit, which two world sizes could not support.

@@ -62,7 +62,9 @@ STEP_COLUMNS: dict[str, str] = {
 }
 
 #: One row per rank per evaluation. ``gather_s`` and ``metric_s`` are rank 0's work; other ranks
-#: record the time they spent in the gather call and 0 for the metric.
+#: record the time they spent in the gather call and 0 for the metric. ``wait_s`` is the time in
+#: the barriers before the gather and before the broadcast: waiting for the slowest rank, so the
+#: collectives' own parts hold only their transfer.
 EVAL_COLUMNS: dict[str, str] = {
     "run_id": "string",
     "rank": "int64",
@@ -72,11 +74,14 @@ EVAL_COLUMNS: dict[str, str] = {
     "step": "int64",
     "t_start_s": "float64",
     "predict_s": "float64",
+    "wait_s": "float64",
     "gather_s": "float64",
     "metric_s": "float64",
     "broadcast_s": "float64",
     "eval_s": "float64",  # the whole evaluation on this rank
-    "samples": "int64",  # evaluation samples this rank predicted
+    # evaluation samples this rank predicted, the sampler's padding (repeats that keep every
+    # rank's batch count equal) left out: the ranks' samples add up to the evaluation set
+    "samples": "int64",
     "metric_name": "string",
     "metric_value": "float64",
     "loss": "float64",  # mean evaluation loss over the whole evaluation set

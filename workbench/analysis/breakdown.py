@@ -9,7 +9,7 @@ from workbench.analysis.windows import check_columns, eval_rows, measured_steps
 #: Timed phases of a training step, in order; ``comm_s`` overlaps ``backward_s`` so is not a phase.
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
 #: Timed parts of an evaluation, in order.
-EVAL_PARTS = ("predict_s", "gather_s", "metric_s", "broadcast_s")
+EVAL_PARTS = ("predict_s", "wait_s", "gather_s", "metric_s", "broadcast_s")
 
 
 def phase_breakdown(steps: pd.DataFrame) -> pd.DataFrame:
@@ -54,7 +54,8 @@ def eval_breakdown(evals: pd.DataFrame) -> pd.DataFrame:
     maxima of different ranks would count one wait twice (rank 0 predicting while another rank
     waits in the broadcast). ``slowest_rank`` is the rank most often slowest. Also
     ``evaluations``, ``samples`` (what the ranks predicted, summed over ranks, per evaluation;
-    the sampler's padding included) and the last evaluation's ``metric_name`` / ``metric_value``.
+    the sampler's padding left out, as the ranks trace it) and the last evaluation's
+    ``metric_name`` / ``metric_value``.
     """
     parts = [*EVAL_PARTS, "eval_s"]
     check_columns(evals, ["run_id", "rank", "world_size", "step", "samples", *parts], "evals")

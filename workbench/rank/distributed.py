@@ -119,8 +119,9 @@ def init_process_group(
     return backend
 
 
-def barrier() -> None:
-    dist.barrier()
+def barrier(group: Any = None) -> None:
+    """Every rank of ``group`` (default: all) has arrived."""
+    dist.barrier(group=group)
 
 
 def broadcast_floats(values: list[float], group: Any = None) -> list[float]:

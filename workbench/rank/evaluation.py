@@ -51,6 +51,14 @@ def _shard(ctx: EvalContext) -> Iterable[list[int]]:
     return eval_shard(ctx.dataset, 0, 1, batch) if ctx.env.rank == 0 else iter(())
 
 
+def real_samples(n: int, rank: int, world_size: int) -> int:
+    """The samples rank ``rank`` predicts out of ``n``, the sampler's padding left out: the
+    unshuffled DistributedSampler deals position p of ``range(n)`` (padded with repeats from its
+    start up to a multiple of ``world_size``) to rank ``p % world_size``; positions from ``n``
+    on are the repeats."""
+    return max(0, -(-(n - rank) // world_size))
+
+
 def _predict(ctx: EvalContext) -> torch.Tensor:
     """This rank's rows, one per sample: (index, correct, count, loss sum)."""
     device = ctx.device
@@ -93,7 +101,8 @@ def _metric(gathered: torch.Tensor | None) -> tuple[float, float]:
 
 @torch.no_grad()
 def evaluate(ctx: EvalContext, tracer: Tracer, epoch: int, step: int) -> float:
-    """Predict, gather on rank 0, metric on rank 0, broadcast it; each timed. With
+    """Predict, wait for every rank, gather on rank 0, metric on rank 0, wait, broadcast it;
+    each timed (the waits together as ``wait_s``). With
     ``eval_on="all"`` every rank predicts its shard; with ``"rank0"`` rank 0 predicts everything
     and the others wait for the broadcast (on a side group whose timeout allows it).
 
@@ -102,28 +111,39 @@ def evaluate(ctx: EvalContext, tracer: Tracer, epoch: int, step: int) -> float:
     tokens. Returns the metric every rank received."""
     env, device = ctx.env, ctx.device
     ctx.wrapped.eval()
+    everyone = ctx.config.eval_on == "all"
     t0 = _now(device)
     local = _predict(ctx)
     t1 = _now(device)
-    if ctx.config.eval_on == "all":
-        gathered = distributed.gather_rows(local, env.rank, env.world_size)
-    else:
-        gathered = local if env.rank == 0 else None
+    # Barriers before the timed collectives: waiting for the slowest rank is wait_s, not
+    # part of the gather or the broadcast.
+    if everyone and env.world_size > 1:
+        distributed.barrier()
+    t1_arrived = _now(device)
+    gathered = distributed.gather_rows(local, env.rank, env.world_size) if everyone else None
+    if not everyone and env.rank == 0:
+        gathered = local
     t2 = _now(device)
     metric, loss_mean = _metric(gathered)
     t3 = _now(device)
+    if env.world_size > 1:
+        distributed.barrier(ctx.group)  # the side group: its timeout allows rank 0's evaluation
+    t3_arrived = _now(device)
     metric, loss_mean = distributed.broadcast_floats([metric, loss_mean], ctx.group)
     t4 = _now(device)
+    n = len(ctx.dataset)
+    samples = real_samples(n, env.rank, env.world_size) if everyone else n * (env.rank == 0)
     tracer.evaluation(
         epoch=epoch,
         step=step,
         t_start_s=tracer.since_t0(t0),
         predict_s=t1 - t0,
-        gather_s=t2 - t1,
+        wait_s=(t1_arrived - t1) + (t3_arrived - t3),
+        gather_s=t2 - t1_arrived,
         metric_s=t3 - t2,
-        broadcast_s=t4 - t3,
+        broadcast_s=t4 - t3_arrived,
         eval_s=t4 - t0,
-        samples=len(local),
+        samples=samples,
         metric_name="accuracy",
         metric_value=metric,
         loss=loss_mean,
