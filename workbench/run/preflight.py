@@ -185,7 +185,8 @@ def _folder_problems(config: RunConfig, run_path: Path, resume: bool) -> list[Pr
             Problem(
                 "run_name",
                 config.run_name,
-                f"a run already exists at {run_path}; pick another name or resume=True",
+                f"a run already exists at {run_path}; pick another name, or resume it "
+                "(resume=True; --resume in the CLI)",
             )
         ]
     return []
