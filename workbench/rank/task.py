@@ -51,6 +51,8 @@ class RankTask:
             "pid": os.getpid(),
             "attempt": self.attempt,
             "job_id": env.job_id,
+            # where this attempt's ranks met (torch's MASTER_ADDR:MASTER_PORT)
+            "rendezvous": f"{env.master_addr}:{env.master_port}",
         }
         try:
             device = distributed.pick_device(self.config.device, env.local_rank)
