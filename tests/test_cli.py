@@ -87,6 +87,9 @@ def test_scale_runs_one_config_per_world_size_then_writes_a_report(scaled) -> No
     assert {r["config"]["per_device_batch_size"] for r in records} == {16}, "weak scaling"
     for run_id in runs:
         assert f"{run_id}: completed" in done.stdout
+    # the finding, in words, before where the files are
+    assert "finding:\n  2 ranks: " in done.stdout and "the throughput of 1 rank" in done.stdout
+    assert done.stdout.index("finding:") < done.stdout.index("results:")
     report = store / "cli" / "report.html"
     assert f"report: {report}" in done.stdout
     page = report.read_text()
@@ -278,3 +281,4 @@ def test_the_demo_spec_runs_as_written_but_shorter(tmp_path: Path) -> None:
     summary = (sweep / "summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 4, summary  # header and one row per point
     assert "<h2>Scaling</h2>" in (sweep / "report.html").read_text()
+    assert "finding:\n  per-device batch 32: 2 ranks: " in done.stdout, done.stdout

@@ -130,6 +130,7 @@ def scale(args: argparse.Namespace) -> int:
         print(f"{handle.run_id}: {handle.status()}")
     report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
     path = report_from_store(config.sweep, report, output_dir=config.output_dir)
+    _print_finding(Path(config.output_dir), config.sweep)
     print(f"results: {Path(config.output_dir) / config.sweep}")
     print(f"report: {path}")
     return 0 if all(h.status() == "completed" for h in handles) else 1
@@ -177,9 +178,21 @@ def sweep(args: argparse.Namespace) -> int:
     if result.summary_error:
         print(f"error: summary not written: {result.summary_error}", file=sys.stderr)
     if result.summary_path:
+        _print_finding(Path(spec.output_dir), spec.name)
         print(f"summary: {result.summary_path}")
         print(f"report: {result.report_path}")
     return 0 if result.ok and not result.summary_error else 1
+
+
+def _print_finding(output_dir: Path, sweep: str) -> None:
+    """The study's finding in plain words, as the report states it."""
+    from workbench.analysis.finding import findings
+    from workbench.store.load import iter_run_dirs, load_runs, load_traces
+
+    runs = load_runs(output_dir, [sweep])
+    said = findings(runs, load_traces(iter_run_dirs(output_dir, [sweep]), "steps"))
+    if said:
+        print("finding:\n  " + "\n  ".join(said))
 
 
 def repartition(args: argparse.Namespace) -> int:

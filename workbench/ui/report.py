@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.comm import communication
+from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers
@@ -32,6 +33,8 @@ table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 0.25rem
 table.table th { background: #f4f4f4; }
 .note { color: #555; font-size: 0.9rem; }
 section.figure { margin: 1.5rem 0; }
+section.finding { background: #f3f7fc; border-left: 4px solid #3a6ea5; padding: 0.2rem 1rem;
+  font-size: 1.05rem; }
 div.scroll { overflow-x: auto; }
 """
 
@@ -127,6 +130,15 @@ def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> li
     return parts
 
 
+def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
+    """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
+    said = findings(runs, steps, group_by)
+    if not said:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in said)
+    return f'<section class="finding"><h2>Finding</h2><ul>{items}</ul></section>'
+
+
 def _figures_html(figs: list[tuple[str, go.Figure]]) -> list[str]:
     """One section per figure; plotly.js inline once, with the first."""
     parts = []
@@ -174,6 +186,7 @@ def write_report(
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
+        _finding_html(runs, steps, keys),
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _DEFINITIONS,
         *_tables_html(tables, keys),

@@ -1,0 +1,167 @@
+"""The finding of a study in plain words, one sentence per scaling curve, from the tables the report
+shows: how the largest world size compares with the smallest, what grew with it, and what to try.
+
+Formatting for people lives here too (``21,005/s``, ``78 %``, ``0.58x``, ``1.52 ms``,
+``0.31 GiB``), so the report, the dashboard and the CLI say the same thing the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from workbench.analysis.comm import communication
+from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.memory import memory_by_rank
+from workbench.analysis.scaling import points_table, run_table
+from workbench.analysis.slow_ranks import stragglers
+
+#: Speedups within this of 1 read as "no faster" rather than faster or slower.
+SAME = 0.05
+#: Exposed communication above this share of the step is called out, with what to try.
+COMM_BOUND = 0.25
+#: The straggler report's phases in words.
+PHASE_WORDS = {
+    "data_s": "data loading",
+    "forward_s": "forward",
+    "backward_compute_s": "backward compute",
+    "optimizer_s": "the optimizer step",
+}
+
+
+def rate(value: float) -> str:
+    """Samples per second for people: ``21,005/s``; ``12.5/s`` below 100."""
+    if not math.isfinite(value):
+        return "n/a"
+    return f"{value:,.0f}/s" if value >= 100 else f"{value:.3g}/s"
+
+
+def percent(share: float) -> str:
+    """A share as ``78 %`` (``0.4 %`` below one percent)."""
+    if not math.isfinite(share):
+        return "n/a"
+    return f"{share * 100:.0f} %" if abs(share) >= 0.01 else f"{share * 100:.1f} %"
+
+
+def ratio(value: float) -> str:
+    """A speedup as ``0.58x``."""
+    return f"{value:.2f}x" if math.isfinite(value) else "n/a"
+
+
+def seconds(value: float) -> str:
+    """A duration as ``1.52 ms``, ``340 us`` or ``2.4 s``."""
+    if not math.isfinite(value):
+        return "n/a"
+    if value >= 1:
+        return f"{value:.3g} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} us"
+
+
+def gib(nbytes: float) -> str:
+    """Bytes as ``0.31 GiB``."""
+    return f"{nbytes / 2**30:.2g} GiB" if math.isfinite(nbytes) else "n/a"
+
+
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _label(curve: pd.Series, keys: Sequence[str]) -> str:
+    """What tells this curve from the others: ``model=mlp, per-device batch 32``."""
+    parts = []
+    for key in keys:
+        if key == "fixed_batch_size":  # the batch a family holds fixed (see analysis.groups)
+            strong = curve.get("scaling") == "strong"
+            parts.append(f"{'global' if strong else 'per-device'} batch {curve[key]}")
+        else:
+            parts.append(f"{key}={curve[key]}")
+    return ", ".join(parts)
+
+
+def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, comm: pd.DataFrame) -> str:
+    """One curve: its largest world size against its base, why, and what to try."""
+    base = points.iloc[0]
+    top = points.iloc[-1]
+    n0, n = int(base["world_size"]), int(top["world_size"])
+    if n == n0:
+        return (
+            f"only {_ranks(n)} measured: no speedup to report; add a run at a smaller world "
+            f"size (1 rank) as the baseline"
+        )
+    speedup, efficiency = float(top["speedup"]), float(top["efficiency"])
+    if not math.isfinite(speedup):
+        return f"{_ranks(n)}: no speedup (a run of this point or of the base is incomplete)"
+    verdict = (
+        "faster than"
+        if speedup >= 1 + SAME
+        else "slower than"
+        if speedup <= 1 - SAME
+        else "no faster than"
+    )
+    text = (
+        f"{_ranks(n)}: {ratio(speedup)} the throughput of {_ranks(n0)} "
+        f"({percent(efficiency)} of ideal), {verdict} {_ranks(n0)} "
+        f"({rate(float(top['samples_per_s']))} against {rate(float(base['samples_per_s']))})"
+    )
+    at_top = per_run.loc[per_run["world_size"] == n, "run_id"]
+    shares = comm[comm["run_id"].isin(at_top)]
+    if len(shares) and shares["exposed_share"].notna().any():
+        exposed = float(shares["exposed_share"].mean())
+        total = float(shares["comm_share"].mean())
+        text += f"; allreduce {percent(total)} of the step, {percent(exposed)} not hidden"
+        if exposed >= COMM_BOUND and efficiency < 1 - SAME:
+            text += (
+                " behind backward: communication-bound, so try a larger per-device batch, a "
+                "larger bucket_cap_mb or a compression hook (comm_hook='fp16')"
+            )
+        else:
+            text += " behind backward"
+    return text
+
+
+def findings(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    group_by: Sequence[str] | None = None,
+) -> list[str]:
+    """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
+    are several), then the stragglers and the peak memory. Empty without measured steps."""
+    if steps.empty:
+        return []
+    keys = resolve_group_by(runs, group_by)
+    per_run = run_table(runs, steps, group_by=keys)
+    if per_run.empty:
+        return ["no completed run with measured steps yet"]
+    comm = communication(steps, runs, group_by=keys)
+    curve_keys = [k for k in keys if k in per_run.columns]
+    varying = [k for k in curve_keys if per_run[k].map(str).nunique() > 1]
+    out = []
+    # a group id, not a merge on the key columns (None and NaN keys do not merge reliably)
+    curve_id = per_run.groupby(curve_keys, dropna=False, sort=False).ngroup() if curve_keys else 0
+    for _, mine in per_run.groupby(curve_id, sort=True):
+        points = points_table(mine, keys).sort_values("world_size")
+        sentence = _curve_sentence(points, mine, comm)
+        label = _label(mine.iloc[0], varying)
+        out.append(f"{label}: {sentence}" if label else sentence)
+    slow = stragglers(steps)
+    if len(slow):
+        for row in slow.itertuples():
+            words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))
+            phase = f", mostly in {words}" if row.slow_phase else ""
+            out.append(
+                f"rank {row.rank} of run {row.run_id} is a straggler from step {row.start_step}: "
+                f"{ratio(row.ratio)} the others' compute time{phase}"
+            )
+    else:
+        out.append("no slow rank")
+    memory = memory_by_rank(steps)
+    peak = memory["cuda_peak_bytes"].max()
+    if not math.isfinite(peak):
+        out.append(f"peak memory {gib(float(memory['rss_peak_bytes'].max()))} per process (RSS)")
+    else:
+        out.append(f"peak GPU memory {gib(float(peak))} per rank (allocator)")
+    return out
