@@ -15,7 +15,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +72,16 @@ def _all_job_ids() -> list[str]:
         check=True,
     ).stdout
     return sorted(out.split())
+
+
+def _slurm_completed(job_id: str, timeout_s: float = 60) -> dict[str, str]:
+    """Slurm's record of the job once it says COMPLETED (it ends the job a moment after the
+    ranks reported completed)."""
+    return wait_for(
+        lambda: (job := _scontrol(job_id))["JobState"] == "COMPLETED" and job,
+        timeout_s,
+        f"Slurm to say {job_id} COMPLETED",
+    )
 
 
 def _tcp(pid: int) -> tuple[set[int], set[int]]:
@@ -324,11 +333,11 @@ def test_sweep_spec_with_the_slurm_executor_runs_on_the_cluster(
         run = read_json(point / "run.json")
         assert (run["executor"], run["status"]) == ("slurm", "completed")
         assert run["job_id"] not in before
-        assert _scontrol(run["job_id"])["JobState"] == "COMPLETED"
+        _slurm_completed(run["job_id"])
         assert (point / "notebook.ipynb").is_file()
     summary = pd.read_csv(sweep_dir / "summary.csv").sort_values("world_size")
-    assert sorted(summary["run_id"]) == [p.name for p in points]
-    assert list(summary["world_size"]) == [1, 2]
+    assert list(summary["world_size"]) == [1, 2] and set(summary["scaling"]) == {"strong"}
+    assert summary["speedup"].iloc[0] == 1.0
     np.testing.assert_allclose(summary["final_loss"].iloc[1], summary["final_loss"].iloc[0], 1e-5)
     report = (sweep_dir / "report.html").read_text()
     assert all(p.name in report for p in points)
@@ -409,12 +418,8 @@ def test_job_arrays_of_several_layouts_run_each_layout(arrays) -> None:
     p0, _, _, n2x1, n2x2 = handles
     assert len({h.job_id.split("_")[0] for h in handles}) == 3, "one array per layout"
     for handle, (nodes, tasks) in ((p0, (1, 2)), (n2x1, (2, 1)), (n2x2, (2, 2))):
-        job = _scontrol(str(handle.job_id))
-        assert (job["JobState"], job["NumNodes"], job["NumTasks"]) == (
-            "COMPLETED",
-            str(nodes),
-            str(nodes * tasks),
-        ), job
+        job = _slurm_completed(str(handle.job_id))
+        assert (job["NumNodes"], job["NumTasks"]) == (str(nodes), str(nodes * tasks)), job
         steps = handle.traces()
         assert sorted(steps["rank"].unique()) == list(range(nodes * tasks))
         assert sorted(steps["local_rank"].unique()) == list(range(tasks))

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.errors import RunFailedError
 from workbench.run.handle import attach
-from workbench.run.launch import launch, launch_array, sbatch_script
+from workbench.run.launch import launch, sbatch_script
 from workbench.run.processes import alive
 from workbench.store.files import read_json
 
@@ -188,25 +188,4 @@ def test_sbatch_script_dry_run(tmp_path: Path) -> None:
     assert not (tmp_path / "it" / "dry").exists(), "a dry run writes nothing"
 
 
-def test_job_array_runs_every_point_with_a_concurrency_limit(slurm_cluster, tmp_path: Path) -> None:
-    configs = [
-        base_config(
-            tmp_path, world_size=2, run_name=f"point{i}", sweep="array", epochs=1, learning_rate=lr
-        )
-        for i, lr in enumerate((0.01, 0.02, 0.05))
-    ]
-    handles = launch_array(
-        configs,
-        partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
-        array_parallelism=2,
-        poll_s=2.0,
-    )
-    array_ids = {h.job_id.split("_")[0] for h in handles}
-    assert len(array_ids) == 1, "one submission for the whole sweep"
-    assert sorted(h.job_id.split("_")[1] for h in handles) == ["0", "1", "2"]
-    assert [h.wait(timeout_s=300) for h in handles] == ["completed"] * 3
-    script = next((tmp_path / "array" / ".slurm-arrays").glob("*submission.sh")).read_text()
-    assert "#SBATCH --array=0-2%2" in script
-    losses = [h.traces()["loss"].iloc[-1] for h in handles]
-    assert len(set(losses)) == 3, "each array task ran its own config"
-    assert handles[0].logs(0) != ""
+# Job arrays (one per layout, the concurrency limit seen in squeue): tests/test_slurm_claims.py
