@@ -372,19 +372,25 @@ def arrays(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
         poll_s=2.0,
     )
     array_id = handles[0].job_id.split("_")[0]
-    samples: list[list[tuple[str, str, str]]] = []
+    jobs = ",".join(sorted({h.job_id.split("_")[0] for h in handles}))
+    samples: list[list[tuple[str, ...]]] = []
 
     def sample() -> bool:
+        """Record the 1 x 2 array's tasks (id, state, reason); True once Slurm holds none of
+        the arrays' jobs any more."""
         out = subprocess.run(
-            ["squeue", "-h", "-r", "-j", array_id, "-o", "%i %T %r"],
+            ["squeue", "-h", "-r", "-j", jobs, "-t", "PD,R,CG,CF", "-o", "%i %T %r"],
             capture_output=True,
             text=True,
             timeout=30,
-        ).stdout
-        samples.append([tuple(line.split(None, 2)) for line in out.splitlines()])  # type: ignore[misc]
-        return all(h.status() in ("completed", "failed") for h in handles)
+        )
+        if out.returncode != 0:  # the controller is busy: ask again
+            return False
+        lines = [tuple(line.split(None, 2)) for line in out.stdout.splitlines()]
+        samples.append([t for t in lines if t[0].startswith(f"{array_id}_")])
+        return not lines
 
-    wait_for(sample, 400, "every array task to end", poll_s=0.5)
+    wait_for(sample, 400, "Slurm to end every array task", poll_s=0.5)
     return handles, array_id, samples, store
 
 
