@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 
 from workbench.errors import RunFailedError
 from workbench.run.handle import attach
-from workbench.run.launch import launch, launch_array, sbatch_script
+from workbench.run.launch import launch, sbatch_script
 from workbench.run.processes import alive
 from workbench.store.files import read_json
 
@@ -66,14 +65,6 @@ def test_two_nodes_of_two_tasks_follow_the_same_loss_trajectory(slurm_runs, ddp2
     assert run["executor"] == "slurm" and run["status"] == "completed" and run["job_id"]
 
 
-def test_the_rendezvous_port_is_derived_from_the_job_id(slurm_runs) -> None:
-    for handle in slurm_runs:
-        # submitit's derivation, computed here from the job id alone
-        port = random.Random(handle.job_id).randint(20000, 60000)
-        rendezvous = {s["rendezvous"] for s in handle.rank_states().values()}
-        assert rendezvous == {f"127.0.0.1:{port}"}, (handle.job_id, rendezvous)
-
-
 def test_failing_rank_is_reported_with_its_error(slurm_cluster, store) -> None:
     handle = _slurm(
         base_config(
@@ -119,35 +110,6 @@ def test_cancel_ends_the_job_and_the_store_says_cancelled(slurm_cluster, store) 
     assert not any(alive(int(s["pid"])) for s in states.values())
     assert handle.status() == "cancelled"
     assert read_json(handle.path / "run.json")["status"] == "cancelled"
-
-
-def test_cancel_through_a_reattached_handle(slurm_cluster, store) -> None:
-    """As after a kernel restart: the handle comes from the store (no submitit job in it), and
-    cancel() goes through scancel; it returns only once Slurm and the processes say it ended."""
-    config = base_config(
-        store,
-        world_size=2,
-        run_name="slurm-cancel-attached",
-        model="tests.plugins:sleepy_mlp",
-        dataset="tests.plugins:synthetic_like_mlp",
-        model_options={"sleep_s": 0.2},
-        epochs=20,
-    )
-    launched = _slurm(config)
-    wait_for(
-        lambda: (
-            len(launched.rank_states()) == 2
-            and all(s["status"] == "running" for s in launched.rank_states().values())
-        ),
-        180,
-        "both ranks running",
-    )
-    again = attach(launched.path)
-    assert again.job_id == launched.job_id and job_processes(again.path)
-    again.cancel()
-    assert _squeue_state(again.job_id) not in ("RUNNING", "PENDING", "COMPLETING")
-    assert job_processes(again.path) == []
-    assert again.status() == "cancelled" and launched.status() == "cancelled"
 
 
 def _squeue_state(job_id: str | None) -> str:
@@ -235,95 +197,3 @@ def test_sbatch_script_dry_run(tmp_path: Path) -> None:
     ):
         assert line in text, line
     assert not (tmp_path / "it" / "dry").exists(), "a dry run writes nothing"
-
-
-def _array_tasks(array_id: str) -> dict[str, str]:
-    """Slurm's own view of an array: task id -> state, one line per task (``squeue -r``)."""
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-j", array_id, "-o", "%i %T"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def test_job_arrays_one_per_layout_with_the_concurrency_limit_observed(
-    slurm_cluster, tmp_path: Path
-) -> None:
-    """Three 1-node x 2-rank points and one 2-node x 1-rank point: two arrays, one per layout;
-    squeue never shows more than array_parallelism=2 tasks of an array running at once."""
-    slow = {"model": "tests.plugins:sleepy_mlp", "dataset": "tests.plugins:synthetic_like_mlp"}
-    configs = [
-        base_config(
-            tmp_path, world_size=2, run_name=f"point{i}", sweep="array", epochs=1,
-            learning_rate=lr, model_options={"sleep_s": 0.3}, **slow,
-        )
-        for i, lr in enumerate((0.01, 0.02, 0.05))
-    ]  # fmt: skip
-    configs.append(
-        base_config(
-            tmp_path, nodes=2, tasks_per_node=1, run_name="wide", sweep="array", epochs=1, **slow
-        )
-    )
-    handles = launch_array(
-        configs,
-        partition=os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
-        array_parallelism=2,
-        poll_s=2.0,
-    )
-    array_ids = [h.job_id.split("_")[0] for h in handles]
-    assert len(set(array_ids[:3])) == 1 and array_ids[3] != array_ids[0], "one array per layout"
-    assert sorted(h.job_id.split("_")[1] for h in handles[:3]) == ["0", "1", "2"]
-    most_running, seen_running = 0, False
-    deadline = time.monotonic() + 300
-    while not all(h.status() in ("completed", "failed") for h in handles):
-        assert time.monotonic() < deadline, [h.status() for h in handles]
-        running = [t for t, state in _array_tasks(array_ids[0]).items() if state == "RUNNING"]
-        most_running = max(most_running, len(running))
-        seen_running = seen_running or bool(running)
-        time.sleep(0.3)
-    assert seen_running, "squeue never showed a running task: the observation proves nothing"
-    assert most_running <= 2, f"{most_running} tasks of a %2 array ran at once"
-    assert [h.wait(timeout_s=60) for h in handles] == ["completed"] * 4
-    script = next((tmp_path / "array" / ".slurm-arrays").glob("*submission.sh")).read_text()
-    assert "#SBATCH --array=0-" in script and "%2" in script
-    losses = [h.traces()["loss"].iloc[-1] for h in handles[:3]]
-    assert len(set(losses)) == 3, "each array task ran its own config"
-    wide = handles[3].traces()
-    assert sorted(wide["rank"].unique()) == [0, 1] and set(wide["local_rank"]) == {0}
-    assert handles[0].logs(0) != ""
-
-
-def test_a_sweep_with_the_slurm_executor(slurm_cluster, tmp_path: Path) -> None:
-    """A sweep spec as users write it, `executor: slurm`: each point's notebook submits its run
-    to the cluster; the summary and report follow."""
-    from workbench.sweeps.runner import run_sweep
-    from workbench.sweeps.spec import SweepSpec
-
-    root = Path(__file__).resolve().parent.parent
-    spec = SweepSpec.from_dict(
-        {
-            "name": "on-slurm",
-            "notebook": str(root / "notebooks" / "02_scaling_sweep.ipynb"),
-            "output_dir": str(tmp_path),
-            "executor": "slurm",
-            "executor_options": {
-                "partition": os.environ.get("WORKBENCH_SLURM_PARTITION", "debug"),
-                "poll_s": 2.0,
-            },
-            "fixed": {
-                "model": "mlp", "train_samples": 512, "eval_samples": 64,
-                "per_device_batch_size": 16, "max_steps": 6, "warmup_steps": 2,
-                "eval_batch_size": 64,
-            },
-            "grid": {"world_size": [1, 2]},
-        }
-    )  # fmt: skip
-    result = run_sweep(spec, progress=False)
-    assert result.ok and len(result.ran) == 2, result.failed
-    for point in spec.points():
-        run = read_json(point.path / "run.json")
-        assert run["executor"] == "slurm" and run["job_id"] and run["status"] == "completed"
-    assert len((tmp_path / "on-slurm" / "summary.csv").read_text().splitlines()) == 3
-    assert (tmp_path / "on-slurm" / "report.html").exists()
