@@ -33,7 +33,10 @@ def test_the_console_script_is_the_cli(tmp_path: Path) -> None:
     refused naming the closest one."""
     script = Path(sys.executable).parent / "workbench"
     assert script.is_file(), f"no console script beside {sys.executable}: is the package installed?"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
 
     def workbench(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -55,7 +58,7 @@ def test_the_console_script_is_the_cli(tmp_path: Path) -> None:
 
 #: A plug-in model whose forward raises on one rank at one training step; the test knows the
 #: line that raises because it wrote it.
-PLUGIN = textwrap.dedent('''\
+PLUGIN = textwrap.dedent("""\
     import torch
     from torch import nn
 
@@ -81,7 +84,7 @@ PLUGIN = textwrap.dedent('''\
 
     def faulty_mlp(fail_rank=1, fail_step=3):
         return Faulty(fail_rank, fail_step)
-''')
+""")
 RAISING_LINE = 'raise LookupError(f"planted on rank {rank} in forward call {self.calls}")'
 
 
