@@ -166,7 +166,7 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         then = _traced_steps(run_path)
         wait_for(
             lambda: _traced_steps(run_path) >= then + 20,
-            60,
+            120,  # 10 steps of 50 ms per rank: seconds, unless the ranks were interrupted
             f"the ranks to go on stepping after the interrupt (from {then} rows)",
         )
         after = attach(run_path).rank_states()
