@@ -4,6 +4,7 @@ behind, nothing written before the fault lost."""
 from __future__ import annotations
 
 import importlib
+import queue
 import textwrap
 import time
 from pathlib import Path
@@ -107,7 +108,37 @@ def test_two_runs_writing_into_one_store_at_once(store) -> None:
     assert a.traces()["loss"].tolist() != b.traces()["loss"].tolist()
 
 
+def _interrupt_a_running_cell(km, kc) -> None:
+    """Jupyter's "Interrupt kernel" during a cell: jupyter_client signals the kernel's process
+    group with SIGINT. The cell's KeyboardInterrupt proves the signal was delivered."""
+    msg_id = kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+
+    def sleeping() -> bool:
+        try:  # one message at a time: the channel's get_msgs() blocks until the next one
+            m = kc.get_iopub_msg(timeout=0.5)
+        except queue.Empty:
+            return False
+        return (
+            m["parent_header"].get("msg_id") == msg_id
+            and m["msg_type"] == "stream"
+            and "sleeping" in m["content"]["text"]
+        )
+
+    wait_for(sleeping, 60, "the cell to start sleeping")
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"].get("ename") == "KeyboardInterrupt", reply["content"]
+
+
+def _traced_steps(run_path: Path) -> int:
+    """Step rows the ranks have flushed so far, all ranks together."""
+    return len(attach(run_path).traces())
+
+
 def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
+    """README "In JupyterLab": ranks are untouched by "interrupt kernel" and still running after
+    a kernel restart; the run is picked up again from the store."""
     jupyter_client = pytest.importorskip("jupyter_client")
     km = jupyter_client.KernelManager(kernel_name="python3")
     km.start_kernel()
@@ -130,6 +161,17 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         assert reply["content"]["status"] == "ok", reply["content"]
         run_path = store / "kernel" / "survivor"
         wait_for(lambda: attach(run_path).status() == "running", 60, "the run to start")
+        _interrupt_a_running_cell(km, kc)  # SIGINT to the kernel's whole process group
+        pids = {r: s["pid"] for r, s in attach(run_path).rank_states().items()}
+        then = _traced_steps(run_path)
+        wait_for(
+            lambda: _traced_steps(run_path) >= then + 20,
+            120,  # 10 steps of 50 ms per rank: seconds, unless the ranks were interrupted
+            f"the ranks to go on stepping after the interrupt (from {then} rows)",
+        )
+        after = attach(run_path).rank_states()
+        assert {r: s["pid"] for r, s in after.items()} == pids, "the same rank processes"
+        assert {s["status"] for s in after.values()} == {"running"}, after
         km.restart_kernel(
             now=True
         )  # what Jupyter's "Restart kernel" does: SIGKILL to its process group
