@@ -54,8 +54,11 @@ def phase_breakdown(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     """
     cols = [*PHASES, "comm_s", "step_s"]
     check_columns(steps, ["world_size", "t_start_s", *cols], "steps")
+    # The few columns needed first: copying a wide frame of a million rows costs far more.
+    narrow = ["run_id", "rank", "step", "warmup", "attempt", "host", "gap_s", "save_s"]
+    narrow = [c for c in narrow if c in steps.columns] + ["world_size", "t_start_s", *cols]
     columns = ["world_size", "host", "t_start_s", *cols, *BETWEEN]
-    m = measured_steps(_after_steps(steps, evals), columns)
+    m = measured_steps(_after_steps(steps[narrow], evals), columns)
     m = m.assign(
         other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0),
         wall_step_s=m["step_s"] + m[list(BETWEEN)].sum(axis=1),
