@@ -60,6 +60,8 @@ def make_steps(
             "backward_s": backward_s,
             "optimizer_s": optimizer_s,
             "step_s": step_s,
+            "gap_s": np.where(step < n_steps, 0.0, np.nan),  # back to back; none after the last
+            "save_s": np.nan,
             "comm_s": comm_s if world_size > 1 else 0.0,
             "comm_bytes": comm_bytes if world_size > 1 else 0,
             "comm_buckets": comm_buckets,

@@ -97,3 +97,52 @@ def mlp_in_a_torch_without_ddp_logging_data() -> nn.Module:
     if hasattr(DistributedDataParallel, "_get_ddp_logging_data"):
         delattr(DistributedDataParallel, "_get_ddp_logging_data")
     return MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
+
+
+class _PlantedCosts(_Sleepy):
+    """``_Sleepy`` whose ``state_dict`` (what a checkpoint saves, on rank 0) also sleeps
+    ``save_sleep_s``: known costs in the forward pass, the evaluation and the checkpoint."""
+
+    def __init__(self, sleep_s: float, eval_sleep_s: float, save_sleep_s: float) -> None:
+        super().__init__(sleep_s, eval_sleep_s)
+        self.save_sleep_s = save_sleep_s
+
+    def state_dict(self, *args, **kwargs):  # type: ignore[override]
+        import time
+
+        time.sleep(self.save_sleep_s)
+        return super().state_dict(*args, **kwargs)
+
+
+def planted_costs_mlp(
+    sleep_s: float = 0.0, eval_sleep_s: float = 0.0, save_sleep_s: float = 0.0
+) -> nn.Module:
+    return _PlantedCosts(sleep_s, eval_sleep_s, save_sleep_s)
+
+
+class _SlowItems(Dataset):
+    """The built-in mlp's synthetic data, fetched item by item, each item sleeping
+    ``item_sleep_s``: a known data-loading cost per sample."""
+
+    def __init__(self, inner: Dataset, item_sleep_s: float) -> None:
+        self.inner = inner
+        self.item_sleep_s = item_sleep_s
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int):
+        import time
+
+        if self.item_sleep_s:
+            time.sleep(self.item_sleep_s)
+        return self.inner[i]
+
+
+def slow_items(
+    train_samples: int, eval_samples: int, seed: int, item_sleep_s: float = 0.0
+) -> tuple[Dataset, Dataset]:
+    """``synthetic_like_mlp`` whose training items each sleep ``item_sleep_s`` (evaluation
+    items do not: the evaluation's planted cost is the model's alone)."""
+    train, evaluation = synthetic_like_mlp(train_samples, eval_samples, seed)
+    return _SlowItems(train, item_sleep_s), _SlowItems(evaluation, 0.0)

@@ -543,3 +543,47 @@ def test_a_straggler_is_attributed_to_the_phase_that_makes_it_slow() -> None:
     steps.loc[waiting, "backward_s"] += 0.2
     steps.loc[steps["step"] >= 30, "step_s"] += 0.2
     assert stragglers(steps)["slow_phase"].tolist() == ["forward_s"]
+
+
+def _with_checkpoint_and_evaluation_after_step_5() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two ranks, 10 back-to-back 1 s steps (2 warm-up), then after step 5: the evaluation of
+    make_evals (0.75 s on rank 0, 0.65 s on rank 1), a checkpoint (0.3 s on rank 0, 0.25 s on
+    rank 1) and 0.05 s of loop work on rank 0 (0.2 s on rank 1), so steps 6-10 start 1.1 s
+    later. Rank 0's row of step 5 went to disk before the checkpoint: no traced gap_s."""
+    steps = make_steps(world_size=2, n_steps=10, warmup_steps=2, step_s=1.0)
+    steps.loc[steps["step"] >= 6, "t_start_s"] += 1.1
+    at5 = steps["step"] == 5
+    steps.loc[at5, "gap_s"] = np.where(steps.loc[at5, "rank"] == 0, np.nan, 1.1)
+    steps.loc[at5, "save_s"] = np.where(steps.loc[at5, "rank"] == 0, 0.3, 0.25)
+    evals = make_evals(world_size=2, eval_steps=(5, 10), metric_values=(0.5, 0.8))
+    return steps, evals
+
+
+def test_train_throughput_leaves_out_evaluations_and_checkpoints_inside_the_window() -> None:
+    steps, evals = _with_checkpoint_and_evaluation_after_step_5()
+    w = measured_window(steps, evals).iloc[0]
+    # window: step 3's start (2.0) to step 10's end (9 + 1.1 + 1 = 11.1); 8 steps x 2 ranks x 8
+    assert w["measured_s"] == pytest.approx(9.1)
+    assert w["samples_per_s"] == pytest.approx(128 / 9.1)
+    # inside it: the slowest rank's evaluation (0.75) and checkpoint (0.3) after step 5; the
+    # evaluation after step 10 is after the window's end
+    assert (w["eval_s"], w["save_s"]) == pytest.approx((0.75, 0.3))
+    assert w["train_s"] == pytest.approx(9.1 - 1.05)
+    assert w["train_samples_per_s"] == pytest.approx(128 / 8.05)
+    without_evals = measured_window(steps).iloc[0]
+    assert without_evals["train_s"] == pytest.approx(9.1 - 0.3)
+
+
+def test_breakdown_with_between_steps_adds_up_to_each_ranks_window() -> None:
+    steps, evals = _with_checkpoint_and_evaluation_after_step_5()
+    b = phase_breakdown(steps, evals).set_index("rank")
+    assert b["window_s"].tolist() == pytest.approx([9.1, 9.1])
+    assert (b["wall_step_s"] * b["steps"]).tolist() == pytest.approx([9.1, 9.1])
+    # per step over 8 measured steps; rank 0's gap taken from step 6's start (1.1 s)
+    assert (b["save_s"] * 8).tolist() == pytest.approx([0.3, 0.25])
+    assert (b["eval_s"] * 8).tolist() == pytest.approx([0.75, 0.65])
+    assert (b["between_s"] * 8).tolist() == pytest.approx([0.05, 0.2])
+    assert b["step_s"].tolist() == pytest.approx([1.0, 1.0])
+    # without the evaluations they stay between steps
+    plain = phase_breakdown(steps).set_index("rank")
+    assert (plain["between_s"] * 8).tolist() == pytest.approx([0.8, 0.85])

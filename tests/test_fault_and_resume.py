@@ -81,3 +81,14 @@ def test_resumed_trace_has_every_step_exactly_once(failed_then_resumed, ddp2) ->
     assert (steps.groupby("step")["loss"].mean() == expected).all()
     run = read_json(handle.path / schema.RUN_FILE)
     assert run["status"] == "completed" and run["attempt"] == 1
+
+
+def test_a_resumed_attempt_warms_up_again_and_traces_its_checkpoints(failed_then_resumed) -> None:
+    steps = failed_then_resumed["resumed"].traces()
+    for rank in (0, 1):
+        mine = steps[steps["rank"] == rank]
+        # warmup_steps=2 per attempt: steps 1-2, and 9-10 after resuming from step 8
+        assert sorted(mine.loc[mine["warmup"], "step"]) == [1, 2, 9, 10]
+        # checkpoints every 4 steps, the one at step 8 written by the failed attempt
+        saved = mine[mine["save_s"].notna()]
+        assert sorted(saved["step"]) == [4, 8, 12, 16] and (saved["save_s"] > 0).all()

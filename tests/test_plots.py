@@ -84,7 +84,8 @@ def test_epoch_time(sweep) -> None:
 def test_phase_breakdown_per_rank_and_per_run(sweep) -> None:
     phases = phase_breakdown(sweep[1])
     fig = plots.phase_breakdown_figure(phases, "ws4")
-    assert [t.name for t in fig.data] == ["data", "forward", "backward", "optimizer", "other"]
+    names = ["data", "forward", "backward", "optimizer", "other"]
+    assert [t.name for t in fig.data] == [*names, "between steps", "checkpoint", "evaluation"]
     assert fig.layout.barmode == "stack"
     assert list(trace(fig, "backward").x) == [0, 1, 2, 3]
     assert list(trace(fig, "backward").y) == pytest.approx([1.1] * 4)

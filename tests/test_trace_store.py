@@ -64,13 +64,16 @@ def test_rows_reach_disk_on_flush_interval_and_on_exception(tmp_path: Path) -> N
     path = _live(tmp_path)
     with pytest.raises(RuntimeError), _tracer(tmp_path, flush_s=0.0) as tracer:
         _step(tracer, 1)
-        assert _steps_on_disk(path) == [1], "flush_s=0 writes every row at once"
-        tracer.flush_s = 3600
-        tracer.flush()
+        assert _steps_on_disk(path) == [], "a periodic flush holds the latest row (its gap_s)"
         _step(tracer, 2)
-        assert _steps_on_disk(path) == [1], "buffered until the next flush"
+        assert _steps_on_disk(path) == [1], "flush_s=0 writes every row once the next starts"
+        tracer.flush()
+        assert _steps_on_disk(path) == [1, 2], "an explicit flush writes every row"
+        tracer.flush_s = 3600
+        _step(tracer, 3)
+        assert _steps_on_disk(path) == [1, 2], "buffered until the next flush"
         raise RuntimeError("boom")
-    assert _steps_on_disk(path) == [1, 2], "closing on an exception keeps the rows"
+    assert _steps_on_disk(path) == [1, 2, 3], "closing on an exception keeps the rows"
     assert path.name == "steps-rank00000.arrows"
 
 
@@ -79,8 +82,35 @@ def test_buffer_is_bounded(tmp_path: Path) -> None:
     tracer.max_rows = 10
     for step in range(1, 26):
         _step(tracer, step)
-    assert len(tracer._rows) == 5 and _steps_on_disk(_live(tmp_path)) == list(range(1, 21))
+    # at 10 rows a flush writes 9 and holds the latest: steps 1-9, then 10-18 (at step 19)
+    assert len(tracer._rows) == 7 and _steps_on_disk(_live(tmp_path)) == list(range(1, 19))
     tracer.close()
+
+
+def test_gap_s_and_save_s_on_the_rows(tmp_path: Path) -> None:
+    """gap_s = next start - (start + step_s), worked out by hand from the rows given: starts
+    0.01 * step, step_s 0.008, so 0.002 wherever the next row was known when written."""
+    with _tracer(tmp_path, flush_s=0.0) as tracer:
+        for step in (1, 2, 3):
+            _step(tracer, step)
+        tracer.saved(0.25)  # a checkpoint after step 3: its row is written before the commit
+        tracer.flush()
+        for step in (4, 5, 6):
+            _step(tracer, step, t_start_s=0.01 * step + 0.1)  # 0.1 s later than back to back
+    rows = read_stream(_live(tmp_path)).to_pylist()
+    gap = {r["step"]: r["gap_s"] for r in rows}
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert gap[1] == pytest.approx(0.002) and gap[2] == pytest.approx(0.002)
+    assert gap[4] == pytest.approx(0.002) and gap[5] == pytest.approx(0.002)
+    assert gap[3] is None and gap[6] is None, "written before the next step: left to the analysis"
+    assert {r["step"]: r["save_s"] for r in rows} == {
+        1: None,
+        2: None,
+        3: 0.25,
+        4: None,
+        5: None,
+        6: None,
+    }
 
 
 def test_live_file_is_an_arrow_stream_with_the_trace_schema(tmp_path: Path) -> None:

@@ -20,13 +20,31 @@ STEP_COLUMNS: dict[str, str] = {
     "attempt": "int64",  # 0 for the first launch, +1 for each resume/requeue
     "epoch": "int64",
     "step": "int64",  # global optimizer step, counted from 1
-    "warmup": "bool",  # warm-up steps are traced but left out of throughput
+    # Warm-up steps are traced but left out of throughput: the first ``warmup_steps`` of each
+    # attempt (a resumed attempt warms up again: fresh process, cold caches, a new DDP reducer).
+    "warmup": "bool",
+    # The step's start (host clock) on the rank's t0 clock.
     "t_start_s": "float64",
+    # The traced phases of the step, which add up to step_s: data_s (fetching and moving the
+    # batch), forward_s, backward_s, optimizer_s (step, scaler update, zero_grad). With gradient
+    # accumulation the first three are sums over the micro-steps.
     "data_s": "float64",
     "forward_s": "float64",
     "backward_s": "float64",
     "optimizer_s": "float64",
+    # The step itself, from its first stamp to its last: the traced phases and nothing between
+    # steps. The step's end is t_start_s + step_s. (Not the wall time per step: that is
+    # step_s + gap_s, which the analysis calls wall_step_s.)
     "step_s": "float64",
+    # Between steps: the next step's start minus this step's end (on this rank, same attempt):
+    # the loop's own work (trace row, checks, the preemption agreement), any checkpoint
+    # (save_s) and any evaluation (the eval rows of this step) after this step. Null on the
+    # attempt's last step, and on rows written before the next step started (at a checkpoint);
+    # the analysis then takes it from the next row's t_start_s, the same arithmetic.
+    "gap_s": "float64",
+    # The checkpoint written after this step: this rank's part of it (its files, then the wait
+    # for every rank to finish theirs), up to the commit. Null on steps without a checkpoint.
+    "save_s": "float64",
     # Gradient communication. With trace_comm="sampled" the three columns below are DDP's own
     # reducer timer (its logging data), on sampled steps only (null in between, and null where
     # DDP reset a field to 0 or the timer is unavailable: then comm_bytes alone is recorded):

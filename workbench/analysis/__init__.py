@@ -9,7 +9,13 @@ model) and ``summary`` (one run's headline figures). Resolve the grouping once w
 :func:`resolve_group_by` and pass it to every table and figure.
 """
 
-from workbench.analysis.breakdown import EVAL_PARTS, PHASES, eval_breakdown, phase_breakdown
+from workbench.analysis.breakdown import (
+    BETWEEN,
+    EVAL_PARTS,
+    PHASES,
+    eval_breakdown,
+    phase_breakdown,
+)
 from workbench.analysis.comm import communication
 from workbench.analysis.display import downsample_for_display
 from workbench.analysis.groups import (
@@ -28,6 +34,7 @@ from workbench.analysis.windows import (
     check_columns,
     comm_filled,
     eval_rows,
+    gap_filled,
     lower_is_better,
     measured_steps,
     measured_window,
@@ -35,6 +42,7 @@ from workbench.analysis.windows import (
 
 __all__ = [
     "BATCH_COLUMNS",
+    "BETWEEN",
     "EVAL_PARTS",
     "FAMILY_COLUMNS",
     "NOT_GROUPING",
@@ -49,6 +57,7 @@ __all__ = [
     "downsample_for_display",
     "eval_breakdown",
     "eval_rows",
+    "gap_filled",
     "lower_is_better",
     "measured_steps",
     "measured_window",

@@ -4,35 +4,80 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.analysis.windows import check_columns, eval_rows, measured_steps
+from workbench.analysis.windows import check_columns, eval_rows, gap_filled, measured_steps
 
 #: Timed phases of a training step, in order; ``comm_s`` overlaps ``backward_s`` so is not a phase.
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s")
+#: What follows a step until the next one starts, in order: the untraced time between steps,
+#: the checkpoint and the evaluation after it. With the phases and ``other_s`` they add up to
+#: ``wall_step_s``.
+BETWEEN = ("between_s", "save_s", "eval_s")
 #: Timed parts of an evaluation, in order.
 EVAL_PARTS = ("predict_s", "wait_s", "gather_s", "metric_s", "broadcast_s")
 
 
-def phase_breakdown(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run and rank, mean and std over measured steps of each phase, comm and step time.
+def _after_steps(steps: pd.DataFrame, evals: pd.DataFrame | None) -> pd.DataFrame:
+    """``steps`` with what follows each step on its rank: ``save_s`` and ``eval_s`` (this
+    rank's evaluation after the step) as 0 where none, and ``between_s`` = ``gap_s`` minus
+    both; all three 0 on each attempt's last step, whose gap (if any) is outside the window."""
+    gap = gap_filled(steps)
+    inside = gap.notna()
+    has_save = "save_s" in steps.columns
+    save = steps["save_s"].fillna(0.0) if has_save else pd.Series(0.0, index=steps.index)
+    evaluation = pd.Series(0.0, index=steps.index)
+    if evals is not None and len(evals):
+        keys = ["run_id", "attempt", "rank", "step"]
+        s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+        e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
+        per_step = e.groupby(keys)["eval_s"].sum()
+        found = per_step.reindex(pd.MultiIndex.from_frame(s[keys])).to_numpy()
+        evaluation = pd.Series(found, index=steps.index).fillna(0.0)
+    save, evaluation = save.where(inside, 0.0), evaluation.where(inside, 0.0)
+    return steps.assign(
+        between_s=(gap - save - evaluation).where(inside, 0.0), save_s=save, eval_s=evaluation
+    )
+
+
+def phase_breakdown(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per run and rank, mean and std over measured steps of each phase, comm and step time,
+    and of what follows each step, so that the columns add up to the rank's wall time.
 
     ``other_s = step_s - (data_s + forward_s + backward_s + optimizer_s)``, clipped at 0: the
-    untimed rest (Python overhead, logging, the tracer). ``comm_s`` is reported but not
-    subtracted, since DDP's allreduce runs inside ``backward_s``.
+    untimed rest inside the step. ``comm_s`` is reported but not subtracted, since DDP's
+    allreduce runs inside ``backward_s``. After the step (see :data:`BETWEEN`): ``save_s``
+    (its checkpoint), ``eval_s`` (this rank's evaluation after it, from ``evals``; without
+    ``evals`` it stays inside ``between_s``) and ``between_s`` ("between steps": the rest of
+    ``gap_s``, the loop's own work); 0 after each attempt's last step, which ends the window.
+    ``wall_step_s = step_s + between_s + save_s + eval_s``, and ``window_s`` is the rank's
+    own window (first measured step's start to last step's end, attempts added):
+    ``wall_step_s * steps == window_s``.
     """
     cols = [*PHASES, "comm_s", "step_s"]
-    check_columns(steps, ["world_size", *cols], "steps")
-    m = measured_steps(steps, ["world_size", "host", *cols])
-    m = m.assign(other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0))
+    check_columns(steps, ["world_size", "t_start_s", *cols], "steps")
+    # The few columns needed first: copying a wide frame of a million rows costs far more.
+    narrow = ["run_id", "rank", "step", "warmup", "attempt", "host", "gap_s", "save_s"]
+    narrow = [c for c in narrow if c in steps.columns] + ["world_size", "t_start_s", *cols]
+    columns = ["world_size", "host", "t_start_s", *cols, *BETWEEN]
+    m = measured_steps(_after_steps(steps[narrow], evals), columns)
+    m = m.assign(
+        other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0),
+        wall_step_s=m["step_s"] + m[list(BETWEEN)].sum(axis=1),
+        _end=m["t_start_s"] + m["step_s"],
+    )
     aggs: dict[str, tuple[str, str]] = {
         "world_size": ("world_size", "max"),
         "steps": ("step", "count"),
     }
     if "host" in m.columns:
         aggs["host"] = ("host", "first")
-    for c in [*cols, "other_s"]:
+    for c in [*cols, "other_s", *BETWEEN, "wall_step_s"]:
         aggs[c] = (c, "mean")
         aggs[f"{c}_std"] = (c, "std")
-    return m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
+    keys = ["run_id", "rank"]
+    out = m.groupby(keys, sort=True).agg(**aggs)
+    spans = m.groupby([*keys, "attempt"]).agg(start=("t_start_s", "min"), end=("_end", "max"))
+    out["window_s"] = (spans["end"] - spans["start"]).groupby(level=keys).sum()
+    return out.reset_index()
 
 
 def _slowest_rank(e: pd.DataFrame, keys: list[str], parts: list[str]) -> pd.DataFrame:

@@ -79,7 +79,7 @@ def run_table(
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
     frame = group_frame(runs, group_by, ("nodes", "train_samples"))
-    table = assign_groups(frame.merge(measured_window(steps), on="run_id"), group_by)
+    table = assign_groups(frame.merge(measured_window(steps, evals), on="run_id"), group_by)
     table["samples_per_s_per_device"] = table["samples_per_s"] / table["world_size"]
     if "train_samples" in table.columns:
         table["epoch_s"] = table["train_samples"] / table["samples_per_s"]

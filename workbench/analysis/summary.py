@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.completeness import missing_ranks
-from workbench.analysis.windows import measured_window
+from workbench.analysis.windows import gap_filled, measured_window
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
@@ -20,10 +20,14 @@ def run_summary(
     steps: pd.DataFrame, evals: pd.DataFrame, writers: int | None = None
 ) -> dict[str, Any]:
     """Throughput over the measured window (first measured step start to last step end, across
-    ranks; warm-up steps excluded), mean phase times, peak memory, final loss and metric, from
-    one run's ``steps`` and ``evals`` trace frames. ``writers``: the processes that trace (the
-    run's ``RunConfig.processes``); when some lack rows, ``incomplete`` says which and the
-    throughput is left out (a window over the other ranks would under-count the samples)."""
+    ranks; warm-up steps excluded): end to end (``samples_per_s``) and training alone
+    (``train_samples_per_s``: the window minus the evaluations and checkpoints inside it,
+    ``window_eval_s`` and ``window_save_s``); mean phase times, ``mean_gap_s`` (between steps,
+    checkpoints and evaluations included) and ``mean_save_s`` (over the steps with one), peak
+    memory, final loss and metric, from one run's ``steps`` and ``evals`` trace frames.
+    ``writers``: the processes that trace (the run's ``RunConfig.processes``); when some lack
+    rows, ``incomplete`` says which and the throughput is left out (a window over the other
+    ranks would under-count the samples)."""
     out: dict[str, Any] = {"traced_steps": int(steps["step"].nunique()) if len(steps) else 0}
     incomplete = missing_ranks(steps, writers) if writers and len(steps) else ""
     if incomplete:
@@ -31,8 +35,9 @@ def run_summary(
     measured = steps[~steps["warmup"].astype(bool)] if len(steps) else steps
     if len(measured):
         # The analysis's own window: a resumed run adds its attempts' windows, not the gap.
-        window = measured_window(steps).iloc[0]
+        window = measured_window(steps, evals).iloc[0]
         rate = float("nan") if incomplete else window["samples_per_s"]
+        train_rate = float("nan") if incomplete else window["train_samples_per_s"]
         out.update(
             measured_steps=int(window["steps"]),
             measured_wall_s=float(window["measured_s"]),
@@ -40,9 +45,17 @@ def run_summary(
             samples_per_s_per_device=None
             if pd.isna(rate)
             else float(rate) / int(window["world_size"]),
+            train_wall_s=float(window["train_s"]),
+            window_eval_s=float(window["eval_s"]),
+            window_save_s=float(window["save_s"]),
+            train_samples_per_s=None if pd.isna(train_rate) else float(train_rate),
         )
         for phase in PHASES:
             out[f"mean_{phase}"] = float(measured[phase].mean())
+        gap = gap_filled(steps)[measured.index].dropna()
+        out["mean_gap_s"] = float(gap.mean()) if len(gap) else None
+        saves = measured["save_s"].dropna() if "save_s" in measured.columns else []
+        out["mean_save_s"] = float(saves.mean()) if len(saves) else None
     if len(steps):
         last = steps[steps["step"] == steps["step"].max()]
         out["final_loss"] = float(last["loss"].mean())

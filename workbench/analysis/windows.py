@@ -55,15 +55,52 @@ def comm_filled(steps: pd.DataFrame) -> pd.Series:
     return pd.Series(filled.sort_index().to_numpy(), index=steps.index, name="comm_s")
 
 
+def gap_filled(steps: pd.DataFrame) -> pd.Series:
+    """``gap_s`` on every row: the next step's start minus this step's end, on the same rank in
+    the same attempt. Where the trace has none (a row written before the next step started,
+    or a trace from before ``gap_s`` existed), the same arithmetic on the next row's
+    ``t_start_s``; NaN on each attempt's last step (nothing follows it)."""
+    check_columns(steps, ("run_id", "rank", "step", "t_start_s", "step_s"), "steps")
+    traced = steps["gap_s"] if "gap_s" in steps.columns else None
+    if traced is not None and traced.notna().all():
+        return traced
+    keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
+    ordered = steps[[*keys, "step", "t_start_s", "step_s"]].reset_index(drop=True)
+    ordered = ordered.sort_values([*keys, "step"], kind="stable")
+    following = ordered.groupby(keys, sort=False)["t_start_s"].shift(-1)
+    computed = (following - ordered["t_start_s"] - ordered["step_s"]).sort_index().to_numpy()
+    out = pd.Series(computed, index=steps.index, name="gap_s")
+    return out if traced is None else traced.fillna(out)
+
+
 def lower_is_better(metric_name: str | None) -> bool:
     """Whether a smaller value of the named metric is better (loss, error, perplexity, ...)."""
     name = (metric_name or "").lower()
     return any(word in name for word in _LOWER_IS_BETTER)
 
 
-def _per_attempt(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run and attempt: ranks, measured steps, window start, end and length, samples."""
-    m = measured_steps(steps, ["world_size", "t_start_s", "step_s", "samples"])
+def _longest_inside(
+    frame: pd.DataFrame | None, value: str, bounds: pd.DataFrame, index: pd.Index
+) -> pd.Series:
+    """Per run and attempt: the sum over steps inside the window (from its first measured
+    step up to, not including, its last step) of the largest ``value`` over ranks at that
+    step. The intervals (evaluations, checkpoints) run after their step, so the last step's
+    are outside the window."""
+    if frame is None or value not in frame.columns or not len(frame):
+        return pd.Series(0.0, index=index)
+    f = frame if "attempt" in frame.columns else frame.assign(attempt=0)
+    f = f[["run_id", "attempt", "rank", "step", value]].join(bounds, on=["run_id", "attempt"])
+    f = f[(f["step"] >= f["first_step"]) & (f["step"] < f["last_step"])]
+    longest = f.groupby(["run_id", "attempt", "step"])[value].max()
+    total = longest.groupby(level=["run_id", "attempt"]).sum()
+    return total.reindex(index, fill_value=0.0).fillna(0.0)
+
+
+def _per_attempt(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per run and attempt: ranks, measured steps, window start, end and length, samples, and
+    the evaluation and checkpoint time inside the window (``eval_s``, ``save_s``)."""
+    extra = ["save_s"] if "save_s" in steps.columns else []
+    m = measured_steps(steps, ["world_size", "t_start_s", "step_s", "samples", *extra])
     m = m.assign(_end=m["t_start_s"] + m["step_s"])
     per_attempt = m.groupby(["run_id", "attempt"], sort=True).agg(
         world_size=("world_size", "max"),
@@ -72,25 +109,35 @@ def _per_attempt(steps: pd.DataFrame) -> pd.DataFrame:
         start_s=("t_start_s", "min"),
         end_s=("_end", "max"),
         samples=("samples", "sum"),
+        first_step=("step", "min"),
+        last_step=("step", "max"),
     )
     per_attempt["measured_s"] = per_attempt["end_s"] - per_attempt["start_s"]
-    return per_attempt
+    bounds = per_attempt[["first_step", "last_step"]]
+    per_attempt["eval_s"] = _longest_inside(evals, "eval_s", bounds, per_attempt.index)
+    per_attempt["save_s"] = _longest_inside(m, "save_s", bounds, per_attempt.index)
+    return per_attempt.drop(columns=["first_step", "last_step"])
 
 
-def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run: the measured window and the samples in it.
+def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per run: the measured window and the samples in it, end to end and training alone.
 
     The window of one attempt runs from the first measured step's start to the last step's end
     (``t_start_s + step_s``), across ranks. A resumed run (several ``attempt`` values) adds its
     attempts' windows, since the time between them is not training; ``start_s`` is the first
     attempt's start and ``end_s`` the last attempt's end. Columns: ``run_id, world_size, ranks,
     attempts, steps`` (measured steps), ``start_s, end_s, measured_s, samples`` (all ranks),
-    ``samples_per_s`` (samples / measured_s: never a sum of per-rank rates) and ``step_s``
-    (measured_s / steps). A run with only warm-up steps gets NaN rates.
+    ``samples_per_s`` (end to end: samples / measured_s, never a sum of per-rank rates) and
+    ``step_s`` (measured_s / steps).
+
+    Training alone: ``eval_s`` and ``save_s`` are the evaluations (from ``evals``; 0 without
+    it) and checkpoints (the steps' ``save_s``) inside the window, each the slowest rank's;
+    ``train_s = measured_s - eval_s - save_s`` and ``train_samples_per_s = samples /
+    train_s``. A run with only warm-up steps gets NaN rates.
     """
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     out = (
-        _per_attempt(steps)
+        _per_attempt(steps, evals)
         .groupby(level="run_id")
         .agg(
             world_size=("world_size", "max"),
@@ -101,6 +148,8 @@ def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
             end_s=("end_s", "last"),
             measured_s=("measured_s", "sum"),
             samples=("samples", "sum"),
+            eval_s=("eval_s", "sum"),
+            save_s=("save_s", "sum"),
         )
     )
     all_runs = pd.Index(pd.unique(steps["run_id"]), name="run_id")
@@ -114,6 +163,8 @@ def measured_window(steps: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(divide="ignore", invalid="ignore"):
         out["samples_per_s"] = out["samples"] / out["measured_s"].where(out["measured_s"] > 0)
         out["step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
+        out["train_s"] = out["measured_s"] - out["eval_s"] - out["save_s"]
+        out["train_samples_per_s"] = out["samples"] / out["train_s"].where(out["train_s"] > 0)
     return out.reset_index()
 
 

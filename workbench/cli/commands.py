@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
 def _print_summary(run_path: Path) -> None:
     from workbench.store.files import read_json
 
-    s = read_json(run_path / "run.json").get("summary") or {}
+    record = read_json(run_path / "run.json")
+    s = record.get("summary") or {}
 
     def fmt(key: str, unit: str = "", scale: float = 1.0) -> str:
         v = s.get(key)
@@ -51,16 +52,25 @@ def _print_summary(run_path: Path) -> None:
     if s.get("incomplete"):
         print(f"incomplete traces, throughput left out: {s['incomplete']}")
     print(
-        f"throughput: {fmt('samples_per_s', ' samples/s')} total, "
+        f"throughput: {fmt('samples_per_s', ' samples/s')} total end to end, "
         f"{fmt('samples_per_s_per_device', ' samples/s')} per device "
         f"({s.get('measured_steps', 0)} measured steps, warm-up excluded)"
     )
+    print(
+        f"training alone: {fmt('train_samples_per_s', ' samples/s')} "
+        f"(evaluation {fmt('window_eval_s', ' s')} and checkpoints "
+        f"{fmt('window_save_s', ' s')} of the window left out)"
+    )
+    dropped = record.get("dropped_samples_per_epoch")
+    if dropped is not None:
+        print(f"samples dropped per epoch (to keep every batch full): {dropped}")
     print(
         "step time (ms): "
         + ", ".join(
             f"{p.replace('_s', '')} {fmt('mean_' + p, '', 1000)}"
             for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
         )
+        + f"; between steps {fmt('mean_gap_s', '', 1000)}"
     )
     rss, cuda = fmt("peak_rss_bytes", " MiB", 2**-20), fmt("peak_cuda_bytes", " MiB", 2**-20)
     print(f"peak memory: RSS {rss}, CUDA {cuda}")

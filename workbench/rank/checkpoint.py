@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,11 @@ def save(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     rank: int,
+    before_commit: Callable[[], None] | None = None,
 ) -> Path:
-    """Collective: every rank calls it at the same step."""
+    """Collective: every rank calls it at the same step. ``before_commit`` runs on every rank
+    once every rank's part is written, before the folder is renamed into place (the tracer
+    writes its rows there, so a checkpoint is never ahead of the trace on disk)."""
     final = _dir(run_dir, step)
     partial = final.with_name(final.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
@@ -70,6 +74,8 @@ def save(
             partial / "train.pt",
         )
     distributed.barrier()
+    if before_commit is not None:
+        before_commit()
     if rank == 0:
         if final.exists():
             shutil.rmtree(final)

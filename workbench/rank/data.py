@@ -135,6 +135,21 @@ def train_batches(
     return [indices[i : i + batch_size] for i in range(0, usable, batch_size)]
 
 
+def dropped_per_epoch(
+    dataset: Dataset, rank: int, world_size: int, batch_size: int, batches: int
+) -> int:
+    """Training samples of one epoch this rank accounts for but never trains on, when it trains
+    ``batches`` batches of ``batch_size``: what is left of its shard (incomplete batches, and
+    batches beyond the epoch's steps), and, on rank 0, what the sampler drops to make the
+    shards equal. Summed over ranks: the run's samples dropped per epoch."""
+    n = len(dataset)  # type: ignore[arg-type]
+    if getattr(dataset, "local_shard", False):
+        return max(0, n - batches * batch_size)
+    share = n // world_size  # DistributedSampler(drop_last=True)
+    dropped = max(0, share - batches * batch_size)
+    return dropped + (n - share * world_size if rank == 0 else 0)
+
+
 def eval_shard(
     dataset: Dataset, rank: int, world_size: int, batch_size: int
 ) -> Iterator[list[int]]:

@@ -12,6 +12,7 @@
 
 The phases read the parts of the run from a ``Loop`` and move a ``LoopState`` forward: step,
 epoch, the step of the last evaluation, and whether the ranks agreed to stop for preemption.
+Warm-up counts from each attempt's first step: a resumed attempt warms up again.
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ from workbench.store.trace_files import consolidate, trim_for_resume
 class LoopState:
     """Where the loop is. ``step`` counts optimizer steps done (global, from 1 once one is
     done), ``epoch`` is the epoch being trained (from 0), ``last_eval_step`` the step of the
-    last evaluation (or of the start), ``preempted`` whether the ranks agreed to stop early."""
+    last evaluation (or of the start), ``preempted`` whether the ranks agreed to stop early,
+    ``attempt_start`` the step this attempt started after (the checkpoint's; 0 at first)."""
 
     step: int
     epoch: int
     last_eval_step: int
     preempted: bool = False
+    attempt_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,12 @@ def train(
     done = trainer.done_steps
     if done:
         trim_for_resume(traces, env.rank, done)
-    state = LoopState(step=done, epoch=done // config.steps_per_epoch, last_eval_step=done)
+    state = LoopState(
+        step=done,
+        epoch=done // config.steps_per_epoch,
+        last_eval_step=done,
+        attempt_start=done,
+    )
     with (
         _sample_log(config, traces, env.rank) as sample_log,
         Tracer(
@@ -112,6 +120,7 @@ def train(
         finish(loop, state)
     summary = summarize(trainer.module, env, device, state.step, tracer)
     summary["preempted"] = state.preempted
+    summary["dropped_samples_per_epoch"] = trainer.dropped_per_epoch()
     summary["comm_method"] = trainer.comm_method()
     summary["measurement_warnings"] = trainer.measurement_warnings()
     if network is not None:
@@ -181,7 +190,7 @@ def train_step(loop: Loop, state: LoopState, micro: list[list[int]]) -> None:
     tracer.step(
         epoch=state.epoch,
         step=step,
-        warmup=step <= loop.config.warmup_steps,
+        warmup=step - state.attempt_start <= loop.config.warmup_steps,
         t_start_s=tracer.since_t0(loop.clock.started_at),
         **fields,
     )

@@ -15,7 +15,6 @@ step's events, and to copy the buffered losses in one go).
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from itertools import pairwise
@@ -27,66 +26,15 @@ import torch
 
 from workbench import schema
 from workbench.errors import NonFiniteLossError
+from workbench.rank.memory_probe import DeviceMemory, rss_bytes
 from workbench.store.arrow_stream import StreamWriter
 
 #: How often (seconds) the tracer re-reads the process RSS and, on CUDA, the allocator's figures.
 RSS_EVERY_S = 0.5
 #: CUDA events in a PhaseClock's ring: about a dozen steps of one micro-batch.
 EVENT_RING = 64
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _now = time.monotonic
 _NO_PHASES: tuple[None, ...] = (None,) * 5
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (bytes), from /proc where it exists."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except OSError:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class DeviceMemory:
-    """This process's memory on its GPU as the driver sees it (NVML): the CUDA context, NCCL
-    buffers and everything else the PyTorch allocator does not count. Sampled at most once per
-    ``every_s`` seconds, because one NVML query costs far more than a step's timers. None where
-    NVML (``nvidia-ml-py``) or an NVIDIA GPU is missing."""
-
-    def __init__(self, device: torch.device, every_s: float = 1.0) -> None:
-        self.every_s = every_s
-        self._last = -float("inf")
-        self._value: int | None = None
-        self._handle: Any = None
-        if device.type != "cuda":
-            return
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            self._handle = pynvml.nvmlDeviceGetHandleByUUID(
-                uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-            )
-            self._nvml = pynvml
-        except Exception:  # no NVML: the allocator's figures still stand
-            self._handle = None
-
-    def bytes(self) -> int | None:
-        if self._handle is None:
-            return None
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            pid = os.getpid()
-            try:
-                procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                self._value = next((int(p.usedGpuMemory) for p in procs if p.pid == pid), None)
-            except Exception:
-                self._value = None
-        return self._value
 
 
 class Phases(NamedTuple):
@@ -214,6 +162,18 @@ def phase_columns(items: Sequence[Any]) -> list[Sequence[Any]]:
     return list(zip(*map(phase_values, items), strict=True))
 
 
+def gaps(
+    t_start_s: Sequence[float], step_s: Sequence[Any], next_start: float | None
+) -> list[float | None]:
+    """Each row's ``gap_s``: the next row's start minus this row's end (``t_start_s +
+    step_s``); for the last row, ``next_start`` (None: not known yet, or no next step)."""
+    starts = [*t_start_s[1:], next_start]
+    return [
+        None if n is None or s is None or math.isnan(s) else float(n - t - s)
+        for t, s, n in zip(t_start_s, step_s, starts, strict=True)
+    ]
+
+
 def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
     """Losses as floats (tensors read in one copy), and the index of the first tensor loss that
     is not finite (float losses were checked by the loop already)."""
@@ -235,6 +195,8 @@ def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
 #: (run, rank, host, ...) and the five phase columns are filled in at the flush.
 _ROW = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
 _ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
+_ROW += ("save_s",)
+_SAVE = _ROW.index("save_s")
 _MEMORY = ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes", "mem_device_bytes")
 _MEMORY += ("rss_bytes",)
 
@@ -335,27 +297,41 @@ class Tracer:
         rows = self._rows
         rows.append(
             (epoch, step, warmup, t_start_s, phases, comm_s, comm_bytes, comm_buckets, samples)
-            + (loss, lr, backward_compute_s, comm_exposed_s, self._mem)
+            + (loss, lr, backward_compute_s, comm_exposed_s, None, self._mem)
         )
         if now >= self._flush_due or len(rows) >= self.max_rows:
-            self.flush()
+            self.flush(hold_last=True)
+
+    def saved(self, save_s: float) -> None:
+        """Record the checkpoint just written after the latest step (``save_s`` seconds) on that
+        step's row; call before the flush that precedes the checkpoint's commit."""
+        if self._rows:
+            row = self._rows[-1]
+            self._rows[-1] = (*row[:_SAVE], save_s, *row[_SAVE + 1 :])
 
     def evaluation(self, **fields: Any) -> None:
         self._eval_rows.append(fields)
         if _now() >= self._flush_due:
-            self.flush()
+            self.flush(hold_last=True)
 
-    def flush(self) -> None:
-        """Write every buffered row (one record batch per kind). Raises ``NonFiniteLossError``
-        for the first tensor loss that is not finite, after writing the rows before it."""
+    def flush(self, hold_last: bool = False) -> None:
+        """Write the buffered rows (one record batch per kind). Raises ``NonFiniteLossError``
+        for the first tensor loss that is not finite, after writing the rows before it.
+
+        ``hold_last`` (the periodic flushes) keeps the latest step row buffered so that its
+        ``gap_s`` (the next step's start minus its end) is known when it is written; the other
+        flushes (checkpoints, the end) write every row, the last with ``gap_s`` null."""
         now = _now()
         self._flush_due = now + self.flush_s
         error = None
-        if self._rows:
+        held = self._rows[-1:] if hold_last else []
+        rows = self._rows[:-1] if hold_last else self._rows
+        if rows:
             self._sample_memory(now)  # the last row carries a fresh sample (and the peak so far)
-            rows, self._rows = self._rows, []
+            self._rows = held
             rows[-1] = (*rows[-1][:-1], self._mem)
-            error = self._write_steps(rows)
+            next_start = held[0][3] if held else None
+            error = self._write_steps(rows, next_start)
         if self._eval_rows:
             rows, self._eval_rows = self._eval_rows, []
             names = {k for r in rows for k in r}
@@ -363,17 +339,23 @@ class Tracer:
         if error is not None:
             raise error
 
-    def _write_steps(self, rows: list[tuple[Any, ...]]) -> NonFiniteLossError | None:
+    def _write_steps(
+        self, rows: list[tuple[Any, ...]], next_start: float | None = None
+    ) -> NonFiniteLossError | None:
+        """Write step rows; ``next_start``: the ``t_start_s`` of the row after the last one
+        (still buffered), for the last row's ``gap_s``."""
         losses, bad = loss_values([r[9] for r in rows])
         error = None
         if bad is not None:  # the run stops at that step: later rows never happened
             error = NonFiniteLossError(self.rank, rows[bad][1], losses[bad])
             rows, losses = rows[:bad], losses[:bad]
+            next_start = None
             if not rows:
                 return error
         *buffered, memory = zip(*rows, strict=True)
         columns: dict[str, Any] = dict(zip(_ROW, buffered, strict=True))
         columns.update(zip(Phases._fields, phase_columns(columns.pop("phases")), strict=True))
+        columns["gap_s"] = gaps(columns["t_start_s"], columns["step_s"], next_start)
         columns.update(zip(_MEMORY, zip(*memory, strict=True), strict=True))
         columns["loss"] = losses
         self._step_file.write(columns, len(rows))

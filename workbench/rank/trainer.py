@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
 from workbench.rank import checkpoint, distributed, network
 from workbench.rank.comm_timing import DDPCommSampler, warn
-from workbench.rank.data import build_datasets, fetch_batch
+from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
 from workbench.rank.models import build_model, gradient_bytes, model_task
@@ -147,6 +148,18 @@ class Trainer:
         sampled = self.comm.warnings if isinstance(self.comm, DDPCommSampler) else []
         return list(dict.fromkeys(self.warnings + sampled))
 
+    def dropped_per_epoch(self) -> int:
+        """Training samples this rank accounts for and leaves out of every epoch, to keep every
+        batch full (``data.dropped_per_epoch``; summed over ranks in ``run.json``)."""
+        config = self.config
+        return dropped_per_epoch(
+            self.train_set,
+            self.env.rank,
+            self.env.world_size,
+            config.per_process_batch_size,
+            config.steps_per_epoch * config.gradient_accumulation_steps,
+        )
+
     def measure_network(self) -> dict[str, Any] | None:
         """The allreduce micro-benchmark at this run's bucket sizes (``network.py``), on every
         rank of a multi-rank DDP run unless ``network_benchmark`` is off; None otherwise."""
@@ -172,9 +185,23 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def save(self, step: int, tracer: Tracer) -> None:
-        """A checkpoint at ``step``, after the trace rows so far are on disk."""
-        tracer.flush()  # a checkpoint never gets ahead of the trace rows on disk
-        checkpoint.save(self.run_dir, step, self.module, self.optimizer, self.scaler, self.env.rank)
+        """A checkpoint at ``step``; its time (this rank's files and the wait for the others')
+        goes on the step's row as ``save_s``, and every row is on disk before the commit."""
+        started = time.perf_counter()
+
+        def before_commit() -> None:
+            tracer.saved(time.perf_counter() - started)
+            tracer.flush()  # a checkpoint never gets ahead of the trace rows on disk
+
+        checkpoint.save(
+            self.run_dir,
+            step,
+            self.module,
+            self.optimizer,
+            self.scaler,
+            self.env.rank,
+            before_commit=before_commit,
+        )
 
     def step(self, micro_batches: list[list[int]], clock: PhaseClock) -> dict[str, Any]:
         """One optimizer step over ``micro_batches`` (gradient sync on the last one only); returns

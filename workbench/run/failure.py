@@ -170,16 +170,20 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
     """What the ranks' summaries say about how their communication was measured, for
     ``run.json``: ``comm_method`` per rank (``ddp_timer``, ``hook``, ``bytes_only``, ``off``,
     ``none``), ``measurement_warnings`` (each message once, with the ranks that gave it) and
-    ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's)."""
+    ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's) and
+    ``dropped_samples_per_epoch`` (training samples left out of every epoch to keep every batch
+    full, summed over the ranks; None unless every rank said)."""
     summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
     by_message: dict[str, list[int]] = {}
     for rank, summary in summaries.items():
         for message in summary.get("measurement_warnings") or ():
             by_message.setdefault(message, []).append(rank)
+    dropped = [s.get("dropped_samples_per_epoch") for s in summaries.values()]
     return {
         "comm_method": {
             str(r): s["comm_method"] for r, s in summaries.items() if "comm_method" in s
         },
         "measurement_warnings": [{"message": m, "ranks": r} for m, r in by_message.items()],
         "network": summaries.get(0, {}).get("network"),
+        "dropped_samples_per_epoch": sum(dropped) if dropped and None not in dropped else None,
     }

@@ -43,8 +43,8 @@ class FigureContext:
 
     @cached_property
     def phases(self) -> pd.DataFrame:
-        """:func:`workbench.analysis.phase_breakdown` of the steps."""
-        return phase_breakdown(self.steps)
+        """:func:`workbench.analysis.phase_breakdown` of the steps (and evaluations)."""
+        return phase_breakdown(self.steps, self.evals)
 
     @cached_property
     def memory(self) -> pd.DataFrame:

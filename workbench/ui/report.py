@@ -46,8 +46,13 @@ group is <b>weak</b> scaling (per-device batch fixed, global batch grows with th
 <b>strong</b> (global batch fixed); a study holding both warns and keeps both, and a run at their
 crossing counts in each.</li>
 <li><b>throughput</b>: samples of all ranks over the wall time of the measured window (first
-measured step start to last step end, across ranks; warm-up steps left out), never a sum of per-rank
-rates. <b>speedup</b>: mean throughput over the mean throughput of the group's smallest world size;
+measured step start to last step end, across ranks; the warm-up steps of each attempt left out),
+never a sum of per-rank rates: end to end (<i>samples_per_s</i>), and training alone
+(<i>train_samples_per_s</i>: the window less the evaluations and checkpoints inside it, each the
+slowest rank's). <b>between steps</b> in the step breakdown: the time from a step's end to the
+next step's start (<i>gap_s</i>) less the checkpoint (<i>save_s</i>) and evaluation shown beside
+it, so a bar adds up to the wall time per step. <b>speedup</b>: mean throughput over the mean
+throughput of the group's smallest world size;
 <b>efficiency</b>: speedup / (world size / smallest world size). <b>_std</b>: standard deviation of
 the runs of a point (ddof 1; empty from one run). <b>speedup_std</b> = speedup &times;
 &radic;((s<sub>N</sub>/m<sub>N</sub>)&sup2; + (s<sub>B</sub>/m<sub>B</sub>)&sup2;) with the means m

@@ -15,13 +15,18 @@ PHASE_NAMES = {
     "backward_s": "backward",
     "optimizer_s": "optimizer",
     "other_s": "other",
+    "between_s": "between steps",
+    "save_s": "checkpoint",
+    "eval_s": "evaluation",
 }
 
 
 def phase_breakdown_figure(
     phases: pd.DataFrame, run_id: str | None = None, by: str = "rank"
 ) -> go.Figure:
-    """Stacked mean phase times (s per step): per rank of one run, or per run (mean of ranks).
+    """Stacked mean times per step: the phases, then what follows each step (between steps,
+    checkpoint, evaluation), so a bar is the rank's wall time per step (``wall_step_s``): per
+    rank of one run, or per run (mean of ranks).
 
     ``by="rank"``: bars per rank (x = rank for one run, ``run/rank`` labels for several);
     ``by="run"``: one bar per run, averaged over its ranks.
@@ -66,7 +71,7 @@ def phase_breakdown_figure(
         barmode="stack",
         title="Where a step's time goes",
         xaxis_title=x_title,
-        yaxis_title="mean time per step (s)",
+        yaxis_title="mean wall time per step (s)",
         **LAYOUT,
     )
     if by == "rank" and x and not isinstance(x[0], str):
