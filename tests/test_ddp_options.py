@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from workbench.rank.models import build_model
-from workbench.run.launch import launch
 
 from .conftest import base_config
+from .launch_batches import launch_all
 
 pytestmark = pytest.mark.slow
 
@@ -63,12 +63,8 @@ def option_runs(store, ddp2):
             bucket_cap_mb=TINY_BUCKET_MB,
             profile_steps=(3, 4),
         ),
-    }
-    handles = {name: launch(config) for name, config in configs.items()}
-    for handle in handles.values():
-        assert handle.wait(timeout_s=300) == "completed"
-    unused = launch(
-        base_config(
+        # A model with a head that gets no gradient, which DDP cannot reduce without the option.
+        "unused": base_config(
             store,
             world_size=2,
             run_name="opt-find-unused",
@@ -78,11 +74,9 @@ def option_runs(store, ddp2):
             bucket_cap_mb=TINY_BUCKET_MB,
             max_steps=4,
             epochs=1,
-        )
-    )
-    assert unused.wait(timeout_s=300) == "completed"
-    handles["unused"] = unused
-    return handles
+        ),
+    }
+    return launch_all(configs)
 
 
 def test_every_option_run_ends_with_identical_parameters_on_both_ranks(option_runs) -> None:
