@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,38 @@ CPU_SWEEPS = [
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """All example sweeps at once (they only check results, not speed), one process each."""
+    """The example sweeps (they only check results, not speed), one process each, two at a time
+    (a sweep runs its points one after another, so at most four ranks share the two cores); the
+    next starts as soon as one ends."""
     out = tmp_path_factory.mktemp("examples")
-    procs = {
-        name: subprocess.Popen(
+    logs = tmp_path_factory.mktemp("sweep-logs")
+    # The GPU-only sweep stops before launching anything: it goes first, beside a CPU one.
+    pending = ["seed000_dataparallel_gpu", *CPU_SWEEPS]
+    running: dict[str, subprocess.Popen] = {}
+    done = {}
+    deadline = time.monotonic() + 1800
+    while pending or running:
+        while pending and len(running) < 2:
+            name = pending.pop(0)
+            running[name] = _start_sweep(name, out, logs / f"{name}.log")
+        for name, proc in list(running.items()):
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                continue
+            stdout = (logs / f"{name}.log").read_text()
+            done[name] = (out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout))
+            del running[name]
+        if time.monotonic() > deadline:
+            for proc in running.values():
+                proc.kill()
+            raise AssertionError(f"sweeps {sorted(running)} still running after 1800 s")
+    return done
+
+
+def _start_sweep(name: str, out: Path, log: Path) -> subprocess.Popen:
+    with log.open("w") as sink:  # a file, not a pipe: nothing blocks on unread output
+        return subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -41,17 +70,10 @@ def swept(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess
                 "--no-progress",
             ],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
+            stdout=sink,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for name in CPU_SWEEPS + ["seed000_dataparallel_gpu"]
-    }
-    done = {}
-    for name, proc in procs.items():
-        stdout, _ = proc.communicate(timeout=900)
-        done[name] = (out, subprocess.CompletedProcess(proc.args, proc.returncode, stdout))
-    return done
 
 
 def _sweep(swept, name: str, sweep: str):

@@ -17,6 +17,7 @@ from workbench.run.launch import launch
 
 from .conftest import base_config
 from .helpers import wait_for, wait_until_no_job_processes
+from .nonfinite_plugin import NAN_RANK, NAN_STEP
 
 pytestmark = pytest.mark.slow
 
@@ -59,10 +60,21 @@ def test_hung_rank_is_named_and_the_job_ends_within_the_bound(store) -> None:
 
 
 def test_non_finite_loss_stops_with_step_and_rank(store) -> None:
-    handle = launch(base_config(store, world_size=2, run_name="nan", learning_rate=1e12))
+    """The NaN is planted on one rank at one step (a plug-in model): that rank and that step are
+    named, not its peer, whose next step fails only as a consequence."""
+    handle = launch(
+        base_config(
+            store,
+            world_size=2,
+            run_name="nan",
+            model="tests.nonfinite_plugin:nan_on_one_rank",
+            dataset="tests.plugins:synthetic_like_mlp",
+        )
+    )
     err = _fails(handle)
-    assert "NonFiniteLossError" in err.exception and "at step" in err.exception
-    assert err.rank in (0, 1)
+    assert err.rank == NAN_RANK, err.exception
+    assert "NonFiniteLossError" in err.exception
+    assert f"at step {NAN_STEP} on rank {NAN_RANK}" in err.exception
 
 
 def test_unused_parameters_get_advice(store) -> None:
