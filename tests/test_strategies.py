@@ -3,12 +3,15 @@ hooks, Parquet row-group sharding, evaluation placement, learning-rate rules, st
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
+from workbench import schema
 from workbench.config.choices import MODEL_OPTIONS
 from workbench.errors import PreflightError
 from workbench.rank.data import synthetic_dataset
@@ -70,6 +73,7 @@ def runs(store, parquet_files):
             dataset_options={"train": str(train), "eval": str(evals)},
             learning_rate=0.2,
             epochs=4,
+            trace_sample_ids=True,
         ),
         "single": base_config(store, world_size=1, run_name="single", strategy="single"),
     }
@@ -164,11 +168,27 @@ def test_rank0_evaluation_matches_gathered_evaluation(runs, ddp2) -> None:
     assert rank0[rank0["rank"] == 1]["samples"].tolist() == [0, 0]
 
 
-def test_parquet_row_groups_shard_the_data(runs) -> None:
+def test_parquet_row_groups_shard_the_data(runs, parquet_files) -> None:
     steps = runs["parquet"].traces()
     assert len(steps) == 32 * 2
     first = steps[steps["step"] == 1].set_index("rank")["loss"]
     assert first[0] != first[1], "each rank read its own row groups"
+    # Each rank reads row groups rank, rank + 2, ... of the file (README): the file's own
+    # metadata says how many rows that is; every epoch the rank consumes each of them once.
+    train, _ = parquet_files
+    meta = pq.ParquetFile(train).metadata
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    mine = {rank: sum(groups[rank::2]) for rank in (0, 1)}
+    assert mine[0] + mine[1] == meta.num_rows == 512, "the two shards cover the file"
+    run = runs["parquet"].path / schema.TRACES_DIR
+    for rank in (0, 1):
+        per_epoch: dict[int, list[int]] = {}
+        for line in (run / f"samples-rank{rank:05d}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            per_epoch.setdefault(row["epoch"], []).extend(row["indices"])
+        assert sorted(per_epoch) == [0, 1, 2, 3]
+        for epoch, seen in per_epoch.items():
+            assert sorted(seen) == list(range(mine[rank])), (rank, epoch)
     by_step = steps.groupby("step")["loss"].mean()
     assert by_step.tail(8).mean() < by_step.head(8).mean(), "the Parquet data carries a signal"
     evals = runs["parquet"].traces("eval")
