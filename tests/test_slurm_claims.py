@@ -232,11 +232,15 @@ def preempted(slurm_cluster, store):
 
 
 def test_rendezvous_port_is_derived_from_the_slurm_job_id(preempted) -> None:
-    """submitit's rule (``TorchDistributedEnvironment``): ``random.Random(job_id).randint(20000,
-    60000)``, applied here to the id squeue listed; rank 0 listened on it and rank 1 connected
-    to it. The requeued attempt rendezvoused elsewhere (a fresh port, README)."""
+    """The README's rule: submitit's seeding by the job id (``random.Random(job_id)``), over the
+    ports from 20000 up to the kernel's ephemeral range (read here from /proc), applied to the
+    id squeue listed; rank 0 listened on it and rank 1 connected to it. The requeued attempt
+    rendezvoused elsewhere (a fresh port, README)."""
     _, job_id, ports, _ = preempted
-    port = random.Random(job_id).randint(20000, 60000)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    below = range(20000, low)
+    port = below[random.Random(job_id).randrange(len(below))]
+    assert port < low, "outside the range any outgoing connection may take"
     listening, remote = ports[0]
     assert port in listening and port in remote, (port, ports[0])
     listening, remote = ports[1]

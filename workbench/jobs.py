@@ -36,6 +36,11 @@ class JobFacts:
     job_id: str
 
 
+def job_id() -> str:
+    """This task's job id, as the scheduler (or submitit's local controller) gives it."""
+    return str(submitit.JobEnvironment().job_id)
+
+
 def job_facts(master_port: int | None = None) -> JobFacts:
     """This task's place in the job (local, debug or Slurm). ``master_port`` overrides the port
     submitit derives from the job id (the launcher picks a free one locally)."""

@@ -31,6 +31,25 @@ def port_free(port: int) -> bool:
     return True
 
 
+def _outside_ephemeral() -> range:
+    """Ports no outgoing connection takes: below the ephemeral range (20000 up), else above it."""
+    low, high = ephemeral_range()
+    if low - _LOWEST >= 1000:
+        return range(_LOWEST, low)
+    if 65535 - high >= 1000:
+        return range(high + 1, 65536)
+    return range(1024, 65536)
+
+
+def job_port(job_id: str) -> int:
+    """The rendezvous port of a scheduler's job: every task derives the same one from the job id
+    (as submitit does), but outside the ephemeral range. submitit's own pick (20000-60000)
+    mostly falls inside it, where any outgoing connection on the node (gloo opens many) may
+    hold it: two array tasks on one node then fail with EADDRINUSE."""
+    pool = _outside_ephemeral()
+    return pool[random.Random(job_id).randrange(len(pool))]
+
+
 def free_port() -> int:
     """A TCP port that is free now, outside the ephemeral range, and not handed out before by
     this process.
@@ -38,13 +57,7 @@ def free_port() -> int:
     Rank 0 binds the port seconds after it is picked (``import torch`` comes first). A port from
     the ephemeral range may meanwhile be taken by any outgoing connection (gloo opens many per
     process group), so runs launched together would fail with EADDRINUSE."""
-    low, high = ephemeral_range()
-    if low - _LOWEST >= 1000:
-        pool = range(_LOWEST, low)
-    elif 65535 - high >= 1000:
-        pool = range(high + 1, 65536)
-    else:
-        pool = range(1024, 65536)
+    pool = _outside_ephemeral()
     rng = random.SystemRandom()
     for _ in range(500):
         port = rng.choice(pool)

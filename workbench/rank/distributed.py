@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from workbench import jobs
+from workbench.ports import job_port
 from workbench.rank.comm_timing import CommFields
 
 
@@ -35,6 +36,8 @@ class RankEnv:
         """From the job's environment (local, debug or Slurm; see ``jobs.job_facts``).
         ``master_port`` overrides the port derived from the job id (the launcher picks a free one
         locally)."""
+        if master_port is None:  # a scheduler's first attempt: every task derives the same
+            master_port = job_port(jobs.job_id())
         facts = jobs.job_facts(master_port)
         # Local and debug jobs run on this host; resolve by loopback so no DNS is needed.
         master = "127.0.0.1" if facts.num_nodes == 1 else facts.master_addr
