@@ -237,6 +237,8 @@ def scaling_table(
     ``target_metric``; a resumed attempt starts where the previous one's last step ended) with
     the target by default the group's worst final metric, the quality every point reached
     (direction from the metric name unless ``higher_is_better`` is given).
+    ``tflops_per_device``, ``mfu`` and ``mfu_note``: achieved TFLOP/s per device, model FLOPs
+    utilisation and the peak it used or why there is none (:mod:`workbench.analysis.flops`).
     """
     group_by = resolve_group_by(runs, group_by)
     per_run = run_table(runs, steps, evals, group_by, statuses)
