@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.analysis.finding import findings, gib, percent, rate, ratio, seconds
+from workbench.analysis.finding import findings
+from workbench.analysis.units import gib, percent, rate, ratio, seconds
 from workbench.ui.report import write_report
 
 from .frames import ddp_steps, make_runs, make_steps, scaling_sweep

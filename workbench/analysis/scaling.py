@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.completeness import mark_incomplete
+from workbench.analysis.flops import add_flops_columns
 from workbench.analysis.groups import assign_groups, group_frame, resolve_group_by
 from workbench.analysis.windows import (
     check_columns,
@@ -36,7 +37,12 @@ POINT_METRICS = (
     "final_eval_loss",
     "final_metric",
     "time_to_quality_s",
+    "tflops_per_device",
+    "mfu",
 )
+#: What each run says about its FLOPs (``run.json``'s ``flops``, see
+#: :mod:`workbench.analysis.flops`), carried from ``runs`` into the run table.
+FLOPS_FACTS = ("flops_per_sample", "flops_matmul_precision", "flops_error", "device_name")
 #: Per-run columns a point keeps when all its runs agree (NaN otherwise).
 POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
@@ -78,12 +84,14 @@ def run_table(
     group_by = resolve_group_by(runs, group_by)
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
-    frame = group_frame(runs, group_by, ("nodes", "train_samples"))
+    extra = ("nodes", "train_samples", "precision", *FLOPS_FACTS)
+    frame = group_frame(runs, group_by, extra)
     table = assign_groups(frame.merge(measured_window(steps, evals), on="run_id"), group_by)
     table["samples_per_s_per_device"] = table["samples_per_s"] / table["world_size"]
     if "train_samples" in table.columns:
         table["epoch_s"] = table["train_samples"] / table["samples_per_s"]
     table = mark_incomplete(table, runs, steps)
+    table = add_flops_columns(table)
     table = table.merge(_final_loss(steps), left_on="run_id", right_index=True, how="left")
     if evals is not None and len(evals):
         last = eval_rows(evals).groupby("run_id").last()
@@ -132,6 +140,11 @@ def _only(values: pd.Series) -> object:
     return values.iloc[0] if values.nunique(dropna=False) == 1 else np.nan
 
 
+def _distinct(notes: pd.Series) -> str:
+    """The different notes of a point's runs, each once, joined."""
+    return "; ".join(dict.fromkeys(n for n in notes if isinstance(n, str) and n))
+
+
 def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
     """One row per scaling point: run count, mean and std of each per-run figure."""
     aggs: dict[str, tuple[str, object]] = {"runs": ("run_id", "count")}
@@ -153,6 +166,8 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
             .where(per_run["incomplete"] != "", "")
         )
         aggs["incomplete"] = ("incomplete", lambda notes: "; ".join(n for n in notes if n))
+    if "mfu_note" in per_run.columns:
+        aggs["mfu_note"] = ("mfu_note", _distinct)
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
     return table.sort_values(point, kind="stable").reset_index(drop=True)
 
@@ -222,6 +237,8 @@ def scaling_table(
     ``target_metric``; a resumed attempt starts where the previous one's last step ended) with
     the target by default the group's worst final metric, the quality every point reached
     (direction from the metric name unless ``higher_is_better`` is given).
+    ``tflops_per_device``, ``mfu`` and ``mfu_note``: achieved TFLOP/s per device, model FLOPs
+    utilisation and the peak it used or why there is none (:mod:`workbench.analysis.flops`).
     """
     group_by = resolve_group_by(runs, group_by)
     per_run = run_table(runs, steps, evals, group_by, statuses)

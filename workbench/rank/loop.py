@@ -34,6 +34,7 @@ from workbench.errors import NonFiniteLossError
 from workbench.rank import distributed
 from workbench.rank.data import train_batches
 from workbench.rank.faults import inject_fault
+from workbench.rank.flops import measure_step_flops
 from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
 from workbench.rank.tracer import PhaseClock, Tracer
@@ -114,6 +115,7 @@ def train(
         clock = PhaseClock(device)
         loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log)
         network = trainer.measure_network()  # before t0: outside every traced window
+        step_flops = measure_step_flops(trainer, env.rank, state.epoch)  # rank 0, before t0
         distributed.barrier()
         tracer.set_t0()
         run_epochs(loop, state)
@@ -123,8 +125,8 @@ def train(
     summary["dropped_samples_per_epoch"] = trainer.dropped_per_epoch()
     summary["comm_method"] = trainer.comm_method()
     summary["measurement_warnings"] = trainer.measurement_warnings()
-    if network is not None:
-        summary["network"] = network
+    measured = {"network": network, "step_flops": step_flops}  # each None where not measured
+    summary.update({key: value for key, value in measured.items() if value is not None})
     consolidate(traces, env.rank)
     del loop, trainer  # free the DDP model before the process group goes (distributed.teardown)
     return summary

@@ -170,9 +170,10 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
     """What the ranks' summaries say about how their communication was measured, for
     ``run.json``: ``comm_method`` per rank (``ddp_timer``, ``hook``, ``bytes_only``, ``off``,
     ``none``), ``measurement_warnings`` (each message once, with the ranks that gave it) and
-    ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's) and
+    ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's),
     ``dropped_samples_per_epoch`` (training samples left out of every epoch to keep every batch
-    full, summed over the ranks; None unless every rank said)."""
+    full, summed over the ranks; None unless every rank said) and ``flops`` (one training step's
+    FLOPs, counted on rank 0 before the measured window)."""
     summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
     by_message: dict[str, list[int]] = {}
     for rank, summary in summaries.items():
@@ -186,4 +187,6 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         "measurement_warnings": [{"message": m, "ranks": r} for m, r in by_message.items()],
         "network": summaries.get(0, {}).get("network"),
         "dropped_samples_per_epoch": sum(dropped) if dropped and None not in dropped else None,
+        # FLOPs of one training step, counted on rank 0 only (workbench.rank.flops)
+        "flops": summaries.get(0, {}).get("step_flops"),
     }

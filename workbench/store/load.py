@@ -77,7 +77,25 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
     }
     for key in ("bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s"):
         out[f"network_{key}"] = network.get(key)
+    out.update(_flops_columns(run))
     return out
+
+
+def _flops_columns(run: dict[str, Any]) -> dict[str, Any]:
+    """What MFU needs from ``run.json``: the device the ranks ran on (``device_name``: its CUDA
+    name, ``cpu``, or the ranks' names joined when they differ), one training step's FLOPs
+    (``flops_per_step``, ``flops_per_sample``), the float32 matmul precision it ran with and,
+    when counting failed, ``flops_error``; null for runs from before the count."""
+    devices = run.get("devices") or {}
+    names = sorted({f.get("name") or f.get("device", "") for f in devices.values()} - {""})
+    flops = run.get("flops") or {}
+    return {
+        "device_name": ", ".join(names) or None,
+        "flops_per_step": flops.get("flops_per_step"),
+        "flops_per_sample": flops.get("flops_per_sample"),
+        "flops_matmul_precision": flops.get("matmul_precision"),
+        "flops_error": flops.get("error"),
+    }
 
 
 def load_runs(

@@ -77,6 +77,13 @@ hidden behind backward: not the cost of communication.</li>
 ranks' by more than the threshold on most steps of a window, from the reported step on;
 <i>slow_phase</i> is the traced phase (data, forward, backward less communication, optimizer) in
 which it exceeds the others' median the most, by <i>slow_phase_extra_s</i> per step.</li>
+<li><b>tflops_per_device</b>: FLOPs of one training step (forward + backward over every gradient
+accumulation micro-batch, counted once per run by PyTorch's FlopCounterMode on rank 0 before the
+measured window, so the count costs the measured steps nothing) per sample, &times; samples_per_s
+over the measured window / world size, in TFLOP/s. <b>mfu</b>: tflops_per_device over the
+device's dense (no 2:4 sparsity) peak for the run's precision, from a table of vendor datasheets
+(<i>mfu_note</i> names the peak and its source); a CPU or an unknown device has no MFU and the
+note says why.</li>
 </ul>
 """
 

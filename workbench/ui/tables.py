@@ -29,7 +29,22 @@ SCALING_COLUMNS = (
     "final_loss",
     "final_metric",
     "time_to_quality_s",
+    "tflops_per_device",
+    "mfu",
+    "mfu_note",
     "incomplete",
+)
+#: The footnote under a scaling table that shows achieved FLOP/s: how they were computed.
+FLOPS_NOTE = (
+    '<p class="note"><b>tflops_per_device</b> = FLOPs of one training step (forward + backward '
+    "over all its gradient accumulation micro-batches, counted once per run by PyTorch's "
+    "FlopCounterMode on rank 0 before the measured window; run.json's <i>flops</i> says how) / "
+    "the samples of that step &times; samples_per_s over the measured window / world_size, in "
+    "TFLOP/s (1e12; a CPU's 0.001 is 1 GFLOP/s). <b>mfu</b> = tflops_per_device / the device's "
+    "dense peak (no sparsity) for the run's precision: bf16 and fp16 their tensor peak, fp32 "
+    "the TF32 peak where TF32 matmuls were allowed, else plain fp32. <b>mfu_note</b> names the "
+    "peak used and its datasheet, or why there is no MFU (a CPU, a device not in the table): "
+    "never a fallback peak.</p>"
 )
 
 
@@ -88,7 +103,9 @@ def incomplete_html(table: pd.DataFrame) -> str:
 def scaling_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The scaling table as HTML: the columns of :func:`scaling_columns`, one row per scaling
     point (the full table, every group column, is what the CSV summary keeps)."""
-    return incomplete_html(table) + frame_html(table[scaling_columns(table, group_by)])
+    columns = scaling_columns(table, group_by)
+    note = FLOPS_NOTE if "tflops_per_device" in columns else ""
+    return incomplete_html(table) + frame_html(table[columns]) + note
 
 
 def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
