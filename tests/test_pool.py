@@ -144,12 +144,18 @@ def test_a_worker_killed_with_sigkill_is_named(store) -> None:
 # -- the parent dies: idle workers go, ranks run on, re-attach and cancel
 
 PARENT = """
-import json, sys, time
+import json, os, sys, time
 from workbench import RunConfig, WarmPool, launch
 config = RunConfig.from_dict(json.loads(sys.argv[1]))
 idle = WarmPool(size=2, idle_s=600)
 handle = launch(config, executor="pool", pool=WarmPool(size=2, idle_s=600))
-print(json.dumps({"run": str(handle.path)}), flush=True)
+# A forked child (as a kernel's helpers may be) holds the workers' stdin pipes open, so they
+# see no end of input when this process dies: only their parent-death watch can end them.
+helper = os.fork()
+if helper == 0:
+    time.sleep(600)
+    os._exit(0)
+print(json.dumps({"run": str(handle.path), "helper": helper}), flush=True)
 time.sleep(600)
 """
 
@@ -157,6 +163,7 @@ time.sleep(600)
 @pytest.mark.slow
 def test_parent_death_ends_idle_workers_and_the_run_is_reattached_and_cancelled(store) -> None:
     config = base_config(store, world_size=2, run_name="pool-orphan", **SLEEPY)
+    helper = 0
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, json.dumps(config.to_dict())],
         cwd=ROOT,
@@ -165,7 +172,8 @@ def test_parent_death_ends_idle_workers_and_the_run_is_reattached_and_cancelled(
         start_new_session=True,
     )
     try:
-        run_path = Path(json.loads(parent.stdout.readline())["run"])
+        said = json.loads(parent.stdout.readline())
+        helper, run_path = said["helper"], Path(said["run"])
         handle = attach(run_path)
         states = wait_for(lambda: _running(handle), 120, "both ranks running")
         ranks = sorted(int(s["pid"]) for s in states.values())
@@ -192,6 +200,10 @@ def test_parent_death_ends_idle_workers_and_the_run_is_reattached_and_cancelled(
     finally:
         parent.kill()
         parent.wait()
+        if helper:
+            os.kill(helper, signal.SIGKILL)
+        for pid in pool_workers(parent.pid):  # only when the test failed midway
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- close() and the idle time
