@@ -25,17 +25,21 @@ import time
 import traceback
 from pathlib import Path
 
-import torch  # noqa: F401  (warm: most of a rank's start-up)
-import torch._dynamo  # noqa: F401  (warm: what building a DDP model imports)
-import torch.nn.parallel  # noqa: F401
-
-from workbench.rank import distributed
-from workbench.rank.task import RankTask  # noqa: F401  (warm: unpickling the task)
-
 #: ``prctl`` option: the signal this process gets when its parent ends (0: none).
 _PR_SET_PDEATHSIG = 1
 #: How often the watch thread compares the parent's pid with the one it started with.
 _PARENT_POLL_S = 0.5
+
+
+def _warm_up() -> None:
+    """Import what a rank needs (after the parent-death signal is set: a worker orphaned while
+    importing leaves at once): torch, what building a DDP model imports (``torch._dynamo``,
+    about 1.5 s) and the rank's code, which unpickling the task needs."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import workbench.rank.task  # noqa: F401
 
 
 def _parent_death_signal(sig: int) -> None:
@@ -92,6 +96,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(
         target=_watch_parent, args=(parent_pid, stop_watching), daemon=True, name="parent-watch"
     ).start()
+    _warm_up()
     payload = _read_task(idle_s)
     if not payload:
         return 0  # idle too long, or the pool closed this worker's stdin
@@ -100,9 +105,9 @@ def main(argv: list[str]) -> int:
     stop_watching.set()
     job = pickle.loads(payload)
     _redirect_output(job["log_stem"])
-    env = distributed.RankEnv.on_this_host(
-        job["rank"], job["world_size"], job["master_port"], job["job_id"]
-    )
+    from workbench.rank.distributed import RankEnv
+
+    env = RankEnv.on_this_host(job["rank"], job["world_size"], job["master_port"], job["job_id"])
     try:
         job["task"].run(env)
     except BaseException:
