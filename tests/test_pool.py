@@ -68,7 +68,7 @@ def test_bad_pool_input_is_named_before_any_process_starts(store) -> None:
     assert not (store / "it" / "bad-pool" / "logs").exists(), "nothing was started"
     with pytest.raises(PreflightError) as err:
         launch(config, executor="pools")
-    assert "local, pool, debug" in str(err.value)
+    assert "local, debug, slurm, pool" in str(err.value)
 
 
 # -- results equal the local executor's

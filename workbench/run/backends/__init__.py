@@ -1,5 +1,5 @@
 """One back end per executor behind one small interface (:class:`Backend`): ``local``,
-``pool``, ``debug`` and ``slurm``. ``backend(name)`` finds one; nothing else in ``workbench.run`` or
+``debug``, ``slurm`` and ``pool``. ``backend(name)`` finds one; nothing else in ``workbench.run`` or
 ``workbench.sweeps`` branches on an executor's name."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from workbench.run.backends.slurm import SLURM, SLURM_OPTIONS
 
 #: Every back end by name, in the order errors list them.
 BACKENDS: dict[str, Backend] = {
-    b.name: b for b in (LocalBackend(), PoolBackend(), DebugBackend(), SLURM)
+    b.name: b for b in (LocalBackend(), DebugBackend(), SLURM, PoolBackend())
 }
 
 
