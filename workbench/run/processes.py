@@ -62,8 +62,11 @@ def _pool_pids(run_path: Path) -> list[int]:
 
 
 def is_rank_process(pid: int) -> bool:
-    """Whether the process ``pid`` runs a rank's command (a reused pid is not one of ours)."""
-    return any(marker in a for a in command_line(pid) for marker in RANK_COMMANDS)
+    """Whether the process ``pid`` runs a rank's command (a reused pid is not one of ours). An
+    empty command line counts: a process that is exiting (killed, not yet a zombie) has already
+    released its memory and with it its arguments, and must still be waited for."""
+    args = command_line(pid)
+    return not any(args) or any(marker in a for a in args for marker in RANK_COMMANDS)
 
 
 def pids_of_run(run_path: Path) -> list[int]:
