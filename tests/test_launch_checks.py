@@ -164,8 +164,8 @@ def test_back_ends_by_name_and_their_options() -> None:
     from workbench.run.backends import BACKENDS, backend
     from workbench.run.backends.slurm import SLURM_OPTIONS
 
-    assert list(BACKENDS) == ["local", "debug", "slurm"]
-    assert [backend(n).on_this_machine for n in BACKENDS] == [True, True, False]
+    assert list(BACKENDS) == ["local", "debug", "slurm", "pool"]
+    assert [backend(n).on_this_machine for n in BACKENDS] == [True, True, False, True]
     assert backend("slurm").options is SLURM_OPTIONS and "partition" in SLURM_OPTIONS
     assert backend("slurm").queue_s > 0 == backend("local").queue_s
     with pytest.raises(

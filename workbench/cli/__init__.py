@@ -71,7 +71,9 @@ def _add_scale(sub: Any) -> None:
         default=[1, 2],
         help="comma-separated world sizes (default: 1,2)",
     )
-    scale.add_argument("--executor", default="local", choices=["local"], help="where the ranks run")
+    scale.add_argument(
+        "--executor", default="local", choices=["local", "pool"], help="where the ranks run"
+    )
     scale.add_argument(
         "--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)"
     )

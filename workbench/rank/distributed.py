@@ -53,6 +53,22 @@ class RankEnv:
             job_id=facts.job_id,
         )
 
+    @classmethod
+    def on_this_host(cls, rank: int, world_size: int, master_port: int, job_id: str) -> RankEnv:
+        """From explicit values, for a rank of a one-node job started without a scheduler (the
+        warm pool's workers): every rank on this host, meeting at 127.0.0.1:``master_port``."""
+        return cls(
+            rank=rank,
+            local_rank=rank,
+            world_size=world_size,
+            local_world_size=world_size,
+            node_rank=0,
+            host=socket.gethostname(),
+            master_addr="127.0.0.1",
+            master_port=master_port,
+            job_id=job_id,
+        )
+
     def export(self) -> None:
         """Set the variables of ``init_method='env://'`` (user code may read them too)."""
         os.environ.update(

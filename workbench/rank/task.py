@@ -37,12 +37,16 @@ class RankTask:
     attempt: int = 0
 
     def __call__(self) -> dict[str, Any]:
-        """Run this rank, recording its status (running, then completed, preempted or failed
-        with the traceback) in its rank file; returns its summary."""
+        """Run this rank as the job's environment (submitit's) says who it is."""
+        return self.run(distributed.RankEnv.from_job(self.master_port))
+
+    def run(self, env: distributed.RankEnv) -> dict[str, Any]:
+        """Run this rank as ``env`` says who it is, recording its status (running, then
+        completed, preempted or failed with the traceback) in its rank file; returns its
+        summary."""
         stop = PreemptionSignal().install()
         # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-        env = distributed.RankEnv.from_job(self.master_port)
         state_path = rank_file(Path(self.run_dir), env.rank)
         base = {
             "rank": env.rank,

@@ -46,8 +46,9 @@ def launch(
 ) -> RunHandle:
     """Start a run of ``config`` (a RunConfig, or a mapping of its fields) and return its handle.
 
-    ``executor``: ``"local"`` (one subprocess per rank on this machine), ``"debug"`` (world size 1,
-    in this process, for stepping through code) or ``"slurm"`` (options:
+    ``executor``: ``"local"`` (one subprocess per rank on this machine), ``"pool"`` (one warm,
+    single-use worker per rank on this machine; option ``pool``: a ``warm_pool()``), ``"debug"``
+    (world size 1, in this process, for stepping through code) or ``"slurm"`` (options:
     ``workbench.run.backends.slurm.SLURM_OPTIONS``). ``resume=True`` continues the run named
     ``config.run_name`` from its latest checkpoint, appending to its traces."""
     config, run_path, task = _prepare(config, executor, executor_options, resume)

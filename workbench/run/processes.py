@@ -4,6 +4,7 @@ run, and ending them. Ranks on other hosts (a Slurm job's other nodes) are left 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,11 @@ from typing import Any
 from workbench import schema
 
 _PROC = Path("/proc")
+#: What a rank process's command line names: submitit (local and Slurm ranks) or the warm pool's
+#: worker module.
+RANK_COMMANDS = ("submitit", "workbench.rank.pool_worker")
+#: In a run's logs folder: the pids of the pool workers given its ranks (``{"pids": [...]}``).
+POOL_PIDS_FILE = "pool-pids.json"
 
 
 def alive(pid: int) -> bool:
@@ -46,13 +52,31 @@ def command_line(pid: int) -> list[str]:
     return raw.decode(errors="replace").split("\0")
 
 
+def _pool_pids(run_path: Path) -> list[int]:
+    """Live pool workers given this run's ranks (recorded before they got their tasks)."""
+    try:
+        recorded = json.loads((run_path / schema.LOGS_DIR / POOL_PIDS_FILE).read_text())["pids"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [int(p) for p in recorded if alive(int(p)) and is_rank_process(int(p))]
+
+
+def is_rank_process(pid: int) -> bool:
+    """Whether the process ``pid`` runs a rank's command (a reused pid is not one of ours). An
+    empty command line counts: a process that is exiting (killed, not yet a zombie) has already
+    released its memory and with it its arguments, and must still be waited for."""
+    args = command_line(pid)
+    return not any(args) or any(marker in a for a in args for marker in RANK_COMMANDS)
+
+
 def pids_of_run(run_path: Path) -> list[int]:
     """Live processes started for this run: submitit's controller and ranks name the run's logs
-    folder on their command line (ranks still importing torch have recorded no pid yet)."""
+    folder on their command line (ranks still importing torch have recorded no pid yet); the
+    pool's workers are listed in the logs folder."""
     marker = str(run_path / schema.LOGS_DIR)
     if not _PROC.is_dir():
         return []
-    pids: list[int] = []
+    pids: list[int] = _pool_pids(run_path)
     for proc in _PROC.iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -85,12 +109,10 @@ def kill_run(run_path: Path, within_s: float = 10.0) -> None:
 
 
 def live_ranks(states: Mapping[int, Mapping[str, Any]]) -> list[int]:
-    """Pids of the ranks of these records still alive here (submitit processes only: a pid
-    reused by something else is not theirs)."""
+    """Pids of the ranks of these records still alive here (submitit or pool processes only: a
+    pid reused by something else is not theirs)."""
     return [
-        int(s["pid"])
-        for s in states.values()
-        if rank_alive(s) and any("submitit" in a for a in command_line(int(s["pid"])))
+        int(s["pid"]) for s in states.values() if rank_alive(s) and is_rank_process(int(s["pid"]))
     ]
 
 

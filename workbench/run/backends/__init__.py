@@ -1,5 +1,5 @@
 """One back end per executor behind one small interface (:class:`Backend`): ``local``,
-``debug`` and ``slurm``. ``backend(name)`` finds one; nothing else in ``workbench.run`` or
+``debug``, ``slurm`` and ``pool``. ``backend(name)`` finds one; nothing else in ``workbench.run`` or
 ``workbench.sweeps`` branches on an executor's name."""
 
 from __future__ import annotations
@@ -8,10 +8,13 @@ from workbench.errors import PreflightError, Problem
 from workbench.run.backends.base import Backend, JobWatch
 from workbench.run.backends.debug import DebugBackend
 from workbench.run.backends.local import LocalBackend
+from workbench.run.backends.pool import PoolBackend
 from workbench.run.backends.slurm import SLURM, SLURM_OPTIONS
 
 #: Every back end by name, in the order errors list them.
-BACKENDS: dict[str, Backend] = {b.name: b for b in (LocalBackend(), DebugBackend(), SLURM)}
+BACKENDS: dict[str, Backend] = {
+    b.name: b for b in (LocalBackend(), DebugBackend(), SLURM, PoolBackend())
+}
 
 
 def backend(name: str) -> Backend:

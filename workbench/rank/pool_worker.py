@@ -1,0 +1,120 @@
+"""A warm rank process of the pool executor: a fresh interpreter that imports torch, DDP's
+``torch._dynamo``, ``torch.distributed`` and the rank's code, then waits for exactly one task.
+
+Started as ``python -m workbench.rank.pool_worker PARENT_PID IDLE_S`` (never a fork of the
+parent). Before its task it initialises neither CUDA nor a process group, and it dies with its
+parent (``PR_SET_PDEATHSIG``, and a thread watching the parent's pid where that is missing) or
+after ``IDLE_S`` seconds without a task. Its task arrives on stdin as one pickled
+dict (``task``: the pickled ``RankTask``;
+``rank``, ``world_size``, ``master_port``, ``job_id``; ``log_stem``: its log files without
+``.out``/``.err``), then stdin closes; from then on it is an ordinary rank of a run: it outlives the
+parent (a notebook kernel restart does not end the run, which is re-attached from the store), its
+output goes to the run's log files, and it exits when the rank is done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+#: ``prctl`` option: the signal this process gets when its parent ends (0: none).
+_PR_SET_PDEATHSIG = 1
+#: How often the watch thread compares the parent's pid with the one it started with.
+_PARENT_POLL_S = 0.5
+
+
+def _warm_up() -> None:
+    """Import what a rank needs (after the parent-death signal is set: a worker orphaned while
+    importing leaves at once): torch, what building a DDP model imports (``torch._dynamo``,
+    about 1.5 s) and the rank's code, which unpickling the task needs."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import workbench.rank.task  # noqa: F401
+
+
+def _parent_death_signal(sig: int) -> None:
+    """Ask Linux to send ``sig`` when the parent ends (0: stop asking); elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the watch thread alone ends an orphaned worker
+
+
+def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
+    """Exit at once when the parent is gone (this process re-parented), until ``stop`` is set."""
+    while not stop.wait(_PARENT_POLL_S):
+        if os.getppid() != parent_pid:
+            os._exit(0)
+
+
+def _read_task(idle_s: float) -> bytes:
+    """Everything written to stdin until it closes; b"" when nothing came within ``idle_s``."""
+    fd = sys.stdin.fileno()
+    deadline = time.monotonic() + idle_s
+    chunks: list[bytes] = []
+    while True:
+        wait_s = deadline - time.monotonic() if not chunks else None
+        if wait_s is not None and wait_s <= 0:
+            return b""
+        readable, _, _ = select.select([fd], [], [], wait_s)
+        if not readable:
+            return b""
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _redirect_output(log_stem: str) -> None:
+    """Send this process's stdout and stderr to the rank's log files, as submitit names them."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    Path(log_stem).parent.mkdir(parents=True, exist_ok=True)
+    for fd, suffix in ((1, ".out"), (2, ".err")):
+        log = os.open(log_stem + suffix, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, fd)
+        os.close(log)
+
+
+def main(argv: list[str]) -> int:
+    """Wait for one task and run it; 0 when it completed or none came, 1 when it failed."""
+    parent_pid, idle_s = int(argv[0]), float(argv[1])
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        return 0  # the parent ended before the signal was asked for
+    stop_watching = threading.Event()
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid, stop_watching), daemon=True, name="parent-watch"
+    ).start()
+    _warm_up()
+    payload = _read_task(idle_s)
+    if not payload:
+        return 0  # idle too long, or the pool closed this worker's stdin
+    # From here this process is a rank of a run: it must outlive the notebook kernel.
+    _parent_death_signal(0)
+    stop_watching.set()
+    job = pickle.loads(payload)
+    _redirect_output(job["log_stem"])
+    from workbench.rank.distributed import RankEnv
+
+    env = RankEnv.on_this_host(job["rank"], job["world_size"], job["master_port"], job["job_id"])
+    try:
+        job["task"].run(env)
+    except BaseException:
+        traceback.print_exc()  # the rank's own record holds it too
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,323 @@
+"""The pool back end: a run's ranks start in warm, single-use worker processes on this machine.
+
+A :class:`WarmPool` keeps ``size`` workers (:mod:`workbench.rank.pool_worker`) started ahead of
+time: fresh interpreters, never forks of the caller, that have imported torch and the rank's
+code and wait for one task. ``launch(config, executor="pool")`` hands each rank to one of them
+(starting more when the pool holds too few) and the pool refills in the background. Each worker
+runs one rank and exits, so nothing crosses runs; idle workers die with their parent, after
+``idle_s`` without a task, and on :meth:`WarmPool.close`.
+
+From its task on, a worker is an ordinary rank: the same store, traces, logs and failure triage
+as the local back end. Its pid is recorded in the run's logs folder before it gets its task
+(``processes.POOL_PIDS_FILE``), so a handle re-attached after a kernel restart finds and ends
+it. Unlike the local back end the pool enforces no ``timeout_min``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workbench.config.run_config import RunConfig
+from workbench.errors import PreflightError, Problem
+from workbench.run.backends.base import Backend, JobWatch, RankStates
+from workbench.run.processes import POOL_PIDS_FILE
+from workbench.store.files import write_json
+
+WORKER_MODULE = "workbench.rank.pool_worker"
+#: A worker older than its idle time less this is not handed a task (it may be about to leave).
+IDLE_MARGIN_S = 5.0
+
+
+class _Spawner:
+    """Starts every worker from one thread that lives as long as this process: Linux sends a
+    worker its parent-death signal when the *thread* that started it ends, so a worker started
+    from a short-lived thread would die with that thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[list[str], Future[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self, argv: list[str]) -> Future[Any]:
+        """A future of the started worker (a ``subprocess.Popen``)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="pool-spawn")
+                self._thread.start()
+        done: Future[Any] = Future()
+        self._queue.put((argv, done))
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            argv, done = self._queue.get()
+            try:
+                worker = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True
+                )
+                worker.spawned_at = time.monotonic()  # type: ignore[attr-defined]
+                done.set_result(worker)
+            except BaseException as exc:  # the caller sees it
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+def pool_problems(size: Any, idle_s: Any) -> list[Problem]:
+    """What is wrong with a pool's ``size`` and ``idle_s``."""
+    problems = []
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        problems.append(Problem("size", size, "a whole number of warm workers, at least 1"))
+    if isinstance(idle_s, bool) or not isinstance(idle_s, int | float) or not idle_s > 0:
+        problems.append(Problem("idle_s", idle_s, "seconds a worker waits for a task, above 0"))
+    return problems
+
+
+class WarmPool:
+    """``size`` warm rank workers; each exits after ``idle_s`` seconds without a task."""
+
+    def __init__(self, size: int = 2, idle_s: float = 600.0) -> None:
+        problems = pool_problems(size, idle_s)
+        if problems:
+            raise PreflightError(problems)
+        self.size = size
+        self.idle_s = float(idle_s)
+        self.closed = False
+        self._idle: list[Any] = []
+        self._pending = 0
+        self._lock = threading.Lock()
+        self.refill()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"idle workers {self.pids()}"
+        return f"<WarmPool size={self.size} idle_s={self.idle_s:g} {state}>"
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, "-m", WORKER_MODULE, str(os.getpid()), repr(self.idle_s)]
+
+    def _usable(self, worker: Any) -> bool:
+        """Alive, and not so old that its idle time may run out before it reads a task."""
+        fresh = time.monotonic() - worker.spawned_at < self.idle_s - IDLE_MARGIN_S
+        return worker.poll() is None and (fresh or self.idle_s <= 2 * IDLE_MARGIN_S)
+
+    def _prune(self) -> None:
+        """Drop idle workers that ended or are too old (ending those); under the lock."""
+        for worker in self._idle:
+            if not self._usable(worker):
+                worker.kill()
+                worker.wait()
+        self._idle = [w for w in self._idle if w.poll() is None]
+
+    def refill(self) -> None:
+        """Start workers, in the background, until the pool holds ``size`` again."""
+        with self._lock:
+            if self.closed:
+                return
+            self._prune()
+            missing = self.size - len(self._idle) - self._pending
+            self._pending += max(0, missing)
+        for _ in range(missing):
+            _SPAWNER.start(self._argv()).add_done_callback(self._arrived)
+
+    def _arrived(self, done: Future[Any]) -> None:
+        """A worker started for the pool: keep it, or end it when the pool closed meanwhile."""
+        with self._lock:
+            self._pending -= 1
+            if done.exception() is not None:
+                return
+            worker = done.result()
+            if self.closed:
+                worker.kill()
+                worker.wait()
+            else:
+                self._idle.append(worker)
+
+    def take(self, n: int) -> list[Any]:
+        """``n`` workers for one run's ranks (warm ones first, the rest started now); then the
+        pool refills in the background."""
+        if self.closed:
+            raise RuntimeError("this WarmPool is closed; make a new one (workbench.warm_pool)")
+        with self._lock:
+            self._prune()
+            taken, self._idle = self._idle[:n], self._idle[n:]
+        cold = [_SPAWNER.start(self._argv()) for _ in range(n - len(taken))]
+        taken += [c.result() for c in cold]
+        self.refill()
+        return taken
+
+    def pids(self) -> list[int]:
+        """The pids of the idle workers (alive or not yet reaped)."""
+        with self._lock:
+            return [w.pid for w in self._idle]
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """End every idle worker and return once they are gone (workers already given a rank
+        run on: they belong to their run, which ``cancel()`` ends)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self.closed = True
+        while True:
+            with self._lock:
+                workers, self._idle, pending = self._idle, [], self._pending
+            for worker in workers:
+                worker.kill()
+                worker.wait(max(0.0, deadline - time.monotonic()))
+            if not pending or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)  # a worker being started: _arrived ends it
+
+
+_OPEN: list[WarmPool] = []
+_FALLBACK: list[WarmPool] = []
+
+
+@contextmanager
+def warm_pool(size: int = 2, idle_s: float = 600.0) -> Iterator[WarmPool]:
+    """A pool of ``size`` warm workers that ``launch(..., executor="pool")`` takes ranks from
+    inside the ``with`` block; closed at its end."""
+    pool = WarmPool(size, idle_s)
+    _OPEN.append(pool)
+    try:
+        yield pool
+    finally:
+        _OPEN.remove(pool)
+        pool.close()
+
+
+def current_pool(processes: int) -> WarmPool:
+    """The innermost open :func:`warm_pool`, else this process's own pool (made on first use
+    with ``processes`` workers, closed when the process exits)."""
+    for pool in reversed(_OPEN):
+        if not pool.closed:
+            return pool
+    if not _FALLBACK or _FALLBACK[0].closed:
+        _FALLBACK[:] = [WarmPool(size=processes)]
+        atexit.register(_FALLBACK[0].close)
+    return _FALLBACK[0]
+
+
+class PoolJob:
+    """One run's workers, one per rank; ``job_id`` names its log files."""
+
+    def __init__(self, workers: list[Any], job_id: str) -> None:
+        self.workers = workers
+        self.job_id = job_id
+
+    def done(self) -> bool:
+        """Whether every rank's worker has ended."""
+        return all(w.poll() is not None for w in self.workers)
+
+    def cancel(self) -> None:
+        """SIGKILL every worker of the run and reap them."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.kill()
+        for worker in self.workers:
+            try:
+                worker.wait(10)
+            except subprocess.TimeoutExpired:
+                pass  # the handle's cancel() reports what survived
+
+
+class PoolExecutor:
+    """Hands one run's ranks to workers of ``pool``; its logs in ``folder``."""
+
+    def __init__(self, pool: WarmPool, config: RunConfig, folder: Path) -> None:
+        self.pool = pool
+        self.config = config
+        self.folder = folder
+
+    def submit(self, task: Any) -> PoolJob:
+        """Give rank ``r`` of ``task`` to the ``r``-th worker taken from the pool."""
+        workers = self.pool.take(self.config.processes)
+        job = PoolJob(workers, f"pool-{workers[0].pid}")
+        # Before any task: from its first moment a rank can be found (and killed) from the store.
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_json(self.folder / POOL_PIDS_FILE, {"pids": [w.pid for w in workers]})
+        for rank, worker in enumerate(workers):
+            payload = {
+                "task": task,
+                "rank": rank,
+                "world_size": self.config.processes,
+                "master_port": task.master_port,
+                "job_id": job.job_id,
+                "log_stem": str(self.folder / f"{job.job_id}_{rank}_log"),
+            }
+            try:
+                worker.stdin.write(pickle.dumps(payload))
+                worker.stdin.close()
+            except OSError:
+                pass  # it died meanwhile: triage reports the rank as one that never started
+        return job
+
+
+class PoolWatch(JobWatch):
+    """A pool job: it runs while any of its workers does; re-attached (no worker objects),
+    while any of its ranks' processes is alive."""
+
+    def running(self, states: RankStates, processes: int) -> bool:
+        """Whether any worker (or, re-attached, any rank) still runs."""
+        if self.job is not None:
+            return not self.job.done()
+        return any(s.get("status") == "running" for s in states.values())
+
+
+class PoolBackend(Backend):
+    """One warm, single-use worker process per rank on this machine."""
+
+    name = "pool"
+    options = {
+        "pool": "the WarmPool to take the ranks' workers from (default: the innermost "
+        "warm_pool(), else one made on first use)",
+    }
+    on_this_machine = True
+
+    def check(self, config: RunConfig, options: Mapping[str, Any]) -> list[Problem]:
+        """Unknown options, several nodes, and a ``pool`` that is not an open WarmPool."""
+        problems = super().check(config, options)
+        given = options.get("pool")
+        if "pool" in options and not (isinstance(given, WarmPool) and not given.closed):
+            problems.append(
+                Problem("pool", given, "an open WarmPool, e.g. from workbench.warm_pool(size=2)")
+            )
+        return problems
+
+    def config_problems(self, config: RunConfig) -> list[Problem]:
+        """One node only."""
+        if config.nodes == 1:
+            return []
+        return [
+            Problem(
+                "nodes",
+                config.nodes,
+                "the pool executor runs on one node; use nodes=1 (or a Slurm executor)",
+            )
+        ]
+
+    def executor(self, config: RunConfig, folder: Path, options: Mapping[str, Any]) -> Any:
+        """Hands the ranks to the given pool, or to :func:`current_pool`."""
+        pool = options.get("pool") or current_pool(config.processes)
+        return PoolExecutor(pool, config, folder)
+
+    def watch(self, job: Any, job_id: str | None, poll_s: float = 30.0) -> JobWatch:
+        """A watch on a pool job."""
+        return PoolWatch(job, job_id, poll_s)
