@@ -92,7 +92,7 @@ def test_scaling_table_speedup_efficiency_epoch_time() -> None:
     assert t["ideal_speedup"].tolist() == pytest.approx([1.0, 2.0, 4.0])
     assert t["efficiency"].tolist() == pytest.approx([1.0, 0.8, 0.625])
     assert t["epoch_s"].tolist() == pytest.approx([640 / 8, 640 / 12.8, 640 / 20])
-    assert t["step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
+    assert t["wall_step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
     assert t["runs"].tolist() == [1, 1, 1]
     assert t["final_loss"].tolist() == pytest.approx([1.1] * 3)  # 2.0 - 0.1 * 9
     assert t["final_metric"].tolist() == pytest.approx([0.85, 0.8, 0.7])

@@ -31,7 +31,7 @@ from workbench.analysis.windows import (
 POINT_METRICS = (
     "samples_per_s",
     "samples_per_s_per_device",
-    "step_s",
+    "wall_step_s",
     "epoch_s",
     "final_loss",
     "final_eval_loss",

@@ -153,7 +153,7 @@ def predict_scaling(
     comm, nbytes, buckets = _traced(m, gradient_bytes, buckets)
     base = Base(
         world_size=int(window["world_size"]),
-        step_s=float(window["step_s"]),
+        step_s=float(window["wall_step_s"]),
         samples_per_step=float(window["samples"] / window["steps"]),
         comm_s=comm if window["world_size"] > 1 else 0.0,
         gradient_bytes=nbytes,
@@ -239,7 +239,8 @@ def _predict_curve(
 def _measured(curve: pd.DataFrame, sizes: pd.Series) -> pd.DataFrame:
     """The curve's measurements at ``sizes`` (means over repeats, NaN where not measured), the
     speedup over its base (mean throughputs, as in the scaling table)."""
-    means = curve.groupby("world_size")[["step_s", "samples_per_s"]].mean()
+    means = curve.groupby("world_size")[["wall_step_s", "samples_per_s"]].mean()
+    means = means.rename(columns={"wall_step_s": "step_s"})
     out = means.reindex(sizes.to_numpy()).add_prefix("measured_")
     out["measured_speedup"] = out["measured_samples_per_s"] / means["samples_per_s"].iloc[0]
     return out.reset_index(drop=True)

@@ -128,7 +128,8 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     attempt's start and ``end_s`` the last attempt's end. Columns: ``run_id, world_size, ranks,
     attempts, steps`` (measured steps), ``start_s, end_s, measured_s, samples`` (all ranks),
     ``samples_per_s`` (end to end: samples / measured_s, never a sum of per-rank rates) and
-    ``step_s`` (measured_s / steps).
+    ``wall_step_s`` (measured_s / steps: the wall time of a step, what happens between
+    steps included; the traced phases' ``step_s`` leaves that out).
 
     Training alone: ``eval_s`` and ``save_s`` are the evaluations (from ``evals``; 0 without
     it) and checkpoints (the steps' ``save_s``) inside the window, each the slowest rank's;
@@ -162,7 +163,7 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     out = out.astype({c: "int64" for c in ("world_size", *counts)})
     with np.errstate(divide="ignore", invalid="ignore"):
         out["samples_per_s"] = out["samples"] / out["measured_s"].where(out["measured_s"] > 0)
-        out["step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
+        out["wall_step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
         out["train_s"] = out["measured_s"] - out["eval_s"] - out["save_s"]
         out["train_samples_per_s"] = out["samples"] / out["train_s"].where(out["train_s"] > 0)
     return out.reset_index()

@@ -24,7 +24,7 @@ SCALING_COLUMNS = (
     "speedup",
     "speedup_std",
     "efficiency",
-    "step_s",
+    "wall_step_s",
     "epoch_s",
     "final_loss",
     "final_metric",
