@@ -17,7 +17,13 @@ from workbench.analysis.windows import check_columns
 #: Statuses of runs still writing: a rank that has not flushed yet is not missing.
 LIVE_STATUSES = ("pending", "running")
 #: Per-run figures left empty for an incomplete run (a part of its ranks' samples is missing).
-THROUGHPUT_COLUMNS = ("samples", "samples_per_s", "samples_per_s_per_device", "wall_step_s", "epoch_s")
+THROUGHPUT_COLUMNS = (
+    "samples",
+    "samples_per_s",
+    "samples_per_s_per_device",
+    "wall_step_s",
+    "epoch_s",
+)
 THROUGHPUT_COLUMNS += ("train_s", "train_samples_per_s")
 
 
