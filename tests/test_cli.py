@@ -278,12 +278,20 @@ def test_the_demo_spec_runs_as_written_but_shorter(tmp_path: Path) -> None:
     sweep = tmp_path / "s" / spec["name"]
     records = [json.loads(p.read_text()) for p in sweep.glob("*/run.json")]
     layouts = sorted(
-        (r["config"]["world_size"], r["config"]["per_device_batch_size"]) for r in records
+        (r["config"]["model"], r["config"]["world_size"], r["config"]["per_device_batch_size"])
+        for r in records
     )
-    assert layouts == [(1, 32), (1, 64), (2, 32), (2, 64)]
+    assert layouts == [
+        ("mlp", 1, 32),
+        ("mlp", 2, 32),
+        ("transformer", 1, 32),
+        ("transformer", 2, 32),
+    ]
     assert {r["status"] for r in records} == {"completed"}
     assert len(list(sweep.glob("*/notebook.ipynb"))) == 4
     summary = (sweep / "summary.csv").read_text().splitlines()
     assert len(summary) == 1 + 4, summary  # header and one row per point
     assert "<h2>Scaling</h2>" in (sweep / "report.html").read_text()
-    assert "finding:\n  per-device batch 32: 2 ranks: " in done.stdout, done.stdout
+    finding = done.stdout.split("finding:\n", 1)[-1]
+    for model in ("transformer", "mlp"):  # one sentence per curve, each naming its model
+        assert f"model={model}" in finding and "2 ranks: " in finding, done.stdout

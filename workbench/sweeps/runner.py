@@ -120,7 +120,7 @@ class SweepResult:
 
     def __str__(self) -> str:
         return (
-            f"sweep {self.name}: {len(self.ran)} run, {len(self.skipped)} skipped, "
+            f"sweep {self.name}: {len(self.ran)} ran, {len(self.skipped)} skipped, "
             f"{len(self.failed)} failed ({self.sweep_dir})"
         )
 
