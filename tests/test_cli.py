@@ -201,10 +201,10 @@ def test_sweep_skips_completed_points_and_force_runs_them_again(tmp_path: Path) 
     assert len(points) == 2
     stamps = [p.stat().st_mtime_ns for p in points]
     again = workbench("sweep", str(spec), "--no-progress")
-    assert "0 run, 2 skipped" in again.stdout, again.stdout
+    assert "0 ran, 2 skipped" in again.stdout, again.stdout
     assert [p.stat().st_mtime_ns for p in points] == stamps
     forced = workbench("sweep", str(spec), "--no-progress", "--force")
-    assert "2 run, 0 skipped" in forced.stdout, forced.stdout
+    assert "2 ran, 0 skipped" in forced.stdout, forced.stdout
     assert all(p.stat().st_mtime_ns > s for p, s in zip(points, stamps, strict=True))
 
 
