@@ -87,6 +87,17 @@ def test_a_hung_rank_is_named_with_the_collective_timeout_and_a_longer_tail() ->
     }
 
 
+def test_a_silent_death_beats_the_peer_left_waiting_for_it() -> None:
+    # Rank 1 SIGKILLed before the rendezvous: rank 0, alive and waiting there, is found hung
+    # when the grace period ends, but it waits because rank 1 is gone.
+    states = {0: rank("running"), 1: rank("died")}
+    cause = root_cause(states, 2, hung={0}, collective_timeout_s=8)
+    assert cause is not None and (cause.rank, cause.exception) == (1, DIED_UNREPORTED)
+    # The same for a rank that never started at all.
+    cause = root_cause({1: rank("running")}, 2, hung={1}, collective_timeout_s=8)
+    assert cause is not None and (cause.rank, cause.exception) == (0, NEVER_STARTED)
+
+
 def test_nothing_to_blame() -> None:
     assert root_cause({0: rank("completed"), 1: rank("completed")}, 2) is None
     assert root_cause({0: rank("preempted")}, 1) is None

@@ -107,16 +107,17 @@ def _candidate(
     rank: int, state: Mapping[str, Any], hung: Collection[int], collective_timeout_s: float
 ) -> tuple[int, float, RootCause] | None:
     """(priority, ended_at, cause) for one rank, or None when it explains nothing: a rank's own
-    exception (0) beats a silent death or hang (1), which beats a peer's error (2)."""
+    exception (0) beats a silent death (1), which beats a hang (2: a rank alive and waiting
+    while a peer is dead is waiting for that peer), which beats a peer's error (3)."""
     status = state["status"]
     if status == "failed":
         exception = state.get("exception") or ""
         peer = any(marker in exception for marker in PEER_ERRORS)
         cause = RootCause(rank, state.get("exception"), state.get("traceback"))
-        return (2 if peer else 0, float(state.get("ended_at") or 0), cause)
+        return (3 if peer else 0, float(state.get("ended_at") or 0), cause)
     if rank in hung:
         message = hung_message(collective_timeout_s)
-        return (1, 0.0, RootCause(rank, message, state.get("traceback"), hung=True))
+        return (2, 0.0, RootCause(rank, message, state.get("traceback"), hung=True))
     if status in ("died", "running"):
         return (1, 0.0, RootCause(rank, DIED_UNREPORTED, state.get("traceback")))
     return None
@@ -128,9 +129,10 @@ def root_cause(
     hung: Collection[int] = (),
     collective_timeout_s: float = 0.0,
 ) -> RootCause | None:
-    """The root cause of a failed run: a rank's own exception beats a silent death (or a hang,
-    or a rank that never started), which beats the 'connection closed' errors its peers see
-    next; ties go to the earliest to end, then the lowest rank. None when no rank explains it."""
+    """The root cause of a failed run: a rank's own exception beats a silent death (or a rank
+    that never started), which beats a hang, which beats the 'connection closed' errors its
+    peers see next; ties go to the earliest to end, then the lowest rank. None when no rank
+    explains it."""
     candidates = []
     for rank, state in states.items():
         found = _candidate(rank, state, hung, collective_timeout_s)
