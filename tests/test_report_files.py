@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from workbench.store.files import current_umask
 from workbench.ui.report import report_from_store, write_report
 
@@ -86,3 +88,10 @@ def test_plotly_js_inline_once_or_one_copy_beside_many_reports(tmp_path: Path) -
         # the report less the library: all of the 3.5 MB and more saved is plotly.js
         assert page.stat().st_size + library.stat().st_size > size_inline
         assert page.stat().st_size < size_inline - 3_500_000
+
+
+def test_an_unknown_plotly_js_choice_is_refused(tmp_path: Path) -> None:
+    runs, steps, evals = scaling_sweep()
+    with pytest.raises(ValueError, match="plotly_js='cdn': valid values are 'inline' and"):
+        write_report(runs, steps, evals, tmp_path / "r.html", plotly_js="cdn")  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())

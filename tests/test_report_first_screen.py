@@ -77,3 +77,28 @@ def test_first_screen_holds_the_finding_and_the_speedup_chart(tmp_path: Path) ->
     assert boxes["glossaryOpen"] is False  # the definitions are there, folded
     assert len(cells) > 50
     assert [c for c in cells if re.search(r"e[+-]\d\d", c)] == []
+
+
+def test_a_report_beside_its_plotly_min_js_draws_every_figure(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    runs, steps, evals = _study()
+    path = write_report(runs, steps, evals, tmp_path / "r.html", plotly_js="directory")
+    assert (tmp_path / "plotly.min.js").is_file()
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_function(
+                "document.querySelectorAll('.plotly-graph-div').length > 0 && "
+                "Array.from(document.querySelectorAll('.plotly-graph-div'))"
+                ".every(d => d.querySelector('.main-svg'))",
+                timeout=30_000,
+            )
+            drawn = page.evaluate("document.querySelectorAll('.plotly .main-svg').length")
+        finally:
+            browser.close()
+    assert errors == []
+    assert drawn >= path.read_text().count('class="plotly-graph-div"') >= 10
