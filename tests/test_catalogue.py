@@ -13,7 +13,7 @@ from workbench.ui.catalogue import (
     draw,
     figure_context,
 )
-from workbench.ui.tables import SCALING_COLUMNS, scaling_columns, scaling_table_html
+from workbench.ui.tables import scaling_columns, scaling_table_html
 
 from .frames import make_runs, make_steps, scaling_sweep
 
@@ -101,14 +101,15 @@ def test_one_table_renderer_for_report_and_dashboard() -> None:
     runs, steps, evals = scaling_sweep()
     ctx = figure_context(runs, steps, evals)
     cols = scaling_columns(ctx.table, ctx.group_by)
-    # One group: its first two columns, not the thirty constant ones; no std from single runs.
-    assert cols[:2] == ["model", "precision"]
-    shown = [c for c in SCALING_COLUMNS if c in ctx.table.columns and not c.endswith("_std")]
-    assert cols[2:] == [c for c in shown if c != "incomplete"], "no incomplete run: no column"
-
-    assert "ideal_speedup" not in cols and "time_to_quality_s" in cols and "scaling" in cols
+    # One group: what its points share goes to the caption, not the thirty constant config
+    # columns; world size, batch, speedup and efficiency first; no std from single runs.
+    assert cols[:4] == ["world_size", "global_batch_size", "speedup", "efficiency"]
+    assert "model" not in cols and "scaling" not in cols and "nodes" not in cols
+    assert "incomplete" not in cols, "no incomplete run: no column"
+    assert "ideal_speedup" not in cols and "time_to_quality_s" in cols
     text = scaling_table_html(ctx.table, ctx.group_by)
-    assert text.count("<th>") == len(cols) and "<td>12.8</td>" in text
+    assert "fixed: mlp, fp32, sgd, lr 0.1, " in text and ", weak scaling, " in text
+    assert text.count("<th>") == len(cols) and "<td>12.8/s</td>" in text
 
 
 def test_the_table_shows_the_group_columns_that_differ_and_std_where_there_is_one() -> None:
@@ -117,7 +118,8 @@ def test_the_table_shows_the_group_columns_that_differ_and_std_where_there_is_on
     runs = pd.concat([runs, make_runs([{"run_id": "fp32-2b", "world_size": 2, "seed": 1}])])
     ctx = figure_context(runs, pd.concat([steps, again]), None)
     cols = scaling_columns(ctx.table, ctx.group_by)
-    assert cols[0] == "precision" and "model" not in cols  # only what differs between groups
+    assert cols[0] == "world_size" and "precision" in cols  # what differs between groups
+    assert "model" not in cols  # the same in every row: in the caption
     assert "samples_per_s_std" in cols
     assert "speedup_std" not in cols  # every base is one run: no speedup spread anywhere
     row = ctx.table.set_index(["precision", "world_size"]).loc[("fp32", 2)]

@@ -11,7 +11,7 @@ import pytest
 from workbench.analysis import resolve_group_by
 from workbench.store.load import load_runs
 from workbench.ui.report import build_figures, report_from_store, write_report
-from workbench.ui.tables import SCALING_COLUMNS, scaling_columns
+from workbench.ui.tables import scaling_columns
 
 from .frames import ddp_steps, make_runs, scaling_sweep, write_run
 
@@ -39,8 +39,8 @@ def test_report_is_one_offline_file_with_every_figure(tmp_path: Path) -> None:
     assert "cdn.plot.ly/plotly" not in text
     assert "A &lt;b&gt; study" in text
     scaling = html_table(text, "<h2>Scaling</h2>")
-    assert scaling["speedup"] == ["1", "1.6", "2.5"]
-    assert scaling["efficiency"] == ["1", "0.8", "0.625"]
+    assert scaling["speedup"] == ["1.00x", "1.60x", "2.50x"]
+    assert scaling["efficiency"] == ["100 %", "80 %", "62 %"]  # 62.5 rounds half to even
     assert "None found." in text  # no straggler in the sweep
     assert not list(path.parent.glob(".*.tmp"))  # atomic write left no temporary file
 
@@ -96,14 +96,29 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
     keys = resolve_group_by(load_runs(tmp_path, ["weak"]))
     assert keys[:2] == ["model", "precision"] and keys[-2:] == ["scaling", "fixed_batch_size"]
     assert set(keys) <= set(table.columns)  # the CSV keeps every group column
+    # ... and every other one, empty or shared, as raw numbers: it is for machines
+    assert {"samples_per_s_std", "nodes", "runs", "mfu_note"} <= set(table.columns)
+    assert table["step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
     assert table["scaling"].tolist() == ["weak"] * 3
-    scaling = html_table(path.read_text(), "<h2>Scaling</h2>")
+    page = path.read_text()
+    scaling = html_table(page, "<h2>Scaling</h2>")
     assert list(scaling) == scaling_columns(table, keys)  # the dashboard's columns too
-    # one group: its first two columns say what was measured; no std column from single runs
-    assert list(scaling)[:2] == ["model", "precision"]
-    shown = [c for c in SCALING_COLUMNS if c in table.columns and not c.endswith("_std")]
-    assert list(scaling)[2:] == [c for c in shown if c != "incomplete"]
-    assert scaling["scaling"] == ["weak"] * 3
+    # what every point shares is said once, above the table; no empty std column of single runs
+    assert (
+        "fixed: mlp, fp32, sgd, lr 0.05, 640 samples, weak scaling, batch 8 per device, 1 node, "
+        "1 run per point, final loss 1.1, mfu note: no MFU: FLOPs not counted</caption>"
+    ) in page
+    assert list(scaling) == [
+        "world_size",
+        "global_batch_size",
+        "speedup",
+        "efficiency",
+        *("samples_per_s", "samples_per_s_per_device", "step_s", "epoch_s"),
+        *("final_metric", "time_to_quality_s"),
+    ]
+    assert scaling["samples_per_s"] == ["8/s", "12.8/s", "20/s"]
+    assert scaling["epoch_s"] == ["80 s", "50 s", "32 s"]
+    assert scaling["time_to_quality_s"] == ["10.8 s", "13.2 s", "16.8 s"]  # 13.25: half to even
     assert not list(summary.parent.glob(".*.tmp"))
     assert report_from_store(tmp_path / "weak", tmp_path / "r2.html") == tmp_path / "r2.html"
 

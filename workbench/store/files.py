@@ -11,18 +11,43 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 from workbench import schema
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``/proc/self/status``,
+    kernel 4.7+); elsewhere set and restored under a lock (``os.umask`` is the only other way to
+    read it, and another thread creating a file in between would get the wrong mode)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it, so a reader never
+    sees half a file. The file gets the mode a plain ``open`` would give it (0666 less the
+    umask: 0644 under the usual 022), not mkstemp's 0600, so colleagues on a shared file
+    system can read results."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            os.fchmod(f.fileno(), 0o666 & ~current_umask())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,7 +1,9 @@
-"""One self-contained, offline HTML report of a set of runs: tables and every figure with data.
+"""One offline HTML report of a set of runs, in the order people read it: the finding, a table of
+contents, every figure with data (the speedup first), the tables, and a folded glossary.
 
-plotly.js is embedded once (with the first figure); nothing is loaded from a CDN, so the file opens
-with no network. No torch.
+plotly.js is embedded once (with the first figure), or written once beside the report as
+``plotly.min.js`` for a folder of many reports; nothing is loaded from a CDN, so the report
+opens with no network. No torch.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import os
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
 
 from workbench.analysis.comm import communication
 from workbench.analysis.finding import findings
@@ -23,68 +27,36 @@ from workbench.analysis.slow_ranks import stragglers
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
+from workbench.ui.glossary import glossary_html
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; color: #222; }
-table.table { border-collapse: collapse; font-size: 0.85rem; margin: 1rem 0; }
-table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem;
-  text-align: right; }
-table.table th { background: #f4f4f4; }
-.note { color: #555; font-size: 0.9rem; }
-section.figure { margin: 1.5rem 0; }
-section.finding { background: #f3f7fc; border-left: 4px solid #3a6ea5; padding: 0.2rem 1rem;
-  font-size: 1.05rem; }
-div.scroll { overflow-x: auto; }
-"""
+#: Where plotly.js comes from: inside the report, or a ``plotly.min.js`` beside it.
+PlotlyJs = Literal["inline", "directory"]
+PLOTLY_FILE = "plotly.min.js"
+#: The figure shown first, on the report's first screen with the finding.
+LEAD_FIGURE = "Speedup"
 
-_DEFINITIONS = """
-<ul class="note">
-<li><b>scaling group</b>: runs are repeats of one point when every config field agrees but world
-size, nodes, tasks per node, seed, run name, where results are filed, the port and timeouts. A
-group is <b>weak</b> scaling (per-device batch fixed, global batch grows with the world size) or
-<b>strong</b> (global batch fixed); a study holding both warns and keeps both, and a run at their
-crossing counts in each.</li>
-<li><b>throughput</b>: samples of all ranks over the wall time of the measured window (first
-measured step start to last step end, across ranks; the warm-up steps of each attempt left out),
-never a sum of per-rank rates: end to end (<i>samples_per_s</i>), and training alone
-(<i>train_samples_per_s</i>: the window less the evaluations and checkpoints inside it, each the
-slowest rank's). <b>between steps</b> in the step breakdown: the time from a step's end to the
-next step's start (<i>gap_s</i>) less the checkpoint (<i>save_s</i>) and evaluation shown beside
-it, so a bar adds up to the wall time per step. <b>speedup</b>: mean throughput over the mean
-throughput of the group's smallest world size;
-<b>efficiency</b>: speedup / (world size / smallest world size). <b>_std</b>: standard deviation of
-the runs of a point (ddof 1; empty from one run). <b>speedup_std</b> = speedup &times;
-&radic;((s<sub>N</sub>/m<sub>N</sub>)&sup2; + (s<sub>B</sub>/m<sub>B</sub>)&sup2;) with the means m
-and standard deviations s of both ends' throughputs; empty when either end is one run, and at the
-base. An empty spread draws no error bar.</li>
-<li><b>scaling model</b>: step time at N = compute + (1 - overlap) &times; ring allreduce time of
-the gradient bytes at N. Compute is the base's wall step time (the one that gives the mean
-throughput of its repeats) less (1 - overlap) &times; its traced communication (none at one
-rank); weak curves keep it, strong curves divide it by N / base N. The network is a preset, or
-the runs' own allreduce micro-benchmark (run before the first step at the run's bucket sizes:
-bus bandwidth = bytes / time &times; 2(n-1)/n, as nccl-tests define it; the median over the
-runs), or, without one, fitted over runs at three or more world sizes (its RMS residual in the
-note); with none of these there is no prediction, and the figure says why.</li>
-<li><b>exposed communication</b>: where DDP's own timer was read (sampled steps), its
-communication span less the part overlapped with backward compute, i.e. the time from the last
-gradient ready to the end of the allreduces (method "measured"); otherwise backward time beyond
-the same config's backward time at the smallest world size (DDP's backward waits for the last
-allreduce), at most comm_s; without such a reference, min(comm_s, backward_s), the no-overlap
-bound. <b>comm_s</b> is a span from the first bucket's launch to the last one's end, mostly
-hidden behind backward: not the cost of communication.</li>
-<li><b>straggler</b>: a rank whose compute time (step_s - comm_s) exceeds the median of the other
-ranks' by more than the threshold on most steps of a window, from the reported step on;
-<i>slow_phase</i> is the traced phase (data, forward, backward less communication, optimizer) in
-which it exceeds the others' median the most, by <i>slow_phase_extra_s</i> per step.</li>
-<li><b>tflops_per_device</b>: FLOPs of one training step (forward + backward over every gradient
-accumulation micro-batch, counted once per run by PyTorch's FlopCounterMode on rank 0 before the
-measured window, so the count costs the measured steps nothing) per sample, &times; samples_per_s
-over the measured window / world size, in TFLOP/s. <b>mfu</b>: tflops_per_device over the
-device's dense (no 2:4 sparsity) peak for the run's precision, from a table of vendor datasheets
-(<i>mfu_note</i> names the peak and its source); a CPU or an unknown device has no MFU and the
-note says why.</li>
-</ul>
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1rem auto; max-width: 1200px; color: #222;
+  padding: 0 1rem; }
+h1 { font-size: 1.5rem; margin: 0.3rem 0; }
+h2 { font-size: 1.15rem; margin: 0.6rem 0 0.3rem; }
+table.table { border-collapse: collapse; font-size: 0.85rem; margin: 0.5rem 0 1rem; }
+table.table th, table.table td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.6rem;
+  text-align: right; white-space: nowrap; }
+table.table th { background: #f4f4f4; }
+table.table caption { caption-side: top; text-align: left; color: #555; font-size: 0.85rem;
+  padding: 0.2rem 0; }
+.note { color: #555; font-size: 0.9rem; margin: 0.3rem 0; }
+section.figure { margin: 0.8rem 0 1.5rem; }
+section.finding { background: #f3f7fc; border-left: 4px solid #3a6ea5; padding: 0.1rem 1rem;
+  font-size: 1.05rem; }
+section.finding ul { margin: 0.3rem 0 0.5rem; }
+nav.toc { font-size: 0.85rem; line-height: 1.5; margin: 0.4rem 0; }
+nav.toc a { white-space: nowrap; }
+details.glossary { margin: 1.5rem 0; }
+details.glossary summary { cursor: pointer; font-weight: 600; }
+div.scroll { overflow-x: auto; }
 """
 
 
@@ -97,8 +69,9 @@ def build_figures(
 ) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame]]:
     """The report's (heading, figure) pairs, only those with data, and the tables behind them.
 
-    Figures come from :data:`workbench.ui.catalogue.CATALOGUE`; one-run figures show the first
-    run with a straggler, else the largest. Tables: ``scaling``, ``stragglers``,
+    Figures come from :data:`workbench.ui.catalogue.CATALOGUE`, in its order but the speedup
+    first (the answer a scaling study is read for); one-run figures show the first run with a
+    straggler, else the largest. Tables: ``scaling``, ``stragglers``,
     ``communication`` (mean over ranks per run) and ``predicted`` (when the model has rows).
     """
     if steps.empty:
@@ -114,32 +87,64 @@ def build_figures(
             ["world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s", "exposed_share"]
         ].mean(),
     }
-    figs = available_figures(ctx)
+    figs = sorted(available_figures(ctx), key=lambda hf: hf[0] != LEAD_FIGURE)  # stable
     if len(ctx.predicted):
         tables["predicted"] = ctx.predicted
     return figs, tables
 
 
 def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> list[str]:
-    """The report's table sections: scaling, stragglers, communication, scaling model."""
+    """The report's table sections: scaling, stragglers, communication, scaling model (each a
+    ``<section id="table-...">`` that the table of contents links to)."""
     parts = []
     table = tables.get("scaling")
     if table is not None and len(table):
-        parts += ["<h2>Scaling</h2>", scaling_table_html(table, group_by)]
+        parts.append(_section("table-scaling", "Scaling", scaling_table_html(table, group_by)))
     else:
         parts.append('<p class="note">No completed run with measured steps: no scaling table.</p>')
     found = tables.get("stragglers")
     if found is not None:
-        parts.append("<h2>Stragglers</h2>")
-        parts.append(frame_html(found) if len(found) else '<p class="note">None found.</p>')
+        shown = frame_html(found) if len(found) else '<p class="note">None found.</p>'
+        parts.append(_section("table-stragglers", "Stragglers", shown))
     if "communication" in tables:
-        parts += [
-            "<h2>Communication (mean over ranks)</h2>",
-            frame_html(tables["communication"].reset_index()),
-        ]
+        shown = frame_html(tables["communication"].reset_index())
+        heading = "Communication (mean over ranks)"
+        parts.append(_section("table-communication", heading, shown))
     if "predicted" in tables:
-        parts += ["<h2>Scaling model</h2>", model_table_html(tables["predicted"], group_by)]
+        shown = model_table_html(tables["predicted"], group_by)
+        parts.append(_section("table-predicted", "Scaling model", shown))
     return parts
+
+
+def _section(anchor: str, heading: str, body: str) -> str:
+    return f'<section class="table" id="{anchor}"><h2>{html.escape(heading)}</h2>{body}</section>'
+
+
+TABLE_HEADINGS = {
+    "table-scaling": "Scaling",
+    "table-stragglers": "Stragglers",
+    "table-communication": "Communication",
+    "table-predicted": "Scaling model",
+}
+
+
+def _toc_html(figs: list[tuple[str, go.Figure]], parts: list[str]) -> str:
+    """The table of contents as one short paragraph of links (it must leave the first screen to
+    the finding and the speedup chart): every figure, every table present, the glossary."""
+    esc = html.escape
+    figures = [f'<a href="#figure-{i}">{esc(h)}</a>' for i, (h, _) in enumerate(figs)]
+    tables = [
+        f'<a href="#{anchor}">{name}</a>'
+        for anchor, name in TABLE_HEADINGS.items()
+        if any(f'id="{anchor}"' in p for p in parts)
+    ]
+    groups = [("Figures", figures), ("Tables", tables), ("", ['<a href="#glossary">Glossary</a>'])]
+    text = " | ".join(
+        (f"<b>{name}:</b> " if name else "") + " &middot; ".join(links)
+        for name, links in groups
+        if links
+    )
+    return f'<nav class="toc">{text}</nav>'
 
 
 def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
@@ -151,20 +156,38 @@ def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[st
     return f'<section class="finding"><h2>Finding</h2><ul>{items}</ul></section>'
 
 
-def _figures_html(figs: list[tuple[str, go.Figure]]) -> list[str]:
-    """One section per figure; plotly.js inline once, with the first."""
+def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> list[str]:
+    """One section per figure (id ``figure-N``); plotly.js once, with the first: inline, or a
+    ``<script src="plotly.min.js">`` for the copy beside the report."""
+    if plotly_js not in ("inline", "directory"):
+        raise ValueError(f"plotly_js={plotly_js!r}: valid values are 'inline' and 'directory'")
+    first: bool | str = True if plotly_js == "inline" else "directory"
     parts = []
     for i, (heading, fig) in enumerate(figs):
+        # the lead figure a little lower, to share the first screen with the finding
+        height = "440px" if i == 0 and heading == LEAD_FIGURE else "460px"
         div = fig.to_html(
             full_html=False,
-            include_plotlyjs=i == 0,  # plotly.js inline once; later figures reuse it
+            include_plotlyjs=first if i == 0 else False,  # later figures reuse it
             include_mathjax=False,
             config={"displaylogo": False, "responsive": True},
-            default_height="460px",
+            default_height=height,
             div_id=f"fig-{i}",
         )
-        parts.append(f'<section class="figure"><h2>{html.escape(heading)}</h2>{div}</section>')
+        parts.append(
+            f'<section class="figure" id="figure-{i}"><h2>{html.escape(heading)}</h2>{div}'
+            "</section>"
+        )
     return parts
+
+
+def _write_plotly_js(folder: Path) -> None:
+    """plotly.js (minified) as ``plotly.min.js`` in ``folder``, unless that copy is current:
+    the reports of a folder share one."""
+    path = folder / PLOTLY_FILE
+    data = get_plotlyjs().encode("utf-8")
+    if not (path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data):
+        atomic_write_bytes(path, data)
 
 
 def write_report(
@@ -176,36 +199,46 @@ def write_report(
     network: str | NetworkModel | None = None,
     group_by: Sequence[str] | None = None,
     summary_csv: str | os.PathLike[str] | None = None,
+    plotly_js: PlotlyJs = "inline",
 ) -> Path:
-    """Write the report to ``path`` (atomically) and return the path.
+    """Write the report to ``path`` (atomically, readable by others as the umask allows) and
+    return the path.
 
     ``network`` feeds the scaling model (a preset name or a :class:`NetworkModel`); by default it
     is :func:`workbench.analysis.network.fit_network` of these runs, and without a fit the
     predicted view shows the measurements and says why there is no prediction. ``summary_csv``:
-    also write the scaling table the report computed there, as CSV (atomically; header only when
-    there is none).
+    also write the scaling table the report computed there, as CSV (atomically; every column,
+    raw numbers; header only when there is none). ``plotly_js``: ``"inline"`` embeds plotly.js
+    (one file, about 4.8 MB); ``"directory"`` writes it once as ``plotly.min.js`` beside the
+    report and links it, so a folder of reports holds one copy (move them together).
     """
     keys = resolve_group_by(runs, group_by)
     figs, tables = build_figures(runs, steps, evals, network, keys)
     if summary_csv is not None:
         table = tables.get("scaling", pd.DataFrame())
         atomic_write_bytes(Path(summary_csv), table.to_csv(index=False).encode("utf-8"))
+    out = Path(path)
+    figures = _figures_html(figs, plotly_js)
+    if plotly_js == "directory" and figs:
+        _write_plotly_js(out.parent)
     esc = html.escape
     traced = steps["run_id"].nunique() if len(steps) else 0
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    table_parts = _tables_html(tables, keys)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         _finding_html(runs, steps, keys),
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
-        _DEFINITIONS,
-        *_tables_html(tables, keys),
-        *_figures_html(figs),
+        _toc_html(figs, table_parts),
+        *figures,
+        *table_parts,
+        glossary_html(),
         "</body></html>",
     ]
-    out = Path(path)
     atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
     return out
 
@@ -216,11 +249,13 @@ def report_from_store(
     output_dir: str | Path = "experiments/results",
     title: str | None = None,
     summary_csv: str | Path | None = None,
+    plotly_js: PlotlyJs = "inline",
 ) -> Path:
     """Write the offline HTML report for a sweep name, a sweep folder or a run folder.
 
     ``summary_csv``: also write the scaling table the report computes there, as CSV (atomically),
-    so that a caller needing both computes the table once.
+    so that a caller needing both computes the table once. ``plotly_js``: as for
+    :func:`write_report`.
     """
     target_path = Path(target)
     if (target_path / "run.json").exists():
@@ -246,4 +281,5 @@ def report_from_store(
         output,
         title=title or f"Scaling report: {target_path.name}",
         summary_csv=summary_csv,
+        plotly_js=plotly_js,
     )

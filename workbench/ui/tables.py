@@ -1,13 +1,16 @@
 """Tables as HTML, the same in the report and the dashboard: the scaling table's chosen columns
-and a generic renderer for any other frame. No torch."""
+and a renderer for any other frame, both for people (:mod:`workbench.ui.table_format`: units,
+the columns that matter first, shared values in a caption). No torch."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
+
+from workbench.analysis.groups import LEADING_COLUMNS
+from workbench.ui.table_format import people_table, table_html
 
 #: The scaling table's columns shown after the group columns, in order (only those present; a
 #: ``_std`` column only when some point has one, i.e. two or more runs).
@@ -49,33 +52,34 @@ FLOPS_NOTE = (
 
 
 def frame_html(frame: pd.DataFrame) -> str:
-    """``frame`` as an HTML table (class ``table``, floats to 4 significant digits, empty cells
-    for missing values) in a box that scrolls sideways instead of overflowing."""
-    table = frame.to_html(
-        index=False, border=0, classes="table", na_rep="", float_format=lambda v: f"{v:.4g}"
-    )
-    return f'<div class="scroll" style="overflow-x:auto">{table}</div>'
-
-
-def _has_spread(column: pd.Series) -> bool:
-    return bool(np.isfinite(pd.to_numeric(column, errors="coerce")).any())
+    """``frame`` as an HTML table for people (:func:`workbench.ui.table_format.table_html`:
+    world size, batch, speedup and efficiency first, numbers in their units, empty columns left
+    out, the values every row shares in a ``fixed:`` caption) in a box that scrolls sideways
+    instead of overflowing."""
+    return table_html(frame)
 
 
 def group_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
-    """The group columns worth showing: those that differ between the table's rows, or (none
-    does) the first two, which say what was measured."""
+    """The group columns worth showing: those that differ between the table's rows, and the
+    leading config columns (model, precision, optimizer, learning rate, samples), which say what
+    was measured (in the caption when every row shares them)."""
     keys = [c for c in group_by if c in table.columns]
     varying = [c for c in keys if table[c].map(str).nunique() > 1]
-    return varying or keys[:2]
+    lead = [c for c in LEADING_COLUMNS if c in table.columns and c not in varying]
+    return varying + lead
+
+
+def _candidates(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
+    shown = group_columns(table, group_by)
+    rest = [c for c in SCALING_COLUMNS if c in table.columns and c not in shown]
+    return shown + [c for c in rest if c != "incomplete" or _incomplete(table).any()]
 
 
 def scaling_columns(table: pd.DataFrame, group_by: Sequence[str]) -> list[str]:
-    """The columns to show of a scaling table: :func:`group_columns`, then those of
-    :data:`SCALING_COLUMNS` it has, a ``_std`` column only when some point has a spread."""
-    shown = group_columns(table, group_by)
-    rest = [c for c in SCALING_COLUMNS if c in table.columns and c not in shown]
-    rest = [c for c in rest if not c.endswith("_std") or _has_spread(table[c])]
-    return shown + [c for c in rest if c != "incomplete" or _incomplete(table).any()]
+    """The columns shown of a scaling table: of :func:`group_columns` and
+    :data:`SCALING_COLUMNS`, those with a value that differs between rows (a ``_std`` column
+    only where some point has a spread), world size, batch, speedup and efficiency first."""
+    return people_table(table[_candidates(table, group_by)]).columns
 
 
 def _incomplete(table: pd.DataFrame) -> pd.Series:
@@ -103,8 +107,8 @@ def incomplete_html(table: pd.DataFrame) -> str:
 def scaling_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The scaling table as HTML: the columns of :func:`scaling_columns`, one row per scaling
     point (the full table, every group column, is what the CSV summary keeps)."""
-    columns = scaling_columns(table, group_by)
-    note = FLOPS_NOTE if "tflops_per_device" in columns else ""
+    columns = _candidates(table, group_by)
+    note = FLOPS_NOTE if "tflops_per_device" in scaling_columns(table, group_by) else ""
     return incomplete_html(table) + frame_html(table[columns]) + note
 
 
@@ -112,4 +116,5 @@ def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The scaling model's table (:func:`workbench.analysis.scaling_model.predicted_vs_measured`)
     as HTML: :func:`group_columns`, then every column that is not a group column."""
     shown = group_columns(table, group_by)
-    return frame_html(table[shown + [c for c in table.columns if c not in group_by]])
+    rest = [c for c in table.columns if c not in group_by and c not in shown]
+    return frame_html(table[shown + rest])
