@@ -98,7 +98,7 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
     assert set(keys) <= set(table.columns)  # the CSV keeps every group column
     # ... and every other one, empty or shared, as raw numbers: it is for machines
     assert {"samples_per_s_std", "nodes", "runs", "mfu_note"} <= set(table.columns)
-    assert table["step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
+    assert table["wall_step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
     assert table["scaling"].tolist() == ["weak"] * 3
     page = path.read_text()
     scaling = html_table(page, "<h2>Scaling</h2>")
@@ -113,7 +113,7 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
         "global_batch_size",
         "speedup",
         "efficiency",
-        *("samples_per_s", "samples_per_s_per_device", "step_s", "epoch_s"),
+        *("samples_per_s", "samples_per_s_per_device", "wall_step_s", "epoch_s"),
         *("final_metric", "time_to_quality_s"),
     ]
     assert scaling["samples_per_s"] == ["8/s", "12.8/s", "20/s"]
