@@ -23,7 +23,7 @@ from workbench.ui.plots.scaling import (
     throughput_per_device_figure,
     tradeoff_figure,
 )
-from workbench.ui.plots.style import GIB, group_labels, message_figure
+from workbench.ui.plots.style import GIB, group_labels, message_figure, subtitle
 from workbench.ui.plots.timing import PHASE_NAMES, phase_breakdown_figure, step_time_heatmap
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "quality_vs_devices_figure",
     "speedup_figure",
     "step_time_heatmap",
+    "subtitle",
     "throughput_per_device_figure",
     "tradeoff_figure",
 ]
