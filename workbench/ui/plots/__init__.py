@@ -11,6 +11,7 @@ evaluation parts) and ``style`` (what they share).
 
 from workbench.ui.plots.curves import (
     eval_breakdown_figure,
+    hidden_curves,
     loss_curves_figure,
     metric_curves_figure,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "epoch_time_figure",
     "eval_breakdown_figure",
     "group_labels",
+    "hidden_curves",
     "loss_curves_figure",
     "memory_figure",
     "message_figure",

@@ -101,23 +101,7 @@ def phase_breakdown_figure(
     if comm is not None:
         phases = _with_comm(phases, comm)
     segments = _segments(comm is not None)
-    if by == "run":
-        numeric = [c for c in phases.columns if c not in ("run_id", "rank", "method", "host")]
-        frame = phases.groupby("run_id", sort=False)[numeric].mean().reset_index()
-        if "method" in phases.columns:
-            methods = phases.groupby("run_id", sort=False)["method"].agg(_distinct)
-            frame["method"] = frame["run_id"].map(methods)
-        x = frame["run_id"].astype(str).tolist()
-        x_title = "run"
-    else:
-        frame = phases
-        one_run = phases["run_id"].nunique() == 1
-        x = (
-            frame["rank"].tolist()
-            if one_run
-            else (frame["run_id"] + "/r" + frame["rank"].astype(str)).tolist()
-        )
-        x_title = "rank" if one_run else "run / rank"
+    frame, x, x_title = _bars(phases, by)
     fig = go.Figure()
     for col, name in segments.items():
         custom, extra = _hover_extra(col, frame)
@@ -140,6 +124,22 @@ def phase_breakdown_figure(
     if by == "rank" and x and not isinstance(x[0], str):
         fig.update_xaxes(type="category")
     return fig
+
+
+def _bars(phases: pd.DataFrame, by: str) -> tuple[pd.DataFrame, list[object], str]:
+    """The rows drawn as bars (per rank, or per run averaged over its ranks), their x labels
+    and the x axis title."""
+    if by == "run":
+        numeric = [c for c in phases.columns if c not in ("run_id", "rank", "method", "host")]
+        frame = phases.groupby("run_id", sort=False)[numeric].mean().reset_index()
+        if "method" in phases.columns:
+            methods = phases.groupby("run_id", sort=False)["method"].agg(_distinct)
+            frame["method"] = frame["run_id"].map(methods)
+        x = frame["run_id"].astype(str).tolist()
+        return frame, x, "run"
+    if phases["run_id"].nunique() == 1:
+        return phases, phases["rank"].tolist(), "rank"
+    return phases, (phases["run_id"] + "/r" + phases["rank"].astype(str)).tolist(), "run / rank"
 
 
 def _distinct(values: pd.Series) -> str:
