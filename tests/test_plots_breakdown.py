@@ -78,6 +78,16 @@ def test_exposed_communication_measured_by_ddp_wins() -> None:
     assert list(exposed.customdata[:, 1]) == ["measured", "measured"]
 
 
+def test_communication_not_traced_is_said_not_guessed() -> None:
+    runs, steps = two_sizes()
+    steps.loc[steps["run_id"] == "b2", "comm_s"] = np.nan  # trace_comm="off"
+    fig = draw("phases_rank", figure_context(runs, steps, None, focus="b2"))
+    assert bars(fig, "exposed communication") == pytest.approx([0.0, 0.0])
+    assert bars(fig, "backward compute") == pytest.approx([600.0, 600.0])
+    exposed = next(t for t in fig.data if t.name == "exposed communication")
+    assert list(exposed.customdata[:, 1]) == ["not traced", "not traced"]
+
+
 def test_time_between_steps_is_its_own_segment() -> None:
     # 0.2 s between steps, none after the last: over the 8 measured steps 7 x 0.2 / 8 = 0.175 s
     runs, steps = two_sizes(gap=0.2)

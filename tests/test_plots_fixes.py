@@ -63,6 +63,10 @@ def test_a_curve_hidden_under_another_is_named() -> None:
     assert [t for t in fig.data if t.name == "w4_b8 (N=4)"][0].line.dash is None
     apart = plots.loss_curves_figure(steps[steps["run_id"] != "w2_b32"])
     assert not apart.layout.title.subtitle.text
+    three = pd.concat([steps, make_steps("w8_b8", world_size=8, samples=8)], ignore_index=True)
+    # 64 samples per step at 1, 2 and 8 ranks: both lower curves are covered by the last one
+    note = plots.loss_curves_figure(three).layout.title.subtitle.text
+    assert note == "w1_b64, w2_b32 hidden under w8_b8: same global batch."
 
 
 def test_a_curve_hidden_with_another_batch_says_same_values() -> None:

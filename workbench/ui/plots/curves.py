@@ -50,14 +50,14 @@ def eval_breakdown_figure(evals_table: pd.DataFrame, ranks: str = "rank0") -> go
 
 def hidden_curves(curves: dict[str, pd.Series], tolerance: float = 0.005) -> dict[str, str]:
     """Which curve hides under which: ``{hidden: on top}`` for two curves (y indexed by x) at the
-    same x values whose y differ by at most ``tolerance`` of the figure's y range everywhere
-    (plotly draws later curves on top, so the later one hides the earlier)."""
+    same x values whose y differ by at most ``tolerance`` of the figure's y range everywhere.
+    Plotly draws later curves on top, so each hidden curve names the last one that covers it."""
     values = pd.concat(list(curves.values())) if curves else pd.Series(dtype="float64")
     span = float(values.max() - values.min()) if len(values) else 0.0
     names = list(curves)
     out: dict[str, str] = {}
     for i, below in enumerate(names):
-        for above in names[i + 1 :]:
+        for above in reversed(names[i + 1 :]):
             a, b = curves[below], curves[above]
             if len(a) and a.index.equals(b.index):
                 diff = np.abs(a.to_numpy(dtype="float64") - b.to_numpy(dtype="float64"))
@@ -76,12 +76,13 @@ def _global_batch(steps: pd.DataFrame) -> pd.Series:
 
 
 def _overlap_notes(hidden: dict[str, str], batch: pd.Series) -> str:
-    """``a hidden under b: same global batch`` for each hidden curve."""
+    """``a, b hidden under c: same global batch`` for each curve on top of others."""
     notes = []
-    for below, above in hidden.items():
-        same = below in batch.index and above in batch.index and batch[below] == batch[above]
+    for above in dict.fromkeys(hidden.values()):
+        below = [name for name, top in hidden.items() if top == above]
+        same = {above, *below} <= set(batch.index) and batch[[above, *below]].nunique() == 1
         why = "same global batch" if same else "same values"
-        notes.append(f"{below} hidden under {above}: {why}")
+        notes.append(f"{', '.join(below)} hidden under {above}: {why}")
     return "; ".join(notes) + "." if notes else ""
 
 

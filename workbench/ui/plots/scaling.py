@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.analysis import units
 from workbench.analysis.windows import check_columns
 from workbench.ui.plots.style import (
     LAYOUT,
@@ -103,7 +104,7 @@ def speedup_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -
                 y=rows["speedup"],
                 error_y=error_bars(rows, "speedup"),
                 mode="lines+markers+text" if len(rows) > 1 else "markers+text",
-                text=[f"{e:.0%}" for e in rows["efficiency"]],
+                text=[units.percent(e) for e in rows["efficiency"]],
                 textposition="top center",
                 customdata=rows["efficiency"] * 100,
                 name=short_name(label),

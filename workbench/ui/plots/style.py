@@ -121,6 +121,7 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
         return fig
     text = "<br>".join(parts)
     lines = text.count("<br>") + 1
+    above = 24 if fig.layout.annotations else 0  # subplot titles sit between it and the plot
     fig.update_layout(
         title_subtitle_text=text,
         title_subtitle_font_size=11,
@@ -129,8 +130,8 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
         title_yref="container",
         title_yanchor="top",
         title_pad_t=12,
-        margin_t=50 + 14 * lines,
-        height=PLOT_HEIGHT + 14 * lines,  # the plot keeps its height under a long subtitle
+        margin_t=50 + 14 * lines + above,
+        height=PLOT_HEIGHT + 14 * lines + above,  # the plot keeps its height under a long subtitle
     )
     return fig
 

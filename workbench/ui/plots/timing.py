@@ -28,19 +28,22 @@ EXPOSED_COMM = "exposed communication"
 def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame | None) -> pd.DataFrame:
     """``phases`` with ``exposed_comm_s``, ``hidden_comm_s`` and ``backward_compute_s`` (backward
     less exposed communication) per run and rank from ``comm``
-    (:func:`workbench.analysis.communication`); a rank without communication (one rank, or none
-    traced) has 0 exposed and its whole backward as compute."""
+    (:func:`workbench.analysis.communication`); a rank with no communication timed
+    (``trace_comm='off'``) has 0 exposed, its whole backward as compute and method
+    ``not traced``."""
     check_columns(comm, ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s"], "comm")
     cols = ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s", "method"]
     found = comm[[c for c in cols if c in comm.columns]]
     out = phases.drop(columns=["exposed_comm_s", "method"], errors="ignore")
     out = out.merge(found, on=["run_id", "rank"], how="left")
+    known = out["exposed_comm_s"].notna()
     exposed = out["exposed_comm_s"].fillna(0.0).clip(upper=out["backward_s"])
+    method = out["method"] if "method" in out.columns else pd.Series("", index=out.index)
     return out.assign(
         exposed_comm_s=exposed,
         hidden_comm_s=out["overlapped_comm_s"].fillna(0.0),
         backward_compute_s=out["backward_s"] - exposed,
-        method=out["method"].fillna("none") if "method" in out.columns else "none",
+        method=method.where(known, "not traced"),
     )
 
 
