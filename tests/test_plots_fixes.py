@@ -127,3 +127,29 @@ def test_throughput_hover_names_tflops_mfu_and_the_peak() -> None:
     assert "samples/s" in line.hovertemplate
     plain = plots.throughput_per_device_figure(point_table([1, 1, 1], [np.nan] * 3)).data[0]
     assert plain.customdata is None and "MFU" not in plain.hovertemplate
+
+
+def test_predicted_legend_is_short_and_the_network_goes_to_the_subtitle() -> None:
+    # Two groups whose labels run to 60 characters, and a network description of 50: the old
+    # legend names ("<label> predicted (<network>)") were over 110 characters.
+    pvm = pd.DataFrame(
+        {
+            "model": ["transformer"] * 4,
+            "model_options.d_model": [64.0, 64.0, 128.0, 128.0],
+            "model_options.n_layers": [2.0, 2.0, 4.0, 4.0],
+            "world_size": [1, 2, 1, 2],
+            "measured_speedup": [1.0, 1.5, 1.0, 1.8],
+            "predicted_speedup": [1.0, 1.6, 1.0, 1.9],
+        }
+    )
+    network = "measured allreduce, busbw 1.2 GB/s over 2 runs"
+    group_by = ["model", "model_options.d_model", "model_options.n_layers"]
+    fig = plots.predicted_vs_measured_figure(pvm, group_by=group_by, network=network)
+    names = [t.name for t in fig.data]
+    assert len(names) == 4 and all(len(n) < 40 for n in names), names
+    assert names[0].endswith(", measured") and names[1].endswith(", predicted")
+    assert "model_options.d_model=64.0, model_options.n_layers=2.0" in fig.data[0].hovertemplate
+    said = fig.layout.title.subtitle.text.replace("<br>", " ")
+    assert f"Network: {network}." in said and "Legend names shortened" in said
+    assert list(fig.data[1].y) == pytest.approx([1.0, 1.6])
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0

@@ -138,7 +138,7 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
 
 def note_shortened(fig: go.Figure) -> go.Figure:
     """Say in the subtitle when a legend name was shortened (the hover has it in full)."""
-    if any(str(t.name or "").endswith("…") for t in fig.data):
+    if any("…" in str(t.name or "") for t in fig.data):
         subtitle(fig, "Legend names shortened: the hover names each group in full.")
     return fig
 
