@@ -68,7 +68,7 @@ def test_speedup_with_ideal_line_and_efficiency_labels(sweep) -> None:
     fig = plots.speedup_figure(sweep[3])
     group = fig.data[0]
     assert list(group.y) == pytest.approx([1.0, 1.6, 2.5])
-    assert list(group.text)[:2] == ["100%", "80%"]
+    assert list(group.text) == ["100 %", "80 %", "62 %"]  # 0.625: 62.5 rounds to even
     ideal = trace(fig, "ideal")
     assert list(ideal.x) == [1, 4] and list(ideal.y) == [1, 4]
     assert ideal.line.dash == "dash"
@@ -88,11 +88,12 @@ def test_phase_breakdown_per_rank_and_per_run(sweep) -> None:
     assert [t.name for t in fig.data] == [*names, "between steps", "checkpoint", "evaluation"]
     assert fig.layout.barmode == "stack"
     assert list(trace(fig, "backward").x) == [0, 1, 2, 3]
-    assert list(trace(fig, "backward").y) == pytest.approx([1.1] * 4)
-    assert list(trace(fig, "backward").customdata) == pytest.approx([0.3] * 4)  # comm in hover
+    assert list(trace(fig, "backward").y) == pytest.approx([1100.0] * 4)  # 1.1 s in ms
+    custom = np.asarray(trace(fig, "backward").customdata, dtype="float64")
+    assert custom[:, 1] == pytest.approx([300.0] * 4)  # the allreduce span, in the hover
     fig = plots.phase_breakdown_figure(phases, by="run")
     assert list(trace(fig, "other").x) == ["ws1", "ws2", "ws4"]
-    assert list(trace(fig, "other").y) == pytest.approx([0.1, 0.1, 0.1])
+    assert list(trace(fig, "other").y) == pytest.approx([100.0, 100.0, 100.0])
     fig = plots.phase_breakdown_figure(phases[phases["run_id"] != "ws1"])
     assert list(trace(fig, "data").x)[:3] == ["ws2/r0", "ws2/r1", "ws4/r0"]
     with pytest.raises(ValueError, match="valid names: ws1, ws2, ws4"):
@@ -106,10 +107,10 @@ def test_step_time_heatmap_shows_the_straggler_in_compute() -> None:
     z = np.asarray(heat.z)
     assert z.shape == (4, 98)  # ranks x measured steps
     assert list(heat.y) == [0, 1, 2, 3]
-    assert z[2, list(heat.x).index(50)] == pytest.approx(0.9)
-    assert z[1, list(heat.x).index(50)] == pytest.approx(0.6)
+    assert z[2, list(heat.x).index(50)] == pytest.approx(900.0)  # ms
+    assert z[1, list(heat.x).index(50)] == pytest.approx(600.0)
     step = np.asarray(plots.step_time_heatmap(steps).data[0].z)
-    assert step[:, -1] == pytest.approx([1.0] * 4)  # step time: all ranks wait for rank 2
+    assert step[:, -1] == pytest.approx([1000.0] * 4)  # step time: all ranks wait for rank 2
 
 
 def test_step_time_heatmap_compute_from_sampled_comm_times() -> None:
@@ -119,8 +120,8 @@ def test_step_time_heatmap_compute_from_sampled_comm_times() -> None:
     steps.loc[(steps["step"] > 10) & (steps["step"] % 10 != 0), "comm_s"] = np.nan
     heat = plots.step_time_heatmap(steps, value="compute_s").data[0]
     z = np.asarray(heat.z)
-    assert z[2, list(heat.x).index(55)] == pytest.approx(0.9)
-    assert z[1, list(heat.x).index(55)] == pytest.approx(0.6)
+    assert z[2, list(heat.x).index(55)] == pytest.approx(900.0)
+    assert z[1, list(heat.x).index(55)] == pytest.approx(600.0)
 
 
 def test_step_time_heatmap_is_downsampled_for_display() -> None:
@@ -151,13 +152,13 @@ def test_eval_breakdown_stacked_per_run(sweep) -> None:
     fig = plots.eval_breakdown_figure(table)
     assert [t.name for t in fig.data] == ["predict", "wait", "gather", "metric", "broadcast"]
     assert list(fig.data[0].x) == ["ws1 (N=1)", "ws2 (N=2)", "ws4 (N=4)"]
-    assert list(trace(fig, "gather").y) == pytest.approx([0.1, 0.1, 0.1])
+    assert list(trace(fig, "gather").y) == pytest.approx([100.0, 100.0, 100.0])  # ms
     slowest = plots.eval_breakdown_figure(table, ranks="slowest")
     # One rank's parts per evaluation: at N=2 rank 0 (0.75 s against rank 1's 0.65 s), at N=4
     # rank 3 (gather 0.4: 0.85 s) with no metric time. Per-part maxima drew 0.2 s of gather
     # (rank 1) on 0.2 s of metric (rank 0) at N=2.
-    assert list(trace(slowest, "gather").y) == pytest.approx([0.1, 0.1, 0.4])
-    assert list(trace(slowest, "metric").y) == pytest.approx([0.2, 0.2, 0.0])
+    assert list(trace(slowest, "gather").y) == pytest.approx([100.0, 100.0, 400.0])
+    assert list(trace(slowest, "metric").y) == pytest.approx([200.0, 200.0, 0.0])
     assert "slowest rank" in slowest.layout.title.text
     with pytest.raises(ValueError, match="valid names: rank0, slowest"):
         plots.eval_breakdown_figure(table, ranks="all")
@@ -195,8 +196,9 @@ def test_predicted_vs_measured(sweep) -> None:
     net = NetworkModel(name="slow", bandwidth_bytes_per_s=1e6, latency_s=0.0)
     pvm = predicted_vs_measured(runs, steps, net, world_sizes=[8])
     fig = plots.predicted_vs_measured_figure(pvm, network="slow")
-    measured = trace(fig, "model=mlp, precision=fp32 measured")
-    predicted = trace(fig, "model=mlp, precision=fp32 predicted (slow)")
+    measured = trace(fig, "model=mlp, precision=fp32, measured")
+    predicted = trace(fig, "model=mlp, precision=fp32, predicted")
+    assert "Network: slow." in fig.layout.title.subtitle.text  # not in 40-character legends
     assert list(measured.x) == [1, 2, 4]
     assert list(measured.y) == pytest.approx([1.0, 1.6, 2.5])
     assert list(predicted.x) == [1, 2, 4, 8]
@@ -269,9 +271,14 @@ def test_a_missing_option_does_not_blank_a_legend_label() -> None:
     )
     runs["model_options.d_model"] = [np.nan, 64.0]
     steps = pd.concat([make_steps("m1", world_size=1), make_steps("t1", world_size=1)])
-    names = sorted(t.name for t in plots.speedup_figure(scaling_table(runs, steps)).data)
+    fig = plots.speedup_figure(scaling_table(runs, steps))
+    names = sorted(t.name for t in fig.data)
+    # 45 characters: cut to 39 in the legend, in full in the hover, and the subtitle says so
     assert names == [
         "ideal",
         "model=mlp, model_options.d_model=nan",
-        "model=transformer, model_options.d_model=64.0",
+        "model=transformer, model_options.d_mod…",
     ]
+    hovers = " ".join(t.hovertemplate for t in fig.data)
+    assert "model=transformer, model_options.d_model=64.0<br>" in hovers
+    assert "Legend names shortened" in fig.layout.title.subtitle.text

@@ -281,7 +281,9 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
     # ddp2 measured its network (the allreduce micro-benchmark before its first step): the
     # model predicts from that, not from a fit, which two world sizes could not support.
     names = [t.name or "" for t in dash.figure.data]
-    assert any("predicted (measured allreduce, busbw" in n for n in names), names
+    assert any(n.endswith(", predicted") for n in names), names
+    said = (dash.figure.layout.title.subtitle.text or "").replace("<br>", " ")
+    assert "Network: measured allreduce, busbw" in said, said  # subtitle, not the legend
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.breakdown import eval_breakdown, phase_breakdown
+from workbench.analysis.comm import communication
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.network import NetworkFit, NetworkModel
@@ -24,6 +25,7 @@ from workbench.analysis.network import network_fit as resolve_network
 from workbench.analysis.scaling import scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
 from workbench.ui import plots
+from workbench.ui.plots import definitions as d
 
 
 @dataclass
@@ -45,6 +47,14 @@ class FigureContext:
     def phases(self) -> pd.DataFrame:
         """:func:`workbench.analysis.phase_breakdown` of the steps (and evaluations)."""
         return phase_breakdown(self.steps, self.evals)
+
+    @cached_property
+    def comm(self) -> pd.DataFrame | None:
+        """:func:`workbench.analysis.communication` per run and rank (exposed communication),
+        ``None`` when the steps have no communication columns."""
+        if not {"comm_s", "comm_bytes", "backward_s"} <= set(self.steps.columns):
+            return None
+        return communication(self.steps, self.runs, group_by=self.group_by)
 
     @cached_property
     def memory(self) -> pd.DataFrame:
@@ -150,14 +160,16 @@ PREDICTED = Need(
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """One figure: its key, its title (the report's heading; one-run figures add the run), the
-    dashboard's dropdown label (``None``: report only), what it needs, how to build it, and the
-    figure the dashboard draws instead when a need is missing (``fallback``)."""
+    """One figure: its key, its title (the report's heading; one-run figures add the run), what
+    it needs, how to build it, what it shows (``definition``: formula, window, sampling; the
+    figure's subtitle wherever it is drawn), the dashboard's dropdown label (``None``: report
+    only), and the figure the dashboard draws instead when a need is missing (``fallback``)."""
 
     key: str
     title: str
     needs: tuple[Need, ...]
     build: Callable[[FigureContext], go.Figure]
+    definition: str
     label: str | None = None
     one_run: bool = False
     fallback: str | None = None
@@ -172,6 +184,10 @@ class FigureSpec:
     def heading(self, ctx: FigureContext) -> str:
         """The title, naming the focus run for a one-run figure."""
         return f"{self.title}, run {ctx.focus}" if self.one_run else self.title
+
+    def figure(self, ctx: FigureContext) -> go.Figure:
+        """The figure from ``ctx`` with its definition in the subtitle (after its own notes)."""
+        return plots.subtitle(self.build(ctx), self.definition)
 
 
 def _predicted(c: FigureContext) -> go.Figure:
@@ -189,6 +205,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Throughput per device",
         (SCALING,),
         lambda c: plots.throughput_per_device_figure(c.table, group_by=c.group_by),
+        d.definition(d.THROUGHPUT, d.WINDOW, d.SPREAD, d.FLOPS),
         label="throughput per device",
     ),
     FigureSpec(
@@ -196,6 +213,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Speedup",
         (SCALING,),
         lambda c: plots.speedup_figure(c.table, group_by=c.group_by),
+        d.definition(d.SPEEDUP, d.EFFICIENCY, d.THROUGHPUT, d.WINDOW, d.SPEEDUP_SPREAD),
         label="speedup (with ideal)",
     ),
     FigureSpec(
@@ -203,6 +221,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Time per epoch",
         (SCALING, EPOCH),
         lambda c: plots.epoch_time_figure(c.table, group_by=c.group_by),
+        d.definition(d.EPOCH, d.THROUGHPUT, d.WINDOW, d.SPREAD),
         label="time per epoch",
     ),
     FigureSpec(
@@ -210,6 +229,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Accuracy against speed",
         (SCALING, FINAL_METRIC),
         lambda c: plots.tradeoff_figure(c.table, group_by=c.group_by),
+        d.definition(d.FINAL, d.SPEEDUP, d.SPREAD),
         label="accuracy vs devices (trade-off)",
         fallback="quality",
     ),
@@ -218,19 +238,22 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Quality against devices",
         (SCALING, FINAL_LOSS),
         lambda c: plots.quality_vs_devices_figure(c.table, group_by=c.group_by),
+        d.definition(d.FINAL, d.SPREAD),
     ),
     FigureSpec(
         "phases",
         "Phases per run",
         (),
-        lambda c: plots.phase_breakdown_figure(c.phases, by="run"),
+        lambda c: plots.phase_breakdown_figure(c.phases, by="run", comm=c.comm),
+        d.definition("One bar per run, mean of its ranks.", d.PHASES, d.WINDOW, d.COMM_SAMPLING),
         label="phase breakdown (per run)",
     ),
     FigureSpec(
         "phases_rank",
         "Phases per rank",
         _FOCUS,
-        lambda c: plots.phase_breakdown_figure(c.phases, c.focus),
+        lambda c: plots.phase_breakdown_figure(c.phases, c.focus, comm=c.comm),
+        d.definition("One bar per rank.", d.PHASES, d.WINDOW, d.COMM_SAMPLING),
         label="phase breakdown (per rank of one run)",
         one_run=True,
     ),
@@ -239,6 +262,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Step time",
         _FOCUS,
         lambda c: plots.step_time_heatmap(c.steps, c.focus),
+        d.definition(d.HEATMAP, d.WINDOW),
         label="step-time heatmap (one run)",
         one_run=True,
     ),
@@ -247,6 +271,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Compute time",
         (*_FOCUS, FOCUS_MULTI_RANK),
         lambda c: plots.step_time_heatmap(c.steps, c.focus, value="compute_s"),
+        d.definition(d.COMPUTE, d.WINDOW, d.COMM_SAMPLING),
         one_run=True,
     ),
     FigureSpec(
@@ -254,6 +279,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Peak memory per rank",
         (FOCUS_TRACED,),
         lambda c: plots.memory_figure(c.memory, c.focus),
+        d.MEMORY,
         label="memory per rank",
         one_run=True,
     ),
@@ -262,6 +288,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Evaluation time",
         (EVALS,),
         lambda c: plots.eval_breakdown_figure(eval_breakdown(c.evals)),
+        d.EVAL,
         label="evaluation breakdown",
     ),
     FigureSpec(
@@ -269,6 +296,7 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Training loss",
         (LOSS,),
         lambda c: plots.loss_curves_figure(c.steps),
+        d.LOSS,
         label="loss curves",
     ),
     FigureSpec(
@@ -276,12 +304,14 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         "Evaluation metric",
         (EVALS, EVAL_METRIC),
         lambda c: plots.metric_curves_figure(c.evals),
+        d.METRIC,
     ),
     FigureSpec(
         "predicted",
         "Predicted against measured",
         (SCALING, PREDICTED),
         _predicted,
+        d.definition(d.PREDICTED, d.SPEEDUP, d.COMM_SAMPLING),
         label="predicted vs measured",
     ),
 )
@@ -306,14 +336,16 @@ def draw(key: str, ctx: FigureContext) -> go.Figure:
     spec = figure_spec(key)
     missing = spec.missing(ctx)
     if missing is None:
-        return spec.build(ctx)
+        return spec.figure(ctx)
     if spec.fallback is not None:
         other = figure_spec(spec.fallback)
         if other.missing(ctx) is None:
-            return other.build(ctx)
+            return other.figure(ctx)
     return plots.message_figure(missing)
 
 
 def available_figures(ctx: FigureContext) -> list[tuple[str, go.Figure]]:
     """(heading, figure) for every figure whose needs ``ctx`` meets, in catalogue order."""
-    return [(spec.heading(ctx), spec.build(ctx)) for spec in CATALOGUE if spec.missing(ctx) is None]
+    return [
+        (spec.heading(ctx), spec.figure(ctx)) for spec in CATALOGUE if spec.missing(ctx) is None
+    ]

@@ -11,6 +11,7 @@ evaluation parts) and ``style`` (what they share).
 
 from workbench.ui.plots.curves import (
     eval_breakdown_figure,
+    hidden_curves,
     loss_curves_figure,
     metric_curves_figure,
 )
@@ -23,7 +24,7 @@ from workbench.ui.plots.scaling import (
     throughput_per_device_figure,
     tradeoff_figure,
 )
-from workbench.ui.plots.style import GIB, group_labels, message_figure
+from workbench.ui.plots.style import GIB, group_labels, message_figure, subtitle
 from workbench.ui.plots.timing import PHASE_NAMES, phase_breakdown_figure, step_time_heatmap
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "epoch_time_figure",
     "eval_breakdown_figure",
     "group_labels",
+    "hidden_curves",
     "loss_curves_figure",
     "memory_figure",
     "message_figure",
@@ -41,6 +43,7 @@ __all__ = [
     "quality_vs_devices_figure",
     "speedup_figure",
     "step_time_heatmap",
+    "subtitle",
     "throughput_per_device_figure",
     "tradeoff_figure",
 ]

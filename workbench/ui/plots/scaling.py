@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.analysis import units
 from workbench.analysis.windows import check_columns
 from workbench.ui.plots.style import (
     LAYOUT,
@@ -23,6 +24,10 @@ from workbench.ui.plots.style import (
     group_line,
     groups,
     metric_title,
+    note_shortened,
+    short_name,
+    subtitle,
+    wrap,
 )
 
 
@@ -37,10 +42,34 @@ def _line_per_group(
     check_columns(table, ["world_size", y], "table")
     fig = go.Figure()
     for label, color, rows in groups(table, group_by):
-        fig.add_trace(group_line(rows, y, label, color, hover))
+        line = group_line(rows, y, label, color, hover)
+        if y == "samples_per_s_per_device":
+            _flops_hover(line, rows)
+        fig.add_trace(line)
     fig.update_layout(title=title, yaxis_title=y_title, **LAYOUT)
     devices_axis(fig, table)
-    return fig
+    return note_shortened(fig)
+
+
+def _flops_hover(line: go.Scatter, rows: pd.DataFrame) -> None:
+    """Achieved TFLOP/s per device, MFU and the peak it divides by (with its datasheet) in the
+    hover, where the runs' FLOPs were counted."""
+    if "tflops_per_device" not in rows.columns or not rows["tflops_per_device"].notna().any():
+        return
+    note = rows["mfu_note"] if "mfu_note" in rows.columns else pd.Series("", index=rows.index)
+    mfu = rows["mfu"] if "mfu" in rows.columns else pd.Series(np.nan, index=rows.index)
+    line.customdata = np.column_stack(
+        [
+            rows["tflops_per_device"].to_numpy(dtype="float64"),
+            (mfu * 100).to_numpy(dtype="float64"),
+            note.fillna("").map(lambda n: wrap(str(n), 80)).to_numpy(),
+        ]
+    )
+    line.hovertemplate = line.hovertemplate.replace(
+        "<extra>",
+        "<br>%{customdata[0]:.3g} TFLOP/s per device, MFU %{customdata[1]:.1f} %"
+        "<br>%{customdata[2]}<extra>",
+    )
 
 
 def throughput_per_device_figure(
@@ -51,7 +80,7 @@ def throughput_per_device_figure(
         table,
         "samples_per_s_per_device",
         "throughput per device (samples/s)",
-        "%{y:.4g} samples/s per device",
+        "%{y:,.4g} samples/s per device",
         "Throughput per device",
         group_by,
     )
@@ -74,14 +103,14 @@ def speedup_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -
                 x=rows["world_size"],
                 y=rows["speedup"],
                 error_y=error_bars(rows, "speedup"),
-                mode="lines+markers+text",
-                text=[f"{e:.0%}" for e in rows["efficiency"]],
+                mode="lines+markers+text" if len(rows) > 1 else "markers+text",
+                text=[units.percent(e) for e in rows["efficiency"]],
                 textposition="top center",
-                customdata=rows["efficiency"],
-                name=label,
+                customdata=rows["efficiency"] * 100,
+                name=short_name(label),
                 line={"color": color},
                 hovertemplate=f"{label}<br>%{{x}} devices<br>speedup %{{y:.3g}}x<br>"
-                "efficiency %{customdata:.1%}<extra></extra>",
+                "efficiency %{customdata:.1f} %<extra></extra>",
             )
         )
     for base in sorted(pd.unique(table["base_world_size"])):
@@ -100,7 +129,7 @@ def speedup_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -
     fig.update_layout(title="Speedup (labels: scaling efficiency)", yaxis_title="speedup (x)")
     fig.update_layout(**LAYOUT)
     devices_axis(fig, table)
-    return fig
+    return note_shortened(fig)
 
 
 def quality_vs_devices_figure(
@@ -123,7 +152,7 @@ def quality_vs_devices_figure(
         fig.update_yaxes(title_text=unit, row=1, col=col_i)
         devices_axis(fig, table, row=1, col=col_i)
     fig.update_layout(title="Quality against devices", **LAYOUT)
-    return fig
+    return note_shortened(fig)
 
 
 def tradeoff_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> go.Figure:
@@ -141,20 +170,18 @@ def tradeoff_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) 
     for col_i in (1, 2):
         devices_axis(fig, table, row=1, col=col_i)
     fig.update_layout(title=f"What more devices cost in {metric}, and buy in speed", **LAYOUT)
-    return fig
+    return note_shortened(fig)
 
 
-def _no_prediction_title(pvm: pd.DataFrame) -> str:
-    """The title when some curves have no prediction: the notes saying why."""
+def _no_prediction_title(pvm: pd.DataFrame) -> tuple[str, str]:
+    """The title, and a note when some curves have no prediction (the notes saying why)."""
     missing = pvm[pvm["predicted_speedup"].isna() & pvm["measured_speedup"].notna()]
     if "note" not in pvm.columns or missing.empty:
-        return "Predicted against measured speedup"
+        return "Predicted against measured speedup", ""
     notes = "; ".join(str(n) for n in pd.unique(missing["note"].dropna()))
     if pvm["predicted_speedup"].notna().any():
-        return (
-            f"Predicted against measured speedup<br><sup>some curves not predicted: {notes}</sup>"
-        )
-    return f"Measured speedup, not predicted<br><sup>{notes}</sup>"
+        return "Predicted against measured speedup", f"Some curves not predicted: {notes}"
+    return "Measured speedup, not predicted", notes
 
 
 def predicted_vs_measured_figure(
@@ -167,13 +194,15 @@ def predicted_vs_measured_figure(
     model = f"predicted ({network})" if network else "predicted"
     for label, color, rows in groups(pvm, group_by):
         measured = rows[rows["measured_speedup"].notna()]
+        short = short_name(label, 28)
         fig.add_trace(
             go.Scatter(
                 x=measured["world_size"],
                 y=measured["measured_speedup"],
                 mode="markers",
                 marker={"color": color, "size": 10},
-                name=f"{label} measured",
+                name=f"{short}, measured",
+                legendgroup=label,
                 hovertemplate=f"{label}<br>%{{x}} devices<br>measured %{{y:.3g}}x<extra></extra>",
             )
         )
@@ -186,10 +215,13 @@ def predicted_vs_measured_figure(
                 y=predicted["predicted_speedup"],
                 mode="lines",
                 line={"color": color, "dash": "dash"},
-                name=f"{label} {model}",
+                name=f"{short}, predicted",
+                legendgroup=label,
                 hovertemplate=f"{label}<br>%{{x}} devices<br>{model} %{{y:.3g}}x<extra></extra>",
             )
         )
-    fig.update_layout(title=_no_prediction_title(pvm), yaxis_title="speedup (x)", **LAYOUT)
+    title, why = _no_prediction_title(pvm)
+    fig.update_layout(title=title, yaxis_title="speedup (x)", **LAYOUT)
     devices_axis(fig, pvm)
-    return fig
+    net = f"Network: {network}." if network else ""
+    return subtitle(note_shortened(fig), why, net)

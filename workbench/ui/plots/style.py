@@ -3,6 +3,7 @@ and the empty figure that says why there is nothing to plot. No torch."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -14,13 +15,22 @@ from workbench.analysis.groups import FAMILY_COLUMNS, default_group_by
 from workbench.analysis.windows import check_columns
 
 GIB = float(1 << 30)
+MS = 1e3  # seconds to milliseconds
 COLORS = qualitative.Plotly
+#: Longest legend name: longer ones squeeze the plot; detail goes to the hover and subtitle.
+LEGEND_CHARS = 39
 LAYOUT = {
     "template": "plotly_white",
     "hovermode": "closest",
     "legend_title_text": "",
+    # below the plot, horizontal: long names never take the plot's width
+    "legend": {"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0},
     "showlegend": True,  # a single group still names its config
 }
+#: Characters per subtitle line (plotly does not wrap text).
+SUBTITLE_CHARS = 120
+#: Height (px) of a figure with a one-line subtitle: plot, axes and a legend below.
+PLOT_HEIGHT = 500
 
 
 def group_keys(table: pd.DataFrame, group_by: Sequence[str] | str | None) -> list[str]:
@@ -74,16 +84,63 @@ def groups(
 
 
 def error_bars(rows: pd.DataFrame, col: str) -> dict[str, object] | None:
-    """Error bars from ``<col>_std`` where it is finite: none at all when no point has one, and
-    NaN (no bar, never a bar of 0) for a point without one (a single run, or the base)."""
+    """Error bars from ``<col>_std`` where it is finite and the point has repeats (``runs`` >= 2
+    where the table says): none at all when no point has one, and NaN (no bar, never a bar of
+    0) for a point without one (a single run, or the base)."""
     std = f"{col}_std"
     if std not in rows.columns:
         return None
     values = pd.to_numeric(rows[std], errors="coerce").to_numpy(dtype="float64")
     finite = np.isfinite(values)
+    if "runs" in rows.columns:
+        finite &= pd.to_numeric(rows["runs"], errors="coerce").fillna(0).to_numpy() >= 2
     if not finite.any():
         return None
     return {"type": "data", "array": np.where(finite, values, np.nan), "visible": True}
+
+
+def short_name(label: str, limit: int = LEGEND_CHARS) -> str:
+    """``label`` for a legend: as is when short enough, else cut to ``limit`` characters with an
+    ellipsis (the hover keeps the full label)."""
+    return label if len(label) <= limit else label[: limit - 1].rstrip(" ,=") + "…"
+
+
+def wrap(text: str, width: int = SUBTITLE_CHARS) -> str:
+    """``text`` in lines of at most ``width`` characters, joined by ``<br>``."""
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False))
+
+
+def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
+    """Add ``texts`` (notes, a definition) to ``fig``'s subtitle, each wrapped, after what it
+    already says; the top margin and the height grow with the lines, so the plot keeps its
+    height."""
+    old = fig.layout.title.subtitle.text
+    parts = [old] if old else []
+    parts += [wrap(t) for t in texts if t]
+    if not parts:
+        return fig
+    text = "<br>".join(parts)
+    lines = text.count("<br>") + 1
+    above = 24 if fig.layout.annotations else 0  # subplot titles sit between it and the plot
+    fig.update_layout(
+        title_subtitle_text=text,
+        title_subtitle_font_size=11,
+        # from the top down: the title, then its subtitle, then the plot
+        title_y=1,
+        title_yref="container",
+        title_yanchor="top",
+        title_pad_t=12,
+        margin_t=50 + 14 * lines + above,
+        height=PLOT_HEIGHT + 14 * lines + above,  # the plot keeps its height under a long subtitle
+    )
+    return fig
+
+
+def note_shortened(fig: go.Figure) -> go.Figure:
+    """Say in the subtitle when a legend name was shortened (the hover has it in full)."""
+    if any("…" in str(t.name or "") for t in fig.data):
+        subtitle(fig, "Legend names shortened: the hover names each group in full.")
+    return fig
 
 
 def devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:
@@ -100,8 +157,8 @@ def group_line(
         x=rows["world_size"],
         y=rows[y],
         error_y=error_bars(rows, y),
-        mode="lines+markers",
-        name=label,
+        mode="lines+markers" if len(rows) > 1 else "markers",
+        name=short_name(label),
         legendgroup=label,
         showlegend=showlegend,
         line={"color": color},

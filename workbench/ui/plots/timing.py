@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.display import downsample_for_display
 from workbench.analysis.windows import check_columns, comm_filled, measured_steps
-from workbench.ui.plots.style import LAYOUT, check_run, one_run
+from workbench.ui.plots.style import LAYOUT, MS, check_run, one_run
 
 PHASE_NAMES = {
     "data_s": "data",
@@ -19,17 +20,78 @@ PHASE_NAMES = {
     "save_s": "checkpoint",
     "eval_s": "evaluation",
 }
+#: The backward segment split in two when the exposed communication is known.
+BACKWARD_COMPUTE = "backward compute"
+EXPOSED_COMM = "exposed communication"
+
+
+def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame | None) -> pd.DataFrame:
+    """``phases`` with ``exposed_comm_s``, ``hidden_comm_s`` and ``backward_compute_s`` (backward
+    less exposed communication) per run and rank from ``comm``
+    (:func:`workbench.analysis.communication`); a rank with no communication timed
+    (``trace_comm='off'``) has 0 exposed, its whole backward as compute and method
+    ``not traced``."""
+    check_columns(comm, ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s"], "comm")
+    cols = ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s", "method"]
+    found = comm[[c for c in cols if c in comm.columns]]
+    out = phases.drop(columns=["exposed_comm_s", "method"], errors="ignore")
+    out = out.merge(found, on=["run_id", "rank"], how="left")
+    known = out["exposed_comm_s"].notna()
+    exposed = out["exposed_comm_s"].fillna(0.0).clip(upper=out["backward_s"])
+    method = out["method"] if "method" in out.columns else pd.Series("", index=out.index)
+    return out.assign(
+        exposed_comm_s=exposed,
+        hidden_comm_s=out["overlapped_comm_s"].fillna(0.0),
+        backward_compute_s=out["backward_s"] - exposed,
+        method=method.where(known, "not traced"),
+    )
+
+
+def _segments(comm: bool) -> dict[str, str]:
+    """Column -> segment name, in stacking order."""
+    if not comm:
+        return PHASE_NAMES
+    out = {}
+    for col, name in PHASE_NAMES.items():
+        if col == "backward_s":
+            out["backward_compute_s"] = BACKWARD_COMPUTE
+            out["exposed_comm_s"] = EXPOSED_COMM
+        else:
+            out[col] = name
+    return out
+
+
+def _hover_extra(col: str, frame: pd.DataFrame) -> tuple[object, str]:
+    """customdata and hover lines besides the segment's own time: its share of the wall step,
+    the hidden communication under backward compute, the exposed estimate's method."""
+    share = (frame[col] / frame["wall_step_s"].where(frame["wall_step_s"] > 0) * 100).to_numpy()
+    extra, columns = "", [share]
+    if col == "backward_compute_s":
+        columns.append((frame["hidden_comm_s"] * MS).to_numpy())
+        extra = "<br>communication hidden behind it: %{customdata[1]:.3g} ms"
+    elif col == "exposed_comm_s":
+        columns.append(frame["method"].map(str).to_numpy())
+        extra = "<br>method: %{customdata[1]}"
+    elif col == "backward_s" and "comm_s" in frame.columns:
+        columns.append((frame["comm_s"] * MS).to_numpy())
+        extra = "<br>allreduce span inside backward: %{customdata[1]:.3g} ms"
+    return np.column_stack(columns), "<br>%{customdata[0]:.1f} % of the wall step" + extra
 
 
 def phase_breakdown_figure(
-    phases: pd.DataFrame, run_id: str | None = None, by: str = "rank"
+    phases: pd.DataFrame,
+    run_id: str | None = None,
+    by: str = "rank",
+    comm: pd.DataFrame | None = None,
 ) -> go.Figure:
-    """Stacked mean times per step: the phases, then what follows each step (between steps,
-    checkpoint, evaluation), so a bar is the rank's wall time per step (``wall_step_s``): per
-    rank of one run, or per run (mean of ranks).
+    """Stacked mean milliseconds per step: the phases, then what follows each step (between
+    steps, checkpoint, evaluation), so a bar is the rank's wall time per step (``wall_step_s``):
+    per rank of one run, or per run (mean of ranks).
 
-    ``by="rank"``: bars per rank (x = rank for one run, ``run/rank`` labels for several);
-    ``by="run"``: one bar per run, averaged over its ranks.
+    With ``comm`` (:func:`workbench.analysis.communication` of the same steps) backward is split
+    into backward compute and exposed communication (not hidden behind backward); the hidden
+    part is in the backward compute's hover. ``by="rank"``: bars per rank (x = rank for one
+    run, ``run/rank`` labels for several); ``by="run"``: one bar per run, averaged over ranks.
     """
     check_columns(phases, ["run_id", "rank", *PHASE_NAMES], "phases")
     if by not in ("rank", "run"):
@@ -37,46 +99,54 @@ def phase_breakdown_figure(
     if run_id is not None:
         check_run(phases, run_id)
         phases = phases[phases["run_id"] == run_id]
-    cols = [*PHASE_NAMES, "comm_s"] if "comm_s" in phases.columns else list(PHASE_NAMES)
-    if by == "run":
-        frame = phases.groupby("run_id", sort=False)[cols].mean().reset_index()
-        x = frame["run_id"].astype(str).tolist()
-        x_title = "run"
-    else:
-        frame = phases
-        one_run = phases["run_id"].nunique() == 1
-        x = (
-            frame["rank"].tolist()
-            if one_run
-            else (frame["run_id"] + "/r" + frame["rank"].astype(str)).tolist()
-        )
-        x_title = "rank" if one_run else "run / rank"
+    if "wall_step_s" not in phases.columns:
+        phases = phases.assign(wall_step_s=phases[list(PHASE_NAMES)].sum(axis=1))
+    if comm is not None:
+        phases = _with_comm(phases, comm)
+    segments = _segments(comm is not None)
+    frame, x, x_title = _bars(phases, by)
     fig = go.Figure()
-    for col, name in PHASE_NAMES.items():
-        extra = ""
-        custom = None
-        if col == "backward_s" and "comm_s" in frame.columns:
-            custom = frame["comm_s"].to_numpy()
-            extra = "<br>allreduce inside backward: %{customdata:.4g} s"
+    for col, name in segments.items():
+        custom, extra = _hover_extra(col, frame)
         fig.add_trace(
             go.Bar(
                 x=x,
-                y=frame[col],
+                y=frame[col] * MS,
                 name=name,
                 customdata=custom,
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.4g}} s per step{extra}<extra></extra>",
+                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}} ms per step{extra}<extra></extra>",
             )
         )
     fig.update_layout(
         barmode="stack",
-        title="Where a step's time goes",
+        title="Where a step's time goes, " + ("per run" if by == "run" else "per rank"),
         xaxis_title=x_title,
-        yaxis_title="mean wall time per step (s)",
+        yaxis_title="mean wall time per step (ms)",
         **LAYOUT,
     )
     if by == "rank" and x and not isinstance(x[0], str):
         fig.update_xaxes(type="category")
     return fig
+
+
+def _bars(phases: pd.DataFrame, by: str) -> tuple[pd.DataFrame, list[object], str]:
+    """The rows drawn as bars (per rank, or per run averaged over its ranks), their x labels
+    and the x axis title."""
+    if by == "run":
+        numeric = [c for c in phases.columns if c not in ("run_id", "rank", "method", "host")]
+        frame = phases.groupby("run_id", sort=False)[numeric].mean().reset_index()
+        if "method" in phases.columns:
+            methods = phases.groupby("run_id", sort=False)["method"].agg(_distinct)
+            frame["method"] = frame["run_id"].map(methods)
+        x = frame["run_id"].astype(str).tolist()
+        return frame, x, "run"
+    if phases["run_id"].nunique() == 1:
+        return phases, phases["rank"].tolist(), "rank"
+    return phases, (phases["run_id"] + "/r" + phases["rank"].astype(str)).tolist(), "run / rank"
+
+
+def _distinct(values: pd.Series) -> str:
+    return ", ".join(sorted({str(v) for v in values.dropna()}))
 
 
 def step_time_heatmap(
@@ -104,22 +174,29 @@ def step_time_heatmap(
     ranks = frame["rank"].nunique()
     frame = downsample_for_display(frame, max_steps * max(ranks, 1), x="step", by=["rank"])
     grid = frame.pivot(index="rank", columns="step", values="v").sort_index()
-    label = "compute time (step − comm)" if value == "compute_s" else value.removesuffix("_s")
+    label = (
+        "compute time (step - comm)"
+        if value == "compute_s"
+        else "step time"
+        if value == "step_s"
+        else value.removesuffix("_s")
+    )
     fig = go.Figure(
         go.Heatmap(
-            z=grid.to_numpy(),
+            z=grid.to_numpy() * MS,
             x=grid.columns.to_numpy(),
             y=grid.index.to_numpy(),
             colorscale="Viridis",
-            colorbar={"title": {"text": "s"}},
+            colorbar={"title": {"text": "ms"}},
             name=label,
-            hovertemplate=f"rank %{{y}}<br>step %{{x}}<br>{label}: %{{z:.4g}} s<extra></extra>",
+            hovertemplate=f"rank %{{y}}<br>step %{{x}}<br>{label}: %{{z:.3g}} ms<extra></extra>",
         )
     )
     fig.update_layout(
-        title=f"{label} per rank and step, run {run_id}",
+        title=f"{label.capitalize()} per rank and step, run {run_id}",
         xaxis_title="step" + (" (bin start)" if grid.shape[1] < m["step"].nunique() else ""),
-        yaxis_title="rank",
         **LAYOUT,
     )
+    # ranks are whole numbers: one tick each, never -0.5 or 0.5
+    fig.update_yaxes(title_text="rank", dtick=1, tickformat="d", tick0=0)
     return fig

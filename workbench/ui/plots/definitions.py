@@ -1,0 +1,86 @@
+"""What each figure of the catalogue shows, in words: its formula, its window, what was sampled
+and, for FLOP/s, the peak and its source. One text per figure, shown as the figure's subtitle by
+the catalogue, so the report and the dashboard say the same. The wording follows README's
+"What each number means". No torch.
+"""
+
+from __future__ import annotations
+
+#: The window every per-step number is taken over.
+WINDOW = (
+    "Measured window: per attempt, from the first measured step's start to the last step's end, "
+    "warm-up steps left out."
+)
+#: How communication is timed, and what stands for the steps in between.
+COMM_SAMPLING = (
+    "Communication is sampled: with trace_comm='sampled' (the default) DDP's own timer is read "
+    "on the first 10 steps and every trace_comm_every_steps (default 50) after, and each rank's "
+    "latest sample stands for the steps in between."
+)
+#: Error bars: only where a point has repeats.
+SPREAD = "Error bars only where a point has 2 or more runs: their standard deviation (ddof 1)."
+#: Achieved FLOP/s and MFU, with the peak's source.
+FLOPS = (
+    "Hover, where FLOPs were counted: TFLOP/s per device = FLOPs of one training step per sample "
+    "x samples/s / world size / 1e12; MFU = that / the device's dense tensor peak for the run's "
+    "precision (TF32 where allowed), the peak and its datasheet named per point."
+)
+#: Scaling figures' throughput.
+THROUGHPUT = (
+    "samples/s per device = samples of all ranks in the measured window / the window's wall "
+    "time / world size (evaluations and checkpoints inside it included)."
+)
+SPEEDUP = "speedup = mean throughput at N / mean throughput at the group's smallest world size."
+EFFICIENCY = "Labels: efficiency = speedup / (N / base N)."
+SPEEDUP_SPREAD = (
+    "Error bars only with repeats at both ends: speedup_std = speedup x sqrt((s_N/m_N)^2 + "
+    "(s_B/m_B)^2), s and m the runs' std and mean throughput."
+)
+EPOCH = "time per epoch = train_samples / samples_per_s (end-to-end throughput)."
+FINAL = (
+    "final training loss: the last step's loss, mean over ranks; final metric: rank 0's last "
+    "evaluation. Mean over a point's runs."
+)
+PHASES = (
+    "Mean per measured step: data, forward, backward compute (backward less exposed "
+    "communication), exposed communication (what no backward compute hid: DDP's comm_exposed_s "
+    "where traced, else the backward time beyond the same config's at the smallest world size, "
+    "else bounded by min(comm_s, backward_s)), optimizer, other (step_s less the traced phases); "
+    "then between steps (gap_s less checkpoint and evaluation), checkpoint and evaluation, so a "
+    "bar is wall_step_s. Communication hidden behind backward is in the backward hover."
+)
+HEATMAP = (
+    "step_s per rank and measured step (first stamp to last), ms; in DDP every rank waits for "
+    "the slowest, so the rows look alike. At most 400 columns: bins of consecutive steps "
+    "averaged, labelled by their first step."
+)
+COMPUTE = (
+    "compute = step_s - comm_s per rank and measured step, ms; a straggler stands out here. "
+    "At most 400 columns: bins of consecutive steps averaged."
+)
+MEMORY = (
+    "Peak over every step, warm-up included, per rank: process RSS, the CUDA allocator's peak "
+    "and what NVML sees of the process on its GPU (allocator, context, NCCL buffers); "
+    "GiB = 2^30 bytes."
+)
+EVAL = (
+    "Mean over evaluations of rank 0's parts, ms: predict, wait (in the barriers before the "
+    "gather and the broadcast: waiting for the slowest rank), gather, metric (rank 0) and "
+    "broadcast, adding up to eval_s."
+)
+LOSS = (
+    "Training loss at each step, mean over ranks, warm-up steps included; at most 500 points "
+    "per run (bins of consecutive steps averaged)."
+)
+METRIC = "The evaluation metric, rank 0's, at the step after which it was evaluated."
+PREDICTED = (
+    "Markers: measured speedup. Dashed: the scaling model, step time at N = compute + "
+    "(1 - overlap) x ring allreduce time of the gradient bytes at N; compute is the base's wall "
+    "step time less (1 - overlap) x its traced communication; weak curves keep it, strong "
+    "curves divide it by N / base N."
+)
+
+
+def definition(*parts: str) -> str:
+    """One figure's definition from its parts, in order, as one text."""
+    return " ".join(p.strip() for p in parts if p.strip())
