@@ -60,6 +60,16 @@ def _cpu_attention_formulas() -> dict[Any, Any]:
     return {forward: _cpu_attention_forward, backward: _cpu_attention_backward}
 
 
+def _unhooked(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters as new leaf tensors sharing their storage: DDP's reducer hooks
+    sit on the parameters' own gradient accumulators, and a backward that reached them on rank
+    0 alone would start a reduction the other ranks never join (with ``static_graph`` it
+    hangs the run)."""
+    return {
+        name: p.detach().requires_grad_(p.requires_grad) for name, p in module.named_parameters()
+    }
+
+
 def count_flops(
     module: nn.Module,
     micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
@@ -82,7 +92,8 @@ def count_flops(
         ):
             for inputs, targets in micro_batches:
                 with autocast():
-                    loss = training_loss(module, module(inputs), targets)
+                    outputs = torch.func.functional_call(module, _unhooked(module), (inputs,))
+                    loss = training_loss(module, outputs, targets)
                 loss.backward()
     finally:
         module.train(was_training)
