@@ -1,5 +1,5 @@
 """Live progress while the terminal waits for a run: steps done of the run's total, steps/s and
-time left (tqdm's), the latest loss and, before the first step, what the run is doing, on stderr.
+time left (tqdm's), the run's status (pending while its ranks start) and latest loss, on stderr.
 
 Progress is read from the run's trace files, as the notebook monitor does, never from the
 scheduler. In a terminal the bar redraws in place about once a second; elsewhere (a CI log,
@@ -60,7 +60,7 @@ def _show(bar: Any, handle: RunHandle) -> float:
     """Read the run once and move the bar; the seconds the read took."""
     started = time.monotonic()
     done, loss, status = _read(handle)
-    postfix = [] if status == "running" else [status]
+    postfix = [status]
     if loss is not None:
         postfix.append(f"loss {loss:.4f}")
     bar.set_postfix_str(", ".join(postfix), refresh=False)
