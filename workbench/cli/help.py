@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import re
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 #: Examples shown under ``workbench --help`` and each sub-command's ``--help``.
 EXAMPLES: dict[str, str] = {
@@ -69,8 +71,10 @@ class Switch(argparse.BooleanOptionalAction):
     """An on/off flag: ``--x`` on, ``--no-x`` off; ``--x true|false`` is still accepted, so
     scripts that gave the value keep working."""
 
-    def __init__(self, option_strings: list[str], dest: str, convert: object, **kwargs: object):
-        super().__init__(option_strings, dest, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, option_strings: list[str], dest: str, convert: Callable[[str], Any], **kwargs: Any
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
         self.nargs = "?"
         self.type = convert  # set after, since BooleanOptionalAction no longer takes a type
 
