@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -44,6 +46,37 @@ def workbench(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess
 
 def run_record(store: Path, sweep: str, run_id: str) -> dict:
     return json.loads((store / sweep / run_id / "run.json").read_text())
+
+
+#: A number in exponent form, which no cell a person reads may show.
+EXPONENT = re.compile(r"e[+-]\d\d")
+
+
+def check_progress(stderr: str, desc: str, steps: int) -> None:
+    """The progress on stderr, as a log (no terminal) gets it: one line per redraw, starting at
+    0 of the run's steps and ending with all of them done, no carriage returns."""
+    lines = [x for x in stderr.splitlines() if x.startswith(f"{desc}:")]
+    assert lines, stderr[-3000:]
+    assert f" 0/{steps} " in lines[0] and "starting" in lines[0], lines[0]
+    assert f" {steps}/{steps} " in lines[-1] and "completed" in lines[-1], lines[-1]
+    assert "step/s" in lines[-1] or "s/step" in lines[-1], "tqdm's rate"
+    assert "\r" not in stderr
+
+
+def check_per_rank_table(text: str, run: Path) -> None:
+    """The per-rank table: a header row, then one row per rank, its times in ms (the mean of
+    the rank's measured steps, read here from the traces, to the 3 digits printed)."""
+    lines = [x for x in text.splitlines()[1:] if x.strip()]
+    header = lines[0].split()
+    assert header[:7] == ["rank", "data", "forward", "backward", "optimizer", "comm", "step"]
+    assert [x.split()[0] for x in lines[1:]] == ["0", "1"], "no index row, one row per rank"
+    steps = pd.concat(pd.read_parquet(p) for p in (run / "traces").glob("steps-rank*.parquet"))
+    measured = steps[~steps["warmup"]]
+    for line in lines[1:]:
+        cells = line.split()
+        mean_ms = measured.loc[measured["rank"] == int(cells[0]), "step_s"].mean() * 1000
+        assert float(cells[6]) == pytest.approx(mean_ms, rel=0.01), (line, mean_ms)
+        assert cells[7].endswith("/s") and cells[-1] == "GiB", line
 
 
 # ----------------------------------------------------------------------------- the study
@@ -88,6 +121,9 @@ def test_scale_runs_one_config_per_world_size_then_writes_a_report(scaled) -> No
     assert {r["config"]["per_device_batch_size"] for r in records} == {16}, "weak scaling"
     for run_id in runs:
         assert f"{run_id}: completed" in done.stdout
+    for i in (1, 2):
+        check_progress(done.stderr, f"run {i}/2", 6)
+    assert not EXPONENT.search(done.stdout), done.stdout
     # the finding, in words, before where the files are
     assert "finding:\n  2 ranks: " in done.stdout and "the throughput of 1 rank" in done.stdout
     assert done.stdout.index("finding:") < done.stdout.index("results:")
@@ -107,6 +143,15 @@ def test_ls_lists_every_run_with_its_status(scaled) -> None:
             line = next(x for x in listed.stdout.splitlines() if run.name in x)
             assert "completed" in line, line
     assert "cli" in listed.stdout
+    assert not EXPONENT.search(listed.stdout), listed.stdout
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[:3] == ["sweep", "run", "status"] and "samples/s" in header
+    assert len(rows) == 2, "one row per run, no index row"
+    for row in rows:
+        run_id = row.split()[1]
+        rate = run_record(store, "cli", run_id)["summary"]["samples_per_s"]
+        assert f" {round(rate):,}/s " in row, (row, rate)  # e.g. 15,290/s
+        assert re.search(r" \d+ %$", row), "the accuracy as a percentage"
     other = workbench("ls", "--output-dir", str(store), "--sweep", "nothing-here")
     assert all(run.name not in other.stdout for run in (store / "cli").iterdir())
 
@@ -142,10 +187,30 @@ def test_run_launches_one_run_and_prints_its_summary(tmp_path: Path) -> None:
     per_rank = done.stdout.split("per rank:")[1].split("results:")[0]
     assert len([x for x in per_rank.splitlines() if x.strip()[:1] in ("0", "1")]) == 2
     assert f"results: {tmp_path / 'cli-run' / 'one'}" in done.stdout
+    assert not EXPONENT.search(done.stdout), done.stdout
+    check_per_rank_table(per_rank, tmp_path / "cli-run" / "one")
+    check_progress(done.stderr, "steps", 6)
     again = workbench(
         "run", "--run-name", "one", "--sweep", "cli-run", "--output-dir", str(tmp_path), *TINY
     )
     assert again.returncode == 2 and "one" in again.stderr and "--resume" in again.stderr
+
+
+@pytest.mark.slow
+def test_on_off_flags_and_the_hidden_fault_flag_reach_the_run(tmp_path: Path) -> None:
+    """``--static-graph`` and ``--no-eval-at-end`` as the run records its config; ``--fault``
+    (not in help) accepted, planted for an attempt that never comes, so the run completes."""
+    fault = {"rank": 0, "step": 2, "kind": "exit", "attempt": 5}
+    done = workbench(
+        "run", "--world-size", "1", "--run-name", "flags", "--sweep", "cli-flags",
+        "--output-dir", str(tmp_path), "--static-graph", "--no-eval-at-end",
+        "--fault", json.dumps(fault), "--no-progress", *TINY,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = run_record(tmp_path, "cli-flags", "flags")["config"]
+    assert (config["static_graph"], config["eval_at_end"]) == (True, False)
+    assert config["fault"] == fault
+    assert "steps:" not in done.stderr, "--no-progress: no bar"
 
 
 # ----------------------------------------------------------------------------- repartition

@@ -39,3 +39,16 @@ def seconds(value: float) -> str:
 def gib(nbytes: float) -> str:
     """Bytes as ``0.31 GiB``."""
     return f"{nbytes / 2**30:.2g} GiB" if math.isfinite(nbytes) else "n/a"
+
+
+def number(value: float, digits: int = 3) -> str:
+    """A plain number for people, never in exponent form: ``15,290``, ``123``, ``2.31``,
+    ``0.000173`` (``digits`` significant digits, whole numbers with separators from there up)."""
+    if not math.isfinite(value):
+        return "n/a"
+    if value != 0 and abs(value) < 10 ** (digits - 1):
+        value = float(f"{value:.{digits}g}")  # 99.96 -> 100, which gets no extra digit
+    if value == 0 or abs(value) >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    decimals = min(digits - 1 - math.floor(math.log10(abs(value))), 12)
+    return f"{value:,.{decimals}f}"

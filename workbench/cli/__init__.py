@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.cli import commands
+from workbench.cli.help import Formatter, examples
 from workbench.cli.options import add_config_options, world_sizes
 from workbench.run.backends import BACKENDS
 
@@ -19,9 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``workbench`` command and its sub-commands."""
     parser = argparse.ArgumentParser(
         prog="workbench",
-        description="Launch, trace and analyse PyTorch DDP scaling studies.",
+        description="Launch, trace and analyse PyTorch DDP scaling studies. "
+        "'workbench COMMAND --help' says more about each command.",
+        epilog=examples("workbench"),
+        formatter_class=Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report):
         add(sub)
     return parser
@@ -29,29 +33,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run(sub: Any) -> None:
     """``workbench run``: one run, then its summary."""
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
         help="launch one training run and print its summary",
-        description="Launch one DDP training run, wait for it, print a summary table.",
+        description="Launch one DDP training run, show its progress while it runs, then print "
+        "its summary and a table per rank. Every RunConfig field is a flag, in the groups below.",
+        usage="%(prog)s [options]",
     )
-    run.add_argument(
+    launching = run.add_argument_group("launch")
+    launching.add_argument(
         "--executor",
         default="local",
         choices=[name for name, b in BACKENDS.items() if b.on_this_machine],
-        help="local: one subprocess per rank; debug: world size 1 in this process",
+        help="local: one subprocess per rank; debug: world size 1 in this process; pool: "
+        "ranks from a warm pool of workers (default: local)",
     )
-    run.add_argument(
+    launching.add_argument(
         "--resume",
         action="store_true",
         help="continue the run named by --run-name from its latest checkpoint",
     )
+    _no_progress(launching)
     add_config_options(run)
     run.set_defaults(func=commands.run)
 
 
 def _add_ls(sub: Any) -> None:
     """``workbench ls``: the runs in the store."""
-    ls = sub.add_parser("ls", help="list runs in the store", description="List runs in the store.")
+    ls = _command(sub, "ls", help="list runs in the store", description="List runs in the store.")
     ls.add_argument("--output-dir", default="experiments/results", help="root of the result store")
     ls.add_argument("--sweep", action="append", help="only this sweep (repeatable)")
     ls.set_defaults(func=commands.ls)
@@ -59,31 +69,43 @@ def _add_ls(sub: Any) -> None:
 
 def _add_scale(sub: Any) -> None:
     """``workbench scale``: one config at several world sizes."""
-    scale = sub.add_parser(
+    scale = _command(
+        sub,
         "scale",
         help="one config at several world sizes, then a report",
-        description="Run one config at several world sizes (one after another), "
-        "then write the sweep's offline HTML report.",
+        description="Run one config at several world sizes (one after another, each with its "
+        "progress), then write the sweep's offline HTML report. The per-device batch stays "
+        "fixed (weak scaling) unless --global-batch-size is given (strong scaling).",
+        usage="%(prog)s [options]",
     )
-    scale.add_argument(
+    study = scale.add_argument_group("study")
+    study.add_argument(
         "--world-sizes",
         type=world_sizes,
         default=[1, 2],
+        metavar="N,N,...",
         help="comma-separated world sizes (default: 1,2)",
     )
-    scale.add_argument(
-        "--executor", default="local", choices=["local", "pool"], help="where the ranks run"
+    study.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "pool"],
+        help="where the ranks run (default: local)",
     )
-    scale.add_argument(
-        "--report", help="HTML file to write (default: <output-dir>/<sweep>/report.html)"
+    study.add_argument(
+        "--report",
+        metavar="HTML",
+        help="HTML file to write (default: <output-dir>/<sweep>/report.html)",
     )
+    _no_progress(study)
     add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
     scale.set_defaults(func=commands.scale)
 
 
 def _add_sweep(sub: Any) -> None:
     """``workbench sweep``: a YAML grid, one executed notebook per point."""
-    sweep = sub.add_parser(
+    sweep = _command(
+        sub,
         "sweep",
         help="run a YAML grid of configs, one executed notebook per point",
         description="Run every point of a sweep spec (experiments/sweeps/X.yaml: name, notebook, "
@@ -109,7 +131,8 @@ def _add_sweep(sub: Any) -> None:
 
 def _add_repartition(sub: Any) -> None:
     """``workbench repartition``: Parquet row groups."""
-    rep = sub.add_parser(
+    rep = _command(
+        sub,
         "repartition",
         help="rewrite a Parquet file with another row-group layout",
         description="Rewrite a Parquet training file so its row groups shard evenly over the "
@@ -130,7 +153,8 @@ def _add_repartition(sub: Any) -> None:
 
 def _add_report(sub: Any) -> None:
     """``workbench report``: the offline HTML report."""
-    report = sub.add_parser(
+    report = _command(
+        sub,
         "report",
         help="write one offline HTML report of a sweep or run",
         description="Write a self-contained HTML report (works with no network).",
@@ -141,6 +165,20 @@ def _add_report(sub: Any) -> None:
         "--output-dir", default="experiments/results", help="root of the result store"
     )
     report.set_defaults(func=commands.report)
+
+
+def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A sub-command's parser, with the help's formatting and the command's examples."""
+    return sub.add_parser(name, epilog=examples(name), formatter_class=Formatter, **kwargs)
+
+
+def _no_progress(group: Any) -> None:
+    group.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar while a run runs (it goes to stderr: a line every few seconds "
+        "when stderr is no terminal)",
+    )
 
 
 def _unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:

@@ -7,12 +7,15 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 from workbench.cli.options import config_from_args
 
 
 def run(args: argparse.Namespace) -> int:
     from workbench.analysis.summary import per_rank_table
+    from workbench.cli import progress
+    from workbench.cli.tables import per_rank_text
     from workbench.errors import ConfigError, PreflightError, RunFailedError
     from workbench.run.launch import launch
     from workbench.store.load import load_traces
@@ -23,43 +26,60 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, PreflightError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"run {handle.run_id}: {config.world_size} rank(s), {config.total_steps} steps, "
-        f"executor={args.executor}; results in {handle.path}"
-    )
+    _print_header(handle, args.executor)
     try:
-        handle.wait()
+        progress.wait(handle, progress=not args.no_progress)
     except RunFailedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     _print_summary(handle.path)
-    table = per_rank_table(load_traces(handle.path, "steps"))
-    print(f"per rank:\n{table.to_string(float_format=lambda x: f'{x:.4g}')}")
+    steps = load_traces(handle.path, "steps")
+    print("per rank: mean of the measured steps, times in ms")
+    print(per_rank_text(per_rank_table(steps)))
     print(f"results: {handle.path}")
     return 0
 
 
+def _print_header(handle: Any, executor: str) -> None:
+    """What was launched and where its results go, before the wait."""
+    config = handle.config
+    print(
+        f"run {handle.run_id}: {config.world_size} rank(s), {config.total_steps} steps, "
+        f"executor={executor}; results in {handle.path}",
+        flush=True,
+    )
+
+
 def _print_summary(run_path: Path) -> None:
+    """The run's headline figures from run.json: throughput in samples/s, times in ms (the
+    evaluation and checkpoint totals in their own unit), memory in GiB."""
+    from workbench.analysis.units import gib, number, percent, rate, seconds
     from workbench.store.files import read_json
 
     record = read_json(run_path / "run.json")
     s = record.get("summary") or {}
 
-    def fmt(key: str, unit: str = "", scale: float = 1.0) -> str:
+    def fmt(key: str, unit: Any = number, scale: float = 1.0) -> str:
         v = s.get(key)
-        return "n/a" if v is None else f"{v * scale:.4g}{unit}"
+        return "n/a" if v is None else unit(v * scale)
+
+    def duration(v: float) -> str:
+        return "0 s" if v == 0 else seconds(v)
+
+    def per_s(key: str) -> str:
+        return fmt(key, rate).removesuffix("/s") + " samples/s"
 
     if s.get("incomplete"):
         print(f"incomplete traces, throughput left out: {s['incomplete']}")
     print(
-        f"throughput: {fmt('samples_per_s', ' samples/s')} total end to end, "
-        f"{fmt('samples_per_s_per_device', ' samples/s')} per device "
+        f"throughput: {per_s('samples_per_s')} total end to end, "
+        f"{per_s('samples_per_s_per_device')} per device "
         f"({s.get('measured_steps', 0)} measured steps, warm-up excluded)"
     )
     print(
-        f"training alone: {fmt('train_samples_per_s', ' samples/s')} "
-        f"(evaluation {fmt('window_eval_s', ' s')} and checkpoints "
-        f"{fmt('window_save_s', ' s')} of the window left out)"
+        f"training alone: {per_s('train_samples_per_s')} "
+        f"(evaluation {fmt('window_eval_s', duration)} and checkpoints "
+        f"{fmt('window_save_s', duration)} of the window left out)"
     )
     dropped = record.get("dropped_samples_per_epoch")
     if dropped is not None:
@@ -67,41 +87,26 @@ def _print_summary(run_path: Path) -> None:
     print(
         "step time (ms): "
         + ", ".join(
-            f"{p.replace('_s', '')} {fmt('mean_' + p, '', 1000)}"
+            f"{p.replace('_s', '')} {fmt('mean_' + p, number, 1000)}"
             for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
         )
-        + f"; between steps {fmt('mean_gap_s', '', 1000)}"
+        + f"; between steps {fmt('mean_gap_s', number, 1000)}"
     )
-    rss, cuda = fmt("peak_rss_bytes", " MiB", 2**-20), fmt("peak_cuda_bytes", " MiB", 2**-20)
-    print(f"peak memory: RSS {rss}, CUDA {cuda}")
+    print(f"peak memory: RSS {fmt('peak_rss_bytes', gib)}, CUDA {fmt('peak_cuda_bytes', gib)}")
     metric = s.get("final_metric_name", "metric")
-    print(f"final loss {fmt('final_loss')}; {metric} {fmt('final_metric')}")
+    shown = fmt("final_metric", percent if metric == "accuracy" else number)
+    print(f"final loss {fmt('final_loss')}; {metric} {shown}")
 
 
 def ls(args: argparse.Namespace) -> int:
+    from workbench.cli.tables import runs_text
     from workbench.store.load import load_runs
 
     runs = load_runs(args.output_dir, args.sweep or None)
     if runs.empty:
         print(f"no runs in {args.output_dir}")
         return 0
-    cols = [
-        c
-        for c in (
-            "sweep",
-            "run_id",
-            "status",
-            "model",
-            "world_size",
-            "per_device_batch_size",
-            "precision",
-            "samples_per_s",
-            "final_loss",
-            "final_metric",
-        )
-        if c in runs.columns
-    ]
-    print(runs[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(runs_text(runs))
     return 0
 
 
@@ -125,7 +130,7 @@ def report(args: argparse.Namespace) -> int:
 
 def scale(args: argparse.Namespace) -> int:
     from workbench.errors import ConfigError
-    from workbench.run.study import run_study, scaling_configs
+    from workbench.run.study import scaling_configs
     from workbench.ui.report import report_from_store
 
     try:
@@ -135,7 +140,7 @@ def scale(args: argparse.Namespace) -> int:
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    handles = run_study(configs, args.executor)
+    handles = _run_each(configs, args.executor, progress=not args.no_progress)
     for handle in handles:
         print(f"{handle.run_id}: {handle.status()}")
     report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
@@ -144,6 +149,25 @@ def scale(args: argparse.Namespace) -> int:
     print(f"results: {Path(config.output_dir) / config.sweep}")
     print(f"report: {path}")
     return 0 if all(h.status() == "completed" for h in handles) else 1
+
+
+def _run_each(configs: list[Any], executor: str, progress: bool) -> list[Any]:
+    """Launch each config in turn (as ``run.study.run_study``) and wait for it with a progress
+    bar; a failed run is reported and the study goes on."""
+    from workbench.cli import progress as bars
+    from workbench.errors import RunFailedError
+    from workbench.run.launch import launch
+
+    handles = []
+    for i, config in enumerate(configs, start=1):
+        handle = launch(config, executor)
+        _print_header(handle, executor)
+        try:
+            bars.wait(handle, desc=f"run {i}/{len(configs)}", progress=progress)
+        except RunFailedError as exc:
+            print(f"run {handle.run_id} failed: {exc}", file=sys.stderr)
+        handles.append(handle)
+    return handles
 
 
 def sweep(args: argparse.Namespace) -> int:

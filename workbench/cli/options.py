@@ -1,5 +1,6 @@
 """The run configuration as command-line flags: one flag per RunConfig field, generated from the
-fields themselves so the CLI never lags the config."""
+fields themselves (type, help, choices, default) so the CLI never lags the config, shown in
+groups a person can scan."""
 
 from __future__ import annotations
 
@@ -11,9 +12,85 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.config.run_config import RunConfig, field_help
+from workbench.cli.help import Switch, plain
+from workbench.config.run_config import RunConfig
 
 _ALIASES = {"max_steps": ["--steps"]}
+#: The RunConfig fields of each help group, in the order shown. A field in none of them (a new
+#: one) is shown under "other settings", so it still has a flag.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "naming and storage": ("sweep", "run_name", "output_dir"),
+    "model and data": (
+        "model",
+        "model_options",
+        "dataset",
+        "dataset_options",
+        "train_samples",
+        "eval_samples",
+        "seed",
+    ),
+    "layout (ranks and devices)": (
+        "world_size",
+        "nodes",
+        "tasks_per_node",
+        "strategy",
+        "device",
+        "backend",
+        "threads_per_rank",
+    ),
+    "batch": ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps"),
+    "schedule and optimizer": (
+        "epochs",
+        "max_steps",
+        "warmup_steps",
+        "optimizer",
+        "learning_rate",
+        "momentum",
+        "weight_decay",
+        "lr_scaling",
+        "lr_reference_batch",
+        "lr_warmup_steps",
+        "precision",
+    ),
+    "DDP": (
+        "find_unused_parameters",
+        "bucket_cap_mb",
+        "gradient_as_bucket_view",
+        "static_graph",
+        "sync_batchnorm",
+        "comm_hook",
+        "powersgd_rank",
+    ),
+    "evaluation": (
+        "eval_every_epochs",
+        "eval_at_end",
+        "eval_batch_size",
+        "eval_on",
+        "eval_timeout_s",
+    ),
+    "robustness (checkpoints, timeouts, preemption)": (
+        "checkpoint_every_steps",
+        "collective_timeout_s",
+        "timeout_min",
+        "master_port",
+        "signal_delay_s",
+        "stop_check_every_steps",
+    ),
+    "tracing": (
+        "trace_flush_s",
+        "trace_sample_ids",
+        "trace_comm",
+        "trace_comm_every_steps",
+        "network_benchmark",
+        "profile_steps",
+    ),
+}
+#: Fields with a flag that help does not show: test-only.
+HIDDEN = ("fault",)
+#: The per-device batch when neither batch is given (RunConfig itself needs one of them).
+DEFAULT_PER_DEVICE_BATCH = 32
+_METAVARS = {int: "N", float: "NUM", str: "TEXT"}
+_KIND_METAVARS = {"folder_name": "NAME", "path": "DIR"}
 
 
 def _field_type(f: dataclasses.Field[Any]) -> Any:
@@ -51,29 +128,70 @@ def _json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected JSON, got {text!r}: {exc}") from exc
 
 
-def add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One option per RunConfig field, with the field's own help: the CLI never lags the config."""
-    helps = field_help()
-    group = parser.add_argument_group("run configuration (RunConfig fields)")
-    for f in dataclasses.fields(RunConfig):
-        if not f.init or f.name in skip:
-            continue
-        kind = _field_type(f)
-        convert: Any = {int: int, float: float, bool: _bool, str: str}.get(kind, _json)
-        flags = [f"--{f.name.replace('_', '-')}"] + _ALIASES.get(f.name, [])
-        default = f.default if f.default is not dataclasses.MISSING else "{}"
+def _metavar(f: dataclasses.Field[Any], kind: Any) -> str:
+    """What the flag takes: its choices (``{a,b}``, with ``MODULE:FACTORY`` where a plug-in may
+    be named), a string format, or the kind of number; JSON for the rest."""
+    if "choices" in f.metadata:
+        extra = ("MODULE:FACTORY",) if f.metadata.get("plugin") else ()
+        return "{" + ",".join((*f.metadata["choices"], *extra)) + "}"
+    if "kind" in f.metadata:
+        return _KIND_METAVARS.get(f.metadata["kind"], "TEXT")
+    return _METAVARS.get(kind, "JSON")
+
+
+def _default(f: dataclasses.Field[Any], kind: Any) -> str:
+    """`` (default: ...)`` for the help, or nothing where there is no value to show."""
+    if f.name == "per_device_batch_size":
+        return f" (default: {DEFAULT_PER_DEVICE_BATCH} unless --global-batch-size is given)"
+    if f.default is dataclasses.MISSING or f.default is None:
+        return ""
+    if kind is bool:
+        return f" (default: {'on' if f.default else 'off'})"
+    return f" (default: {f.default})"
+
+
+def _add_field(group: Any, f: dataclasses.Field[Any]) -> None:
+    """The flag of one field; validation stays in RunConfig, which names the field and what it
+    allows, so a choice is listed in help but not checked by argparse."""
+    kind = _field_type(f)
+    flags = [f"--{f.name.replace('_', '-')}"] + _ALIASES.get(f.name, [])
+    helped = plain(f.metadata.get("help", "") + _default(f, kind))
+    shown = argparse.SUPPRESS if f.name in HIDDEN else helped
+    if kind is bool:
         group.add_argument(
-            *flags,
-            dest=f.name,
-            type=convert,
-            default=argparse.SUPPRESS,
-            help=f"{helps[f.name]} (default: {default})",
+            *flags, dest=f.name, action=Switch, convert=_bool, default=argparse.SUPPRESS, help=shown
         )
+        return
+    convert: Any = {int: int, float: float, str: str}.get(kind, _json)
+    group.add_argument(
+        *flags,
+        dest=f.name,
+        type=convert,
+        default=argparse.SUPPRESS,
+        metavar=_metavar(f, kind),
+        help=shown,
+    )
+
+
+def add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """One flag per RunConfig field, with the field's own help, in :data:`GROUPS`."""
+    fields = {f.name: f for f in dataclasses.fields(RunConfig) if f.init and f.name not in skip}
+    grouped = {name for names in GROUPS.values() for name in names}
+    other = tuple(n for n in fields if n not in grouped and n not in HIDDEN)
+    for title, names in [*GROUPS.items(), ("other settings", other)]:
+        present = [fields[n] for n in names if n in fields]
+        if present:
+            group = parser.add_argument_group(title)
+            for f in present:
+                _add_field(group, f)
+    for name in HIDDEN:
+        if name in fields:
+            _add_field(parser, fields[name])
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
     values = {k: v for k, v in vars(args).items() if k in fields}
     if "per_device_batch_size" not in values and "global_batch_size" not in values:
-        values["per_device_batch_size"] = 32
+        values["per_device_batch_size"] = DEFAULT_PER_DEVICE_BATCH
     return RunConfig(**values)

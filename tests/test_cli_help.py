@@ -1,0 +1,147 @@
+"""``workbench --help`` as a person reads it: the run's flags in named groups, the choices
+listed, on/off flags as ``--x/--no-x``, the test-only ``--fault`` hidden but working, examples
+under every command (each one a command the parser accepts), and no reStructuredText markup."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+
+import pytest
+
+from workbench.cli import build_parser, main
+from workbench.cli.help import EXAMPLES
+from workbench.cli.options import config_from_args
+from workbench.config.fault import FaultInjection
+from workbench.config.run_config import RunConfig
+
+COMMANDS = ("run", "ls", "scale", "sweep", "repartition", "report")
+RUN_GROUPS = (
+    "launch:",
+    "naming and storage:",
+    "model and data:",
+    "layout (ranks and devices):",
+    "batch:",
+    "schedule and optimizer:",
+    "DDP:",
+    "evaluation:",
+    "robustness (checkpoints, timeouts, preemption):",
+    "tracing:",
+)
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One width for every help, so a flag and its metavar stay on one line."""
+    monkeypatch.setenv("COLUMNS", "100")
+
+
+def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_run_help_groups_the_flags_and_lists_the_choices(capsys) -> None:
+    text = help_of(capsys, "run")
+    assert text.startswith("usage: workbench run [options]\n"), text[:200]
+    headings = [line for line in text.splitlines() if line and not line.startswith(" ")]
+    for group in RUN_GROUPS:
+        assert group in headings, f"no {group!r} group in:\n{headings}"
+    assert "other settings:" not in headings, "a RunConfig field has no group of its own"
+    for listed in (
+        "--executor {local,debug",
+        "--device {auto,cpu,cuda}",
+        "--backend {auto,gloo,nccl}",
+        "--strategy {ddp,dp,single}",
+        "--precision {fp32,fp16,bf16}",
+        "--comm-hook {allreduce,fp16,bf16,powersgd}",
+        "--lr-scaling {none,linear,sqrt}",
+        "--optimizer {sgd,adamw}",
+        "--eval-on {all,rank0}",
+        "--trace-comm {sampled,hook,off}",
+        "--model {mlp,cnn,transformer,gpt,MODULE:FACTORY}",
+    ):
+        assert listed in text, f"{listed!r} not in run --help"
+    # the DDP group holds the DDP knobs, the tracing group the tracing ones
+    ddp = text.split("\nDDP:\n")[1].split("\n\n")[0]
+    assert "--bucket-cap-mb" in ddp and "--comm-hook" in ddp and "--eval-on" not in ddp
+    tracing = text.split("\ntracing:\n")[1].split("\n\n")[0]
+    assert "--trace-comm " in tracing and "--profile-steps" in tracing
+
+
+def test_on_off_flags_take_no_value_in_help(capsys) -> None:
+    text = help_of(capsys, "run")
+    for name in ("static-graph", "eval-at-end", "network-benchmark", "sync-batchnorm"):
+        assert f"--{name}, --no-{name}\n" in text, name
+    assert "STATIC_GRAPH" not in text and "EVAL_AT_END" not in text
+    assert "(default: on)" in text.split("--eval-at-end, --no-eval-at-end")[1].split("\n  --")[0]
+
+
+def test_static_graph_on_and_off_reach_the_config() -> None:
+    parser = build_parser()
+
+    def config(*flags: str) -> RunConfig:
+        return config_from_args(parser.parse_args(["run", *flags]))
+
+    assert config().static_graph is False, "RunConfig's default when the flag is not given"
+    assert config("--static-graph").static_graph is True
+    assert config("--static-graph", "--no-static-graph").static_graph is False, "the last wins"
+    assert config("--no-static-graph", "--static-graph").static_graph is True
+    assert config("--static-graph", "false").static_graph is False, "a value is still accepted"
+    assert config("--no-eval-at-end").eval_at_end is False
+    assert config("--eval-at-end=yes").eval_at_end is True
+
+
+def test_an_off_flag_refuses_a_value(capsys) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["run", "--no-static-graph", "true"])
+    assert refused.value.code == 2
+    assert "--no-static-graph" in capsys.readouterr().err
+
+
+def test_fault_is_hidden_from_help_but_accepted(capsys) -> None:
+    for command in ("run", "scale"):
+        assert "--fault" not in help_of(capsys, command), command
+    args = build_parser().parse_args(
+        ["run", "--fault", '{"rank": 1, "step": 3, "kind": "exit"}', "--world-size", "2"]
+    )
+    assert config_from_args(args).fault == FaultInjection(rank=1, step=3, kind="exit")
+
+
+def test_every_command_has_examples_and_no_markup(capsys) -> None:
+    top = help_of(capsys)
+    assert "\nexamples:\n  workbench run --model mlp --world-size 2 --steps 50" in top
+    assert "\ncommands:\n" in top
+    for command in COMMANDS:
+        text = help_of(capsys, command)
+        examples = text.split("\nexamples:\n")[1]
+        assert examples.lstrip().startswith(f"workbench {command}"), (command, examples[:100])
+    for text in [top] + [help_of(capsys, c) for c in COMMANDS]:
+        assert "``" not in text and ":mod:" not in text and ":func:" not in text
+
+
+@pytest.mark.parametrize("command", sorted(EXAMPLES))
+def test_every_example_is_a_command_the_parser_accepts(command: str) -> None:
+    """The words after each example (three spaces or more from it) explain it."""
+    parser = build_parser()
+    for line in EXAMPLES[command].splitlines():
+        argv = shlex.split(re.split(r"\s{3,}", line.strip())[0])
+        assert argv[0] == "workbench", line
+        if "--help" in argv:
+            continue
+        args, extra = parser.parse_known_args(argv[1:])
+        assert not extra, f"{line!r}: {extra}"
+        if args.command in ("run", "scale"):
+            args.world_size = max(args.world_sizes) if args.command == "scale" else None
+            config_from_args(args)  # a valid RunConfig too
+
+
+def test_every_settable_field_still_has_a_flag() -> None:
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    dests = {a.dest for a in run._actions}
+    fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
+    assert fields <= dests, sorted(fields - dests)

@@ -1,0 +1,112 @@
+"""How ``workbench --help`` reads: plain text (no reStructuredText markup), paragraphs wrapped
+but example blocks kept as written, on/off flags shown as ``--x, --no-x``, and the examples
+under each command."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+#: Examples shown under ``workbench --help`` and each sub-command's ``--help``.
+EXAMPLES: dict[str, str] = {
+    "workbench": """\
+  workbench run --model mlp --world-size 2 --steps 50      one run, then its summary
+  workbench scale --world-sizes 1,2,4 --steps 40 --sweep study1   then a report
+  workbench sweep experiments/sweeps/quickstart.yaml       a YAML grid, one notebook per point
+  workbench ls                                             the runs in the store
+  workbench report study1 -o study1.html                   one HTML file, works offline
+  workbench run --help                                     every flag of a run, grouped""",
+    "run": """\
+  workbench run --model mlp --world-size 2 --steps 50
+  workbench run --model transformer --world-size 2 --global-batch-size 64 --precision bf16
+  workbench run --comm-hook powersgd --powersgd-rank 2 --static-graph --world-size 4
+  workbench run --run-name long1 --epochs 5 --checkpoint-every-steps 100
+  workbench run --run-name long1 --epochs 5 --resume        continue it from its checkpoint
+  workbench run --model-options '{"size": "distilbert"}' --model transformer""",
+    "ls": """\
+  workbench ls
+  workbench ls --sweep study1 --sweep study2
+  workbench ls --output-dir ../results""",
+    "scale": """\
+  workbench scale --world-sizes 1,2,4 --steps 40 --sweep study1
+  workbench scale --world-sizes 1,2 --global-batch-size 256 --sweep strong   strong scaling
+  workbench scale --model transformer --world-sizes 1,2 --report study.html""",
+    "sweep": """\
+  workbench sweep experiments/sweeps/quickstart.yaml
+  workbench sweep experiments/sweeps/comm_hooks.yaml --dry-run
+  workbench sweep experiments/sweeps/comm_hooks.yaml --force --output-dir results2""",
+    "repartition": """\
+  workbench repartition train.parquet --make 100000          a synthetic dataset
+  workbench repartition train.parquet --row-groups 8         shards evenly over 1, 2, 4, 8
+  workbench repartition train.parquet --rows-per-group 512 -o even.parquet""",
+    "report": """\
+  workbench report study1 -o study1.html
+  workbench report experiments/results/study1/mlp-w2-20250101-120000-a1b2 -o one.html""",
+}
+
+_RST = (
+    (re.compile(r":[\w:]+:`~?([^`]*)`"), r"\1"),  # :mod:`x`, :func:`~a.b`
+    (re.compile(r"``([^`]*)``"), r"\1"),
+    (re.compile(r"`([^`]*)`"), r"\1"),
+)
+
+
+def plain(text: str) -> str:
+    """``text`` without reStructuredText markup, as argparse prints it: ``x`` and :mod:`x` become
+    x; a ``%`` is escaped (argparse formats help with %)."""
+    for pattern, repl in _RST:
+        text = pattern.sub(repl, text)
+    return text.replace("%", "%%")
+
+
+def examples(command: str) -> str:
+    """The epilog of ``command``: its examples."""
+    return "examples:\n" + EXAMPLES[command]
+
+
+class Switch(argparse.BooleanOptionalAction):
+    """An on/off flag: ``--x`` on, ``--no-x`` off; ``--x true|false`` is still accepted, so
+    scripts that gave the value keep working."""
+
+    def __init__(
+        self, option_strings: list[str], dest: str, convert: Callable[[str], Any], **kwargs: Any
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"
+        self.type = convert  # set after, since BooleanOptionalAction no longer takes a type
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                raise argparse.ArgumentError(self, f"takes no value, got {values!r}")
+            setattr(namespace, self.dest, False)
+        else:
+            setattr(namespace, self.dest, True if values is None else values)
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help, with paragraphs wrapped but indented blocks (examples) kept as written,
+    and an on/off flag shown as ``--x, --no-x``."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for block in text.split("\n\n"):
+            if any(line.startswith("  ") for line in block.splitlines()):
+                paragraphs.append(textwrap.indent(block, indent))
+            else:
+                paragraphs.append(super()._fill_text(block, width, indent))
+        return "\n\n".join(paragraphs)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, Switch):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)

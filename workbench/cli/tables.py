@@ -1,0 +1,113 @@
+"""Tables for a terminal: one unit per column, numbers as people write them (``15,290/s``,
+``1.45`` ms, ``78 %``), never in exponent form, and no index row."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import pandas as pd
+
+from workbench.analysis.units import gib, number, percent, rate
+
+#: Per-rank phase columns and their headers; the values are shown in milliseconds.
+PHASE_HEADERS = {
+    "data_s": "data",
+    "forward_s": "forward",
+    "backward_s": "backward",
+    "optimizer_s": "optimizer",
+    "comm_s": "comm",
+    "step_s": "step",
+}
+#: ``workbench ls``: the run columns shown (those present) and their headers.
+RUN_HEADERS = {
+    "sweep": "sweep",
+    "run_id": "run",
+    "status": "status",
+    "model": "model",
+    "world_size": "ranks",
+    "per_device_batch_size": "batch/device",
+    "precision": "precision",
+    "samples_per_s": "samples/s",
+    "final_loss": "loss",
+    "final_metric": "metric",
+}
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, numbers.Real) and math.isnan(value))
+
+
+def cell(value: Any, fmt: Callable[[float], str] = number) -> str:
+    """One cell: ``-`` when missing, a number through ``fmt``, anything else as text."""
+    if _missing(value):
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    return fmt(float(value))
+
+
+def count(value: float) -> str:
+    """A whole number (a float column holds them where some rows lack one): ``1,024``."""
+    return f"{int(value):,}"
+
+
+def text_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], left: Collection[int] = ()
+) -> str:
+    """Columns two spaces apart: those numbered in ``left`` aligned left (names), the others
+    right (numbers)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def per_rank_text(table: pd.DataFrame) -> str:
+    """``analysis.summary.per_rank_table``'s frame for people: one row per rank, the phase
+    means in ms, samples/s and peak RSS."""
+    phases = [c for c in PHASE_HEADERS if c in table.columns]
+    headers = ["rank", *(PHASE_HEADERS[c] for c in phases), "samples/s", "peak RSS"]
+    rows = []
+    for rank, row in table.iterrows():
+        ms = [cell(None if _missing(row[c]) else row[c] * 1e3) for c in phases]
+        rss = row.get("peak_rss_mib")
+        rows.append(
+            [
+                str(rank),
+                *ms,
+                cell(row.get("samples_per_s"), rate),
+                cell(None if _missing(rss) else rss * 2**20, gib),
+            ]
+        )
+    return text_table(headers, rows)
+
+
+def runs_text(runs: pd.DataFrame) -> str:
+    """``store.load.load_runs``'s frame for people: the :data:`RUN_HEADERS` columns it has; an
+    accuracy as a percentage, the metric's header its name when all runs share one."""
+    columns = [c for c in RUN_HEADERS if c in runs.columns]
+    names = runs["final_metric_name"].dropna().unique() if "final_metric_name" in runs else []
+    headers = [RUN_HEADERS[c] for c in columns]
+    if "final_metric" in columns and len(names) == 1:
+        headers[columns.index("final_metric")] = str(names[0])
+    rows = []
+    for _, run in runs.iterrows():
+        accuracy = run.get("final_metric_name") == "accuracy"
+        fmts: dict[str, Callable[[float], str]] = {
+            "world_size": count,
+            "per_device_batch_size": count,
+            "samples_per_s": rate,
+            "final_metric": percent if accuracy else number,
+        }
+        rows.append([cell(run[c], fmts.get(c, number)) for c in columns])
+    text = ("sweep", "run_id", "status", "model", "precision")
+    return text_table(headers, rows, left=[i for i, c in enumerate(columns) if c in text])
