@@ -161,5 +161,6 @@ def test_controls_fill_the_cell(tmp_path: Path) -> None:
     assert dash.layout.width == "100%"
     for control in (dash.sweeps, dash.runs, dash.group_by, dash.figure_kind, dash.focus_run):
         assert control.layout.width == "100%", control.description
-    controls = dash.children[1]
-    assert [c.layout.flex for c in controls.children] == ["3 1 0%", "2 1 0%"]
+    columns, group_by = dash.children[1].children
+    assert [c.layout.flex for c in columns.children] == ["3 1 0%", "2 1 0%"]
+    assert group_by is dash.group_by  # a row of its own: its label names many columns

@@ -30,14 +30,17 @@ BLOCK_DNS = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 1
 NOTEBOOK = "01_quickstart.ipynb"
 STEPS = 16
 NO_BASELINE = "no 1-rank run in this group: speedup needs a baseline; add world_size=1 to the sweep"
-#: The dashboard's figure and its cell's output area, and the run list's text against its box.
+#: The dashboard's figure and its cell's output area, the run list's text against its box and
+#: the height of the scaling table's first row.
 WIDTHS = """() => {
     const plot = document.querySelector('.js-plotly-plot');
     const cell = plot.closest('.jp-OutputArea-output');
     const runs = [...document.querySelectorAll('.widget-select-multiple')]
         .find(w => w.querySelector('label')?.textContent === 'runs').querySelector('select');
+    const row = cell.querySelector('table tbody tr');
     return {figure: plot.getBoundingClientRect().width, cell: cell.getBoundingClientRect().width,
-            runs_scroll: runs.scrollWidth, runs_client: runs.clientWidth};
+            runs_scroll: runs.scrollWidth, runs_client: runs.clientWidth,
+            table_row: row.getBoundingClientRect().height};
 }"""
 
 pytestmark = MARKS
@@ -214,6 +217,8 @@ def test_quickstart_runs_and_its_dashboard_reacts(
             widths = page.evaluate(WIDTHS)
             assert widths["figure"] >= 0.9 * widths["cell"], widths
             assert widths["runs_scroll"] <= widths["runs_client"], widths  # names not cut off
+            # one line per table row (a long note once wrapped a row to 250 px)
+            assert widths["table_row"] < 60, widths
 
             figure = page.locator(".widget-dropdown", has=page.locator("label", has_text="figure"))
             figure.locator("select").select_option(label="speedup (with ideal)")

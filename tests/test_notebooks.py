@@ -127,6 +127,8 @@ def test_quickstart_launches_watches_and_explores(quickstart: Any, notebook_env:
     figures = [m["state"] for m in state.values() if "_widget_layout" in m["state"]]
     assert [f["_widget_layout"]["title"]["text"] for f in figures] == ["Throughput per device"]
     assert len(figures[0]["_widget_data"]) == 1
+    # as wide as the cell where the saved state is shown, not plotly's default 700 px
+    assert figures[0]["_widget_layout"]["autosize"] is True
 
 
 @pytest.mark.slow

@@ -50,6 +50,13 @@ FROM_ZERO = ("throughput", "epoch_time", "speedup")
 BOX = "border-left: 4px solid {}; background: {}; padding: 0.2rem 1rem; margin: 0.4rem 0"
 FINDING_BOX = BOX.format("#3a6ea5", "#f3f7fc")
 WARNING_BOX = BOX.format("#c60", "#fff4e5")
+#: The scaling table's cells on one line each: squeezed into the cell's width, a long note
+#: (mfu_note) wrapped into a column a word wide and made every row hundreds of pixels tall. The
+#: table scrolls sideways instead.
+TABLE_STYLE = (
+    "<style>.workbench-table th, .workbench-table td "
+    "{white-space: nowrap; line-height: 1.4; padding: 2px 8px}</style>"
+)
 
 
 def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -116,22 +123,28 @@ class Dashboard(widgets.VBox):
         self.message = widgets.HTML()
         self.finding = widgets.HTML(layout=widgets.Layout(width="100%"))
         self.baseline = widgets.HTML(layout=widgets.Layout(width="100%"))
-        self.table = widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
+        # A block, not the HTML widget's flex row: the table scrolls in its own box and the
+        # notes under it wrap at the cell's width, not at the table's.
+        self.table = widgets.HTML(
+            layout=widgets.Layout(display="block", max_width="100%", overflow="auto")
+        )
         self._fill_sweeps(list(sweeps) if sweeps is not None else None)
         self._fill_runs(redraw=False)
         # Created with the first figure's data and layout: a widget's later updates travel as
         # messages, so a saved notebook (papermill, static export) keeps only what it began with.
         fig, table = self._build_or_explain()
         self.figure = go.FigureWidget(data=fig.data, layout=fig.layout)
-        self._show_table(table)
-        picks = [self.figure_kind, self.group_by, self.focus_run, self.refresh_button]
-        controls = widgets.HBox(
+        self._show_text(table)
+        picks = [self.figure_kind, self.focus_run, self.refresh_button]
+        columns = widgets.HBox(
             [
                 widgets.VBox([self.sweeps, self.runs], layout=_column("3")),
                 widgets.VBox(picks, layout=_column("2")),
             ],
             layout=widgets.Layout(width="100%"),
         )
+        # The grouping's label names its columns: a row of its own, so it is not cut off.
+        controls = widgets.VBox([columns, self.group_by], layout=widgets.Layout(width="100%"))
         parts = [self.finding, controls, self.message, self.baseline, self.figure, self.table]
         super().__init__(parts, layout=widgets.Layout(width="100%"))
         self.sweeps.observe(self._on_sweeps, "value")
@@ -259,12 +272,13 @@ class Dashboard(widgets.VBox):
         except ValueError as exc:  # e.g. a grouping that the selected runs cannot form
             return message_figure(f"cannot draw this: {exc}"), None
 
-    def _show_table(self, ctx: FigureContext | None) -> None:
+    def _show_text(self, ctx: FigureContext | None) -> None:
         """The scaling table (speedup and efficiency empty where a point is its own baseline
         without being one rank), the finding above the controls and the no-baseline warning."""
         has_table = ctx is not None and len(ctx.table) > 0
         self.table.value = (
-            scaling_table_html(honest_table(ctx.table), ctx.group_by)
+            f'{TABLE_STYLE}<div class="workbench-table">'
+            f"{scaling_table_html(honest_table(ctx.table), ctx.group_by)}</div>"
             if ctx is not None and has_table
             else "<i>No completed run with measured steps selected: no scaling table.</i>"
         )
@@ -275,7 +289,7 @@ class Dashboard(widgets.VBox):
     def _redraw(self) -> None:
         fig, ctx = self._build_or_explain()
         replace_figure(self.figure, fig)
-        self._show_table(ctx)
+        self._show_text(ctx)
 
     def _context(self) -> FigureContext | None:
         """The selection's frames, grouping and scaling table; None without traced steps."""
