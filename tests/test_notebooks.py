@@ -114,15 +114,21 @@ def test_quickstart_launches_watches_and_explores(quickstart: Any, notebook_env:
     widgets = [o["data"]["text/plain"] for o in with_mime(quickstart, WIDGET)]
     kinds = [w.split("(")[0] for w in widgets]
     assert kinds == ["RunMonitor", "LaunchPanel", "Dashboard"]
-    assert "'completed'" in text_of(quickstart)  # monitor.wait() saw the end
-    # The executed notebook keeps the widgets' final state: the monitor's bars are full.
+    # monitor.wait() returns nothing, so no 'completed' is echoed under the widget
+    assert "'completed'" not in text_of(quickstart)
+    # The executed notebook keeps the widgets' final state: the monitor saw the end and its
+    # bars are full.
     state = quickstart.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    labels = [m["state"].get("value") for m in state.values() if m["model_name"] == "LabelModel"]
+    assert "status: completed" in labels
     bars = [m["state"] for m in state.values() if m["model_name"] == "IntProgressModel"]
     assert len(bars) == 2 and all(b["value"] == b["max"] == 16 for b in bars)
     # ... and the dashboard's FigureWidget was born with its first figure, not a placeholder.
     figures = [m["state"] for m in state.values() if "_widget_layout" in m["state"]]
     assert [f["_widget_layout"]["title"]["text"] for f in figures] == ["Throughput per device"]
     assert len(figures[0]["_widget_data"]) == 1
+    # as wide as the cell where the saved state is shown, not plotly's default 700 px
+    assert figures[0]["_widget_layout"]["autosize"] is True
 
 
 @pytest.mark.slow

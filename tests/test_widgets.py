@@ -226,7 +226,8 @@ def test_run_monitor_follows_live_files_then_parquet(tmp_path: Path, live: str) 
             path / schema.RANKS_DIR / f"rank-{rank:05d}.json",
             {"rank": rank, "status": "completed", "pid": 1, "host": "elsewhere"},
         )
-    assert monitor.wait(timeout_s=5) == "completed"
+    assert monitor.wait(timeout_s=5) is None  # nothing for a notebook cell to echo
+    assert monitor.status == "completed"
     assert [b.value for b in monitor.bars] == [10, 10]
     assert [b.bar_style for b in monitor.bars] == ["success", "success"]
     assert monitor.status_label.value == "status: completed"
@@ -296,16 +297,27 @@ def test_run_monitor_and_launch_panel_on_a_real_run(tmp_path: Path) -> None:
     assert handle is not None and panel.monitor is not None
     assert panel.monitor_box.children == (panel.monitor,)
     monitor = panel.monitor
+    watcher = RunMonitor(handle.path)  # refreshed here, to see the run start
+    said = [watcher.status_label.value]
     total = handle.config.total_steps
     deadline = time.monotonic() + 120
     bars = [0, 0]
     while bars != [total, total] and time.monotonic() < deadline:  # only its thread refreshes
         time.sleep(0.1)
         bars = [b.value for b in monitor.bars]
+        watcher.refresh()
+        said.append(watcher.status_label.value)
     assert bars == [total, total], "the background thread followed the run to its end"
-    assert monitor.wait(timeout_s=120) == "completed"
+    # Before its first step row the run says how many of its ranks are up.
+    starting = [s for s in said if s.startswith("status: starting, ")]
+    assert starting and all(s.endswith("/2 ranks ready") for s in starting), said
+    monitor.wait(timeout_s=120)
+    assert monitor.status == "completed"
     assert monitor.samples_per_s and monitor.samples_per_s > 0
     assert monitor.latest_loss is not None
+    assert monitor.steps_per_s and monitor.steps_per_s > 0
+    assert monitor.elapsed_s and monitor.elapsed_s > 0
+    assert len(monitor.loss_spark.value) == min(total, 40)  # a block per recent step
     # The monitor let the handle record the outcome: the store says completed.
     assert json.loads((handle.path / schema.RUN_FILE).read_text())["status"] == "completed"
     # A monitor on the folder alone (any executor) reads the same.

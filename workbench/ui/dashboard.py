@@ -8,6 +8,7 @@ torch at import time: a dashboard opens on a laptop with no GPU stack.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analysis.finding import findings
 from workbench.analysis.groups import (
     BATCH_COLUMNS,
     LEADING_COLUMNS,
@@ -25,6 +27,7 @@ from workbench.analysis.groups import (
     resolve_group_by,
 )
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui.baseline import NO_BASELINE, baseline_notes, honest_table, speedup_rows
 from workbench.ui.catalogue import (
     FigureContext,
     dashboard_figures,
@@ -40,6 +43,20 @@ FIGURES: dict[str, str] = dashboard_figures()
 #: The group-by dropdown's value for :func:`workbench.analysis.default_group_by` (a Dropdown
 #: treats None as "nothing selected", so a sentinel string stands for it).
 DEFAULT_GROUPING = "default"
+#: Figures whose y axis starts at zero: a single point must not sit on an axis zoomed to +-1.5
+#: around it, and a drop reads at its true size.
+FROM_ZERO = ("throughput", "epoch_time", "speedup")
+#: The frames the finding and the notes sit in (the report's colours).
+BOX = "border-left: 4px solid {}; background: {}; padding: 0.2rem 1rem; margin: 0.4rem 0"
+FINDING_BOX = BOX.format("#3a6ea5", "#f3f7fc")
+WARNING_BOX = BOX.format("#c60", "#fff4e5")
+#: The scaling table's cells on one line each: squeezed into the cell's width, a long note
+#: (mfu_note) wrapped into a column a word wide and made every row hundreds of pixels tall. The
+#: table scrolls sideways instead.
+TABLE_STYLE = (
+    "<style>.workbench-table th, .workbench-table td "
+    "{white-space: nowrap; line-height: 1.4; padding: 2px 8px}</style>"
+)
 
 
 def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -56,6 +73,28 @@ def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
     widget.layout = fig.layout
 
 
+def _column(grow: str) -> widgets.Layout:
+    """A column of the controls that takes ``grow`` shares of the row and may shrink below its
+    content's width (else a long run name pushes the other column out of the cell)."""
+    return widgets.Layout(flex=f"{grow} 1 0%", min_width="0")
+
+
+def finding_html(said: list[str]) -> str:
+    """The study's finding (:func:`workbench.analysis.finding.findings`) as the report words it."""
+    if not said:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in said)
+    return f'<div style="{FINDING_BOX}"><b>Finding</b><ul>{items}</ul></div>'
+
+
+def baseline_html(notes: list[str]) -> str:
+    """Groups without a 1-rank run (:func:`workbench.ui.baseline.baseline_notes`), as a warning."""
+    if not notes:
+        return ""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return f'<div style="{WARNING_BOX}"><b>No baseline</b><ul>{items}</ul></div>'
+
+
 class Dashboard(widgets.VBox):
     """Pick sweeps and runs, a grouping and a figure; the figure and the scaling table follow.
 
@@ -70,33 +109,44 @@ class Dashboard(widgets.VBox):
         self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = {}
         self._busy = False  # set while controls are filled in code: one redraw, not many
         self._built: tuple[Any, FigureContext | None] | None = None
-        layout = widgets.Layout(width="auto")
-        self.sweeps = widgets.SelectMultiple(description="sweeps", rows=4, layout=layout)
-        self.runs = widgets.SelectMultiple(description="runs", rows=6, layout=layout)
-        self.group_by = widgets.Dropdown(description="group by", layout=layout)
+        self._said: list[str] = []  # the finding for the selection of ``_built``
+        # Each control fills its column, so long run names and groupings are not cut off.
+        wide = {"layout": widgets.Layout(width="100%"), "style": {"description_width": "70px"}}
+        self.sweeps = widgets.SelectMultiple(description="sweeps", rows=4, **wide)
+        self.runs = widgets.SelectMultiple(description="runs", rows=6, **wide)
+        self.group_by = widgets.Dropdown(description="group by", **wide)
         self.figure_kind = widgets.Dropdown(
-            description="figure", options=list(FIGURES.items()), value="throughput"
+            description="figure", options=list(FIGURES.items()), value="throughput", **wide
         )
-        self.focus_run = widgets.Dropdown(description="run", layout=layout)
+        self.focus_run = widgets.Dropdown(description="run", **wide)
         self.refresh_button = widgets.Button(description="reload", icon="refresh")
         self.message = widgets.HTML()
-        self.table = widgets.HTML(layout=widgets.Layout(max_width="100%", overflow="auto"))
+        self.finding = widgets.HTML(layout=widgets.Layout(width="100%"))
+        self.baseline = widgets.HTML(layout=widgets.Layout(width="100%"))
+        # A block, not the HTML widget's flex row: the table scrolls in its own box and the
+        # notes under it wrap at the cell's width, not at the table's.
+        self.table = widgets.HTML(
+            layout=widgets.Layout(display="block", max_width="100%", overflow="auto")
+        )
         self._fill_sweeps(list(sweeps) if sweeps is not None else None)
         self._fill_runs(redraw=False)
         # Created with the first figure's data and layout: a widget's later updates travel as
         # messages, so a saved notebook (papermill, static export) keeps only what it began with.
         fig, table = self._build_or_explain()
         self.figure = go.FigureWidget(data=fig.data, layout=fig.layout)
-        self._show_table(table)
-        controls = widgets.HBox(
+        self._show_text(table)
+        picks = [self.figure_kind, self.focus_run, self.refresh_button]
+        columns = widgets.HBox(
             [
-                widgets.VBox([self.sweeps, self.runs]),
-                widgets.VBox(
-                    [self.figure_kind, self.group_by, self.focus_run, self.refresh_button]
-                ),
-            ]
+                widgets.VBox([self.sweeps, self.runs], layout=_column("3")),
+                widgets.VBox(picks, layout=_column("2")),
+            ],
+            layout=widgets.Layout(width="100%"),
         )
-        super().__init__([controls, self.message, self.figure, self.table])
+        # The grouping's label names its columns: a row of its own, so it is not cut off.
+        controls = widgets.VBox([columns, self.group_by], layout=widgets.Layout(width="100%"))
+        parts = [self.finding, controls, self.message, self.baseline, self.figure, self.table]
+        super().__init__(parts, layout=widgets.Layout(width="100%"))
         self.sweeps.observe(self._on_sweeps, "value")
         for control in (self.runs, self.group_by, self.figure_kind, self.focus_run):
             control.observe(self._on_control, "value")
@@ -222,17 +272,24 @@ class Dashboard(widgets.VBox):
         except ValueError as exc:  # e.g. a grouping that the selected runs cannot form
             return message_figure(f"cannot draw this: {exc}"), None
 
-    def _show_table(self, ctx: FigureContext | None) -> None:
+    def _show_text(self, ctx: FigureContext | None) -> None:
+        """The scaling table (speedup and efficiency empty where a point is its own baseline
+        without being one rank), the finding above the controls and the no-baseline warning."""
+        has_table = ctx is not None and len(ctx.table) > 0
         self.table.value = (
-            scaling_table_html(ctx.table, ctx.group_by)
-            if ctx is not None and len(ctx.table)
+            f'{TABLE_STYLE}<div class="workbench-table">'
+            f"{scaling_table_html(honest_table(ctx.table), ctx.group_by)}</div>"
+            if ctx is not None and has_table
             else "<i>No completed run with measured steps selected: no scaling table.</i>"
         )
+        self.finding.value = finding_html(self._said)
+        notes = baseline_notes(ctx.table, ctx.group_by) if ctx is not None and has_table else []
+        self.baseline.value = baseline_html(notes)
 
     def _redraw(self) -> None:
         fig, ctx = self._build_or_explain()
         replace_figure(self.figure, fig)
-        self._show_table(ctx)
+        self._show_text(ctx)
 
     def _context(self) -> FigureContext | None:
         """The selection's frames, grouping and scaling table; None without traced steps."""
@@ -241,10 +298,13 @@ class Dashboard(widgets.VBox):
         # Switching figures must not recompute the table: keep it for the same selection.
         key = (self.sweeps.value, self.runs.value, chosen)
         if self._built is None or self._built[0] != key:
+            self._built, self._said = None, []  # until this selection's table is made
             runs, steps, evals = self.selection()
             ctx = None
             if len(steps):
-                ctx = figure_context(runs, steps, evals, resolve_group_by(runs, group_by))
+                keys = resolve_group_by(runs, group_by)
+                ctx = figure_context(runs, steps, evals, keys)
+                self._said = findings(runs, steps, keys)  # the report's words for the same runs
             self._built = (key, ctx)
         return self._built[1]
 
@@ -253,7 +313,22 @@ class Dashboard(widgets.VBox):
         if ctx is None:
             return message_figure("No traced steps in the selected runs"), None
         ctx.focus = self.focus_run.value
-        return draw(self.figure_kind.value, ctx), ctx
+        key = self.figure_kind.value
+        fig = self._speedup(ctx) if key == "speedup" else draw(key, ctx)
+        if key in FROM_ZERO:
+            fig.update_yaxes(rangemode="tozero")
+        fig.update_layout(autosize=True)  # the cell's width, not plotly's default 700 px
+        return fig, ctx
+
+    def _speedup(self, ctx: FigureContext) -> go.Figure:
+        """The speedup figure without the groups whose only point is their own baseline (a
+        speedup of 1 and 100 % by definition); the missing-baseline message when none is left."""
+        if not len(ctx.table):
+            return draw("speedup", ctx)
+        rows = speedup_rows(ctx.table, ctx.group_by)
+        if not len(rows):
+            return message_figure(NO_BASELINE)
+        return draw("speedup", dataclasses.replace(ctx, table=rows))
 
     def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
         """The selected figure (from :data:`workbench.ui.catalogue.CATALOGUE`, or a message

@@ -7,6 +7,7 @@ after), so it works for any executor and never polls a scheduler. No torch at im
 from __future__ import annotations
 
 import html
+import math
 import threading
 import time
 from pathlib import Path
@@ -16,13 +17,27 @@ import ipywidgets as widgets
 import pandas as pd
 
 from workbench import schema
+from workbench.analysis.units import ratio
 from workbench.analysis.windows import measured_window
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
 from workbench.store.arrow_stream import read_messages
 from workbench.store.files import read_json
+from workbench.ui import progress
 
 FINAL_STATUSES = ("completed", "failed", "cancelled", "preempted")
+#: The colour of a rank that falls behind (its bar is ipywidgets' "warning" orange).
+LAG_COLOR = "#c60"
+
+
+def _fixed(text: str, chars: int) -> widgets.Label:
+    """A label of a fixed width in a monospace font: its neighbours stay put as its text
+    changes."""
+    return widgets.Label(
+        text,
+        layout=widgets.Layout(width=f"{chars}ch", overflow="hidden"),
+        style={"font_family": "monospace"},
+    )
 
 
 class _TraceTail:
@@ -42,6 +57,13 @@ class _TraceTail:
         "samples",
         "loss",
         "run_id",
+        # for the straggler test (analysis.stragglers): compute time and its phases
+        "host",
+        "data_s",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "comm_s",
     )
 
     def __init__(self, traces_dir: Path) -> None:
@@ -125,7 +147,9 @@ class _TraceTail:
 
 class RunMonitor(widgets.VBox):
     """Live progress of one run from its trace files: a bar per rank (steps done of
-    ``config.total_steps``), throughput over the measured window, the latest loss and the status.
+    ``config.total_steps``, a rank that falls behind in orange), the status (while starting, how
+    many ranks are ready), elapsed time, steps per second, the time left, throughput over the
+    measured window and the latest loss with a sparkline of its recent trend.
 
     ``run`` is a :class:`RunHandle` or a run folder. The status comes from the store (the ranks'
     own records), never from a scheduler, so it works for local and Slurm runs alike.
@@ -143,30 +167,45 @@ class RunMonitor(widgets.VBox):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._opened = time.time()  # elapsed counts from here when run.json has no submit time
         self.status = "pending"
         self.steps_done: dict[int, int] = {}
+        self.ranks_ready = 0
         self.samples_per_s: float | None = None
+        self.steps_per_s: float | None = None
+        self.eta_s: float | None = None
+        self.elapsed_s: float | None = None
         self.latest_loss: float | None = None
+        self.lagging: dict[int, str] = {}  # rank -> why it is highlighted
         self.error: str | None = None
+        self._build()
+
+    def _build(self) -> None:
+        """The widgets: fixed widths and a monospace font, so nothing moves as the text changes."""
         world = self.config.processes  # ranks that trace: 1 for DataParallel over N devices
         self.bars = [
             widgets.IntProgress(value=0, min=0, max=self.total_steps, description=f"rank {r}")
             for r in range(world)
         ]
-        self.bar_labels = [widgets.Label(f"0 / {self.total_steps}") for _ in range(world)]
+        self.bar_labels = [_fixed(f"0 / {self.total_steps}", 34) for _ in range(world)]
         self.title = widgets.HTML(
             f"<b>{html.escape(self.path.name)}</b> &nbsp; sweep {html.escape(self.config.sweep)},"
             f" {self.config.model}, {world} rank(s), {self.total_steps} steps"
         )
-        self.status_label = widgets.Label("status: pending")
-        self.throughput_label = widgets.Label("throughput: -")
-        self.loss_label = widgets.Label("loss: -")
+        self.status_label = _fixed("status: pending", 36)
+        self.elapsed_label = _fixed("elapsed -", 17)
+        self.rate_label = _fixed("- steps/s", 17)
+        self.eta_label = _fixed("ETA -", 14)
+        self.throughput_label = _fixed("throughput: -", 36)
+        self.loss_label = _fixed("loss: -", 17)
+        self.loss_spark = _fixed("", progress.SPARK_STEPS + 2)
+        self.failure_label = widgets.HTML()
         rows = [widgets.HBox([b, lab]) for b, lab in zip(self.bars, self.bar_labels, strict=True)]
-        facts = widgets.HBox(
-            [self.status_label, self.throughput_label, self.loss_label],
-            layout=widgets.Layout(justify_content="space-between", width="600px"),
-        )
-        super().__init__([self.title, *rows, facts])
+        facts = [
+            widgets.HBox([self.status_label, self.elapsed_label, self.rate_label, self.eta_label]),
+            widgets.HBox([self.throughput_label, self.loss_label, self.loss_spark]),
+        ]
+        super().__init__([self.title, *rows, *facts, self.failure_label])
 
     @property
     def ended(self) -> bool:
@@ -183,12 +222,25 @@ class RunMonitor(widgets.VBox):
         """Read the store once and update the widgets; returns the status."""
         with self._lock:
             status = self._status_source.status()
+            self.ranks_ready = len(self._status_source.rank_states())
             steps = self._tail.frame()
-            self._show(status, steps)
+            self._measure(status, steps)
+            self._show(steps)
             return status
 
-    def _show(self, status: str, steps: pd.DataFrame) -> None:
+    def _elapsed(self) -> float | None:
+        """Seconds since the run was submitted, up to its end once it ended."""
+        try:
+            run = read_json(self.path / schema.RUN_FILE)
+        except (OSError, ValueError):
+            return None
+        end = run.get("ended_at") if self._final(self.status) else None
+        return (end or time.time()) - float(run.get("submitted_at") or self._opened)
+
+    def _measure(self, status: str, steps: pd.DataFrame) -> None:
+        """The figures the widgets show, from the status and the step rows so far."""
         self.status = status
+        self.elapsed_s = self._elapsed()
         if len(steps):
             done = steps.groupby("rank")["step"].max()
             self.steps_done = {int(r): int(s) for r, s in done.items()}
@@ -198,20 +250,55 @@ class RunMonitor(widgets.VBox):
             last = steps[steps["step"] == steps["step"].max()]
             loss = last["loss"].astype("float64").mean()
             self.latest_loss = None if pd.isna(loss) else float(loss)
+            self.steps_per_s = progress.steps_per_s(steps)
+        world = len(self.bars)
+        slowest = min((self.steps_done.get(r, 0) for r in range(world)), default=0)
+        running = status == "running"
+        self.eta_s = (
+            progress.eta_s(slowest, self.total_steps, self.steps_per_s) if running else None
+        )
+        self.lagging = {}
+        if running and self.steps_per_s:
+            # rows reach the files once per flush (the latest held back): lag within that is not
+            allowance = 2 + math.ceil(self.steps_per_s * self.config.trace_flush_s)
+            for rank in progress.behind(self.steps_done, world, allowance):
+                self.lagging[rank] = f"behind: {max(self.steps_done.values())} on the lead rank"
+        if running:
+            for rank, times in progress.slow_ranks(steps).items():
+                self.lagging.setdefault(rank, f"slow: {ratio(times)} the others' compute")
+
+    def _status_text(self) -> str:
+        """``status: ...``; before the first step row, how many ranks have started."""
+        if self.status in ("pending", "running") and not self.steps_done:
+            world = len(self.bars)
+            return f"status: starting, {self.ranks_ready}/{world} ranks ready"
+        return f"status: {self.status}"
+
+    def _show(self, steps: pd.DataFrame) -> None:
+        style = {"completed": "success", "failed": "danger"}.get(self.status, "")
         for rank, (bar, label) in enumerate(zip(self.bars, self.bar_labels, strict=True)):
             bar.value = min(self.steps_done.get(rank, 0), self.total_steps)
-            bar.bar_style = {"completed": "success", "failed": "danger"}.get(status, "")
+            why = self.lagging.get(rank)
+            bar.bar_style = "warning" if why else style
             label.value = f"{self.steps_done.get(rank, 0)} / {self.total_steps}"
-        self.status_label.value = f"status: {status}"
+            label.value += f"  {why}" if why else ""
+            label.style.text_color = LAG_COLOR if why else None
+        self.status_label.value = self._status_text()
+        self.elapsed_label.value = f"elapsed {progress.clock(self.elapsed_s)}"
+        per_s = f"{self.steps_per_s:.3g}" if self.steps_per_s else "-"
+        self.rate_label.value = f"{per_s} steps/s"
+        self.eta_label.value = f"ETA {progress.clock(self.eta_s)}"
         if self.samples_per_s is not None:
             self.throughput_label.value = f"throughput: {self.samples_per_s:,.1f} samples/s"
         if self.latest_loss is not None:
             self.loss_label.value = f"loss: {self.latest_loss:.4g}"
-        if status == "failed":
-            failure = self._failure_text()
-            self.status_label.value = f"status: failed ({failure})" if failure else "status: failed"
-        if self.error:
-            self.status_label.value += f" (monitor: {self.error})"
+            self.loss_spark.value = progress.sparkline(progress.loss_trend(steps))
+        failure = self._failure_text() if self.status == "failed" else None
+        notes = [f"failed: {failure}"] if failure else []
+        notes += [f"monitor: {self.error}"] if self.error else []
+        self.failure_label.value = "<br>".join(
+            f'<span style="color:#b00020">{html.escape(n)}</span>' for n in notes
+        )
 
     def _failure_text(self) -> str | None:
         try:
@@ -232,9 +319,10 @@ class RunMonitor(widgets.VBox):
                 self.error = f"{type(exc).__name__}: {exc}"
         self.refresh()
 
-    def wait(self, timeout_s: float | None = None) -> str:
+    def wait(self, timeout_s: float | None = None) -> None:
         """Poll until the run ends (``TimeoutError`` after ``timeout_s``; the run goes on), then
-        refresh a last time. Returns the final status."""
+        refresh a last time. The final status is :attr:`status`: nothing is returned, so a
+        notebook cell that ends in ``monitor.wait()`` echoes nothing under the widget."""
         self.stop()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._final(self.refresh()):
@@ -242,7 +330,6 @@ class RunMonitor(widgets.VBox):
                 raise TimeoutError(f"run {self.path.name} still {self.status} after {timeout_s} s")
             time.sleep(self.poll_s)
         self._finish()
-        return self.status
 
     def start(self) -> RunMonitor:
         """Poll in a background thread until the run ends (or :meth:`stop`); returns self."""
