@@ -10,7 +10,7 @@ def rate(value: float) -> str:
     """Samples per second for people: ``21,005/s``; ``12.5/s`` below 100."""
     if not math.isfinite(value):
         return "n/a"
-    return f"{value:,.0f}/s" if value >= 100 else f"{value:.3g}/s"
+    return f"{number(value, trim=True)}/s"
 
 
 def percent(share: float) -> str:
@@ -26,24 +26,26 @@ def ratio(value: float) -> str:
 
 
 def seconds(value: float) -> str:
-    """A duration as ``1.52 ms``, ``340 us`` or ``2.4 s``."""
+    """A duration as ``1.52 ms``, ``340 us``, ``2.4 s`` or ``12,345 s``."""
     if not math.isfinite(value):
         return "n/a"
-    if value >= 1:
-        return f"{value:.3g} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value * 1e6:.3g} us"
+    rounded = abs(float(f"{value:.3g}"))  # 0.9996 s is 1 s, not 1,000 ms
+    if rounded >= 1:
+        return f"{number(value, trim=True)} s"
+    if rounded >= 1e-3:
+        return f"{number(value * 1e3, trim=True)} ms"
+    return f"{number(value * 1e6, trim=True)} us"
 
 
 def gib(nbytes: float) -> str:
-    """Bytes as ``0.31 GiB``."""
-    return f"{nbytes / 2**30:.2g} GiB" if math.isfinite(nbytes) else "n/a"
+    """Bytes as ``0.31 GiB`` (``140 GiB``: never an exponent)."""
+    return f"{number(nbytes / 2**30, 2, trim=True)} GiB" if math.isfinite(nbytes) else "n/a"
 
 
-def number(value: float, digits: int = 3) -> str:
+def number(value: float, digits: int = 3, trim: bool = False) -> str:
     """A plain number for people, never in exponent form: ``15,290``, ``123``, ``2.31``,
-    ``0.000173`` (``digits`` significant digits, whole numbers with separators from there up)."""
+    ``0.000173`` (``digits`` significant digits, whole numbers with separators from there up);
+    ``trim`` drops trailing zeros (``2.4`` rather than ``2.40``), as ``%g`` would."""
     if not math.isfinite(value):
         return "n/a"
     if value != 0 and abs(value) < 10 ** (digits - 1):
@@ -51,4 +53,5 @@ def number(value: float, digits: int = 3) -> str:
     if value == 0 or abs(value) >= 10 ** (digits - 1):
         return f"{value:,.0f}"
     decimals = min(digits - 1 - math.floor(math.log10(abs(value))), 12)
-    return f"{value:,.{decimals}f}"
+    text = f"{value:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if trim else text
