@@ -169,6 +169,12 @@ def test_report_of_a_sweep_and_of_a_run_folder(scaled, tmp_path: Path) -> None:
     assert run_dir.name in one.read_text()
     missing = workbench("report", "no-such-sweep", "--output-dir", str(store), "-o", str(one))
     assert missing.returncode != 0 and "no runs found" in missing.stderr
+    shared = tmp_path / "shared" / "report.html"
+    args = ("report", "cli", "--output-dir", str(store), "-o", str(shared))
+    assert workbench(*args, "--plotly-js", "directory").returncode == 0
+    assert (shared.parent / "plotly.min.js").stat().st_size > 1e6  # plotly.js, beside it
+    assert shared.stat().st_size < out.stat().st_size / 4, "the report no longer inlines it"
+    assert 'src="plotly.min.js"' in shared.read_text()
 
 
 # ----------------------------------------------------------------------------- run

@@ -164,6 +164,13 @@ def _add_report(sub: Any) -> None:
     report.add_argument(
         "--output-dir", default="experiments/results", help="root of the result store"
     )
+    report.add_argument(
+        "--plotly-js",
+        choices=["inline", "directory"],
+        default="inline",
+        help="inline: plotly.js inside the file (about 4.8 MB, one file that opens anywhere); "
+        "directory: one shared plotly.min.js beside the report, for a folder of many reports",
+    )
     report.set_defaults(func=commands.report)
 
 

@@ -114,7 +114,9 @@ def report(args: argparse.Namespace) -> int:
     from workbench.ui.report import report_from_store
 
     try:
-        path = report_from_store(args.target, args.output, output_dir=args.output_dir)
+        path = report_from_store(
+            args.target, args.output, output_dir=args.output_dir, plotly_js=args.plotly_js
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
