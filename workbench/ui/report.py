@@ -35,6 +35,8 @@ PlotlyJs = Literal["inline", "directory"]
 PLOTLY_FILE = "plotly.min.js"
 #: The figure shown first, on the report's first screen with the finding.
 LEAD_FIGURE = "Speedup"
+#: Its height at least (CSS pixels): a short lead chart is still a chart.
+LEAD_HEIGHT = 420
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1rem auto; max-width: 1200px; color: #222;
@@ -50,8 +52,13 @@ table.table caption { caption-side: top; text-align: left; color: #555; font-siz
 .note { color: #555; font-size: 0.9rem; margin: 0.3rem 0; }
 section.figure { margin: 0.8rem 0 1.5rem; }
 section.finding { background: #f3f7fc; border-left: 4px solid #3a6ea5; padding: 0.1rem 1rem;
-  font-size: 1.05rem; }
-section.finding ul { margin: 0.3rem 0 0.5rem; }
+  font-size: 0.98rem; }
+section.finding h2 { margin: 0.4rem 0 0.2rem; }
+section.finding ul { margin: 0.2rem 0 0.4rem; padding-left: 1.2rem; }
+section.finding li { margin: 0.15rem 0; padding-left: 0.4rem; border-left: 4px solid transparent; }
+section.finding li.good { border-left-color: #2e8b57; }
+section.finding li.bad { border-left-color: #c0392b; }
+section.finding li.warn { border-left-color: #e67e22; }
 nav.toc { font-size: 0.85rem; line-height: 1.5; margin: 0.4rem 0; }
 nav.toc a { white-space: nowrap; }
 details.glossary { margin: 1.5rem 0; }
@@ -147,12 +154,22 @@ def _toc_html(figs: list[tuple[str, go.Figure]], parts: list[str]) -> str:
     return f'<nav class="toc">{text}</nav>'
 
 
+def _tone(line: str) -> str:
+    """The colour of a finding's line: green for a speedup, red for a slowdown or a
+    communication-bound curve, orange for a straggler or an incomplete run; none otherwise."""
+    if "slower than" in line or "communication-bound" in line:
+        return "bad"
+    if "straggler" in line or "incomplete" in line:
+        return "warn"
+    return "good" if "faster than" in line else ""
+
+
 def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
     said = findings(runs, steps, group_by)
     if not said:
         return ""
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in said)
+    items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
     return f'<section class="finding"><h2>Finding</h2><ul>{items}</ul></section>'
 
 
@@ -164,8 +181,10 @@ def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> lis
     first: bool | str = True if plotly_js == "inline" else "directory"
     parts = []
     for i, (heading, fig) in enumerate(figs):
-        # the lead figure a little lower, to share the first screen with the finding
-        height = "440px" if i == 0 and heading == LEAD_FIGURE else "460px"
+        height = "460px"
+        if i == 0 and heading == LEAD_FIGURE:  # shorter, to share the first screen
+            fig.update_layout(height=max(LEAD_HEIGHT, (fig.layout.height or 0) - 130))
+            height = f"{fig.layout.height}px"
         div = fig.to_html(
             full_html=False,
             include_plotlyjs=first if i == 0 else False,  # later figures reuse it
@@ -232,9 +251,10 @@ def write_report(
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         _finding_html(runs, steps, keys),
+        *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),
-        *figures,
+        *figures[1:],
         *table_parts,
         glossary_html(),
         "</body></html>",
