@@ -203,7 +203,7 @@ def test_run_monitor_follows_live_files_then_parquet(tmp_path: Path, live: str) 
     # measured steps 3..6 of rank 0 and 3..4 of rank 1: 6 x 8 samples in 2 s
     assert monitor.samples_per_s == pytest.approx(24.0)
     assert monitor.latest_loss == pytest.approx(2.0 - 0.1 * 5)  # rank 0 alone at step 6
-    assert "24.0 samples/s" in monitor.throughput_label.value
+    assert "throughput: 24/s" in monitor.throughput_label.value
 
     if live == "arrows":  # the next batch: read from where the last complete one ended
         live_file = traces / schema.live_steps_file(1)
@@ -283,8 +283,9 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
     # model predicts from that, not from a fit, which two world sizes could not support.
     names = [t.name or "" for t in dash.figure.data]
     assert any(n.endswith(", predicted") for n in names), names
-    said = (dash.figure.layout.title.subtitle.text or "").replace("<br>", " ")
-    assert "Network: measured allreduce, busbw" in said, said  # subtitle, not the legend
+    # in the caption above the figure (the figure's subtitle in the report), not the legend
+    assert "Network: measured allreduce, busbw" in dash.definition.value, dash.definition.value
+    assert not dash.figure.layout.title.subtitle.text  # in a widget, drawn under the title
 
 
 @pytest.mark.slow

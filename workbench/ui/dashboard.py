@@ -53,6 +53,8 @@ WARNING_BOX = BOX.format("#c60", "#fff4e5")
 #: The scaling table's cells on one line each: squeezed into the cell's width, a long note
 #: (mfu_note) wrapped into a column a word wide and made every row hundreds of pixels tall. The
 #: table scrolls sideways instead.
+#: The figure's definition, as a caption above it.
+DEFINITION_STYLE = "color: #555; font-size: 0.8rem; line-height: 1.3; margin: 0.3rem 0"
 TABLE_STYLE = (
     "<style>.workbench-table th, .workbench-table td "
     "{white-space: nowrap; line-height: 1.4; padding: 2px 8px}</style>"
@@ -71,6 +73,21 @@ def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
         widget.plotly_relayout({k: None for k in stale})
     widget.add_traces(list(fig.data))
     widget.layout = fig.layout
+
+
+def lift_definition(fig: go.Figure) -> tuple[go.Figure, str]:
+    """``fig`` without its subtitle (the figure's definition, see ``ui.plots.style.subtitle``)
+    and that subtitle as HTML for a caption above it: in a FigureWidget the title is drawn over
+    its subtitle, and a caption wraps at the cell's width."""
+    text = fig.layout.title.subtitle.text
+    if not text:
+        return fig, ""
+    lines = text.count("<br>") + 1
+    above = 24 if fig.layout.annotations else 0
+    fig.update_layout(title_subtitle_text=None, margin_t=50 + above)
+    if fig.layout.height:
+        fig.update_layout(height=fig.layout.height - 14 * lines)
+    return fig, f'<div style="{DEFINITION_STYLE}">{text.replace("<br>", " ")}</div>'
 
 
 def _column(grow: str) -> widgets.Layout:
@@ -133,6 +150,8 @@ class Dashboard(widgets.VBox):
         # Created with the first figure's data and layout: a widget's later updates travel as
         # messages, so a saved notebook (papermill, static export) keeps only what it began with.
         fig, table = self._build_or_explain()
+        fig, definition = lift_definition(fig)
+        self.definition = widgets.HTML(definition, layout=widgets.Layout(width="100%"))
         self.figure = go.FigureWidget(data=fig.data, layout=fig.layout)
         self._show_text(table)
         picks = [self.figure_kind, self.focus_run, self.refresh_button]
@@ -145,7 +164,8 @@ class Dashboard(widgets.VBox):
         )
         # The grouping's label names its columns: a row of its own, so it is not cut off.
         controls = widgets.VBox([columns, self.group_by], layout=widgets.Layout(width="100%"))
-        parts = [self.finding, controls, self.message, self.baseline, self.figure, self.table]
+        parts = [self.finding, controls, self.message, self.baseline, self.definition]
+        parts += [self.figure, self.table]
         super().__init__(parts, layout=widgets.Layout(width="100%"))
         self.sweeps.observe(self._on_sweeps, "value")
         for control in (self.runs, self.group_by, self.figure_kind, self.focus_run):
@@ -288,6 +308,7 @@ class Dashboard(widgets.VBox):
 
     def _redraw(self) -> None:
         fig, ctx = self._build_or_explain()
+        fig, self.definition.value = lift_definition(fig)
         replace_figure(self.figure, fig)
         self._show_text(ctx)
 

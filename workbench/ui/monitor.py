@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import pandas as pd
 
 from workbench import schema
-from workbench.analysis.units import ratio
+from workbench.analysis.units import rate, ratio
 from workbench.analysis.windows import measured_window
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
@@ -289,7 +289,7 @@ class RunMonitor(widgets.VBox):
         self.rate_label.value = f"{per_s} steps/s"
         self.eta_label.value = f"ETA {progress.clock(self.eta_s)}"
         if self.samples_per_s is not None:
-            self.throughput_label.value = f"throughput: {self.samples_per_s:,.1f} samples/s"
+            self.throughput_label.value = f"throughput: {rate(self.samples_per_s)}"
         if self.latest_loss is not None:
             self.loss_label.value = f"loss: {self.latest_loss:.4g}"
             self.loss_spark.value = progress.sparkline(progress.loss_trend(steps))
