@@ -97,14 +97,14 @@ def test_quickstart_spec_parses_into_four_small_points() -> None:
     points = spec.points()
     assert spec.executor == "local" and spec.notebook == "notebooks/02_scaling_sweep.ipynb"
     assert [p.values for p in points] == [
-        {"world_size": 1, "per_device_batch_size": 32},
-        {"world_size": 1, "per_device_batch_size": 64},
-        {"world_size": 2, "per_device_batch_size": 32},
-        {"world_size": 2, "per_device_batch_size": 64},
+        {"model": "transformer", "world_size": 1},
+        {"model": "transformer", "world_size": 2},
+        {"model": "mlp", "world_size": 1},
+        {"model": "mlp", "world_size": 2},
     ]
-    assert all(p.config.model == "mlp" and p.config.total_steps <= 50 for p in points)
+    assert all(p.config.per_device_batch_size == 32 and p.config.total_steps <= 50 for p in points)
     assert spec.notebook_path() == NOTEBOOK_02
-    assert spec.to_dict()["grid"] == {"world_size": [1, 2], "per_device_batch_size": [32, 64]}
+    assert spec.to_dict()["grid"] == {"model": ["transformer", "mlp"], "world_size": [1, 2]}
 
 
 def test_unknown_top_level_key_is_an_error_listing_the_valid_keys(tmp_path: Path) -> None:
