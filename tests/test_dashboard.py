@@ -4,6 +4,7 @@ figure as wide as the cell. Hand-built stores (see frames.write_run)."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -137,6 +138,9 @@ def test_groups_with_and_without_a_baseline_side_by_side(tmp_path: Path) -> None
 
     dash.sweeps.value = ("weak",)  # every group has its 1-rank run: nothing to warn about
     assert dash.baseline.value == ""
+    # every cell in its unit, none in exponent form
+    cells = [v for row in table_rows(dash.table.value) for v in row.values()]
+    assert len(cells) > 20 and not [c for c in cells if re.search(r"e[+-]\d\d", c)], cells
 
 
 def test_honest_table_and_speedup_rows_on_a_hand_built_table() -> None:
