@@ -64,6 +64,34 @@ def test_no_baseline_and_a_straggler_are_said() -> None:
     )
 
 
+def test_repeats_give_the_speedup_its_spread() -> None:
+    runs = make_runs(
+        [
+            {"run_id": "a1", "world_size": 1},
+            {"run_id": "a2", "world_size": 1},
+            {"run_id": "b1", "world_size": 2},
+            {"run_id": "b2", "world_size": 2},
+        ]
+    )
+    # 8 samples per rank per step: 8/s and 10/s at N=1 (mean 9, std 1.414), 16/s and 20/s at
+    # N=2 (mean 18, std 2.828); speedup 18 / 9 = 2.00, its std 2 x sqrt((2.828 / 18)^2 +
+    # (1.414 / 9)^2) = 2 x 0.2222 = 0.44
+    steps = pd.concat(
+        [
+            make_steps("a1", world_size=1, step_s=1.0),
+            make_steps("a2", world_size=1, step_s=0.8),
+            make_steps("b1", world_size=2, step_s=1.0),
+            make_steps("b2", world_size=2, step_s=0.8),
+        ],
+        ignore_index=True,
+    )
+    first = findings(runs, steps)[0]
+    assert first.startswith(
+        "2 ranks: 2.00x ± 0.44 (2 runs against 2) the throughput of 1 rank (100 % of ideal), "
+        "faster than 1 rank (18/s against 9/s)"
+    ), first
+
+
 def test_the_report_opens_with_the_finding(tmp_path) -> None:
     runs, steps, evals = scaling_sweep()
     page = write_report(runs, steps, evals, tmp_path / "r.html").read_text()

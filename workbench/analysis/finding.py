@@ -45,6 +45,15 @@ def _label(curve: pd.Series, keys: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
+def _spread(top: pd.Series, base: pd.Series) -> str:
+    """`` ± 0.12 (3 runs against 3)``: the speedup's standard deviation, from both ends'
+    repeats; nothing without repeats (one run has no spread)."""
+    std = float(top.get("speedup_std", float("nan")))
+    if not math.isfinite(std):
+        return ""
+    return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
+
+
 def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, comm: pd.DataFrame) -> str:
     """One curve: its largest world size against its base, why, and what to try."""
     base = points.iloc[0]
@@ -66,7 +75,7 @@ def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, comm: pd.DataFr
         else "no faster than"
     )
     text = (
-        f"{_ranks(n)}: {ratio(speedup)} the throughput of {_ranks(n0)} "
+        f"{_ranks(n)}: {ratio(speedup)}{_spread(top, base)} the throughput of {_ranks(n0)} "
         f"({percent(efficiency)} of ideal), {verdict} {_ranks(n0)} "
         f"({rate(float(top['samples_per_s']))} against {rate(float(base['samples_per_s']))})"
     )
