@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,hf]'
 	touch $@
 
 # Debian packages the slow tests use (headless Chromium, Slurm); skipped with a note when not root.
