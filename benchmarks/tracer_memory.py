@@ -33,7 +33,7 @@ def drive(steps: int, every: int, mode: str) -> dict[str, Any]:
     """Run the tracer for ``steps`` steps in this process; samples of memory (bytes)."""
     import torch
 
-    from workbench.rank.tracer import Tracer, rss_bytes
+    from workbench.trace.tracer import Tracer, rss_bytes
 
     def measure() -> int:
         gc.collect()

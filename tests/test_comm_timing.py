@@ -10,7 +10,7 @@ import pytest
 from torch import nn
 
 from workbench.errors import MeasurementWarning
-from workbench.rank.comm_timing import CommFields, DDPCommSampler, ddp_timer_fields
+from workbench.trace.comm_timing import CommFields, DDPCommSampler, ddp_timer_fields
 from workbench.rank.distributed import CommMeter
 from workbench.rank.network import bucket_sizes, bus_factor
 from workbench.run.failure import rank_measurements

@@ -13,7 +13,7 @@ import torch
 
 from workbench import schema
 from workbench.errors import NonFiniteLossError
-from workbench.rank.tracer import PhaseClock, Phases, Tracer
+from workbench.trace.tracer import PhaseClock, Phases, Tracer
 from workbench.store.arrow_stream import StreamWriter, read_messages, read_stream
 from workbench.store.files import atomic_write_bytes, read_json, write_json
 from workbench.store.load import load_traces

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.rank.tracer import PhaseClock, Tracer
+from workbench.trace.tracer import PhaseClock, Tracer
 from workbench.store.load import load_traces
 
 #: Records the pretend GPU is behind the host: an event counts as done once this many more

@@ -105,3 +105,21 @@ class MeasurementWarning(RuntimeWarning):
     """A figure could not be measured as configured (a private DDP call missing in this torch,
     a timer that would report the wrong thing): the run goes on and records less, and the rank
     summary and ``run.json`` say what (``measurement_warnings``)."""
+
+
+class ScriptError(RuntimeError):
+    """A user's script did something a workbench rank cannot run as asked (it starts its own
+    processes, or trains on several ranks without joining a process group); names the script,
+    the rank and what to change."""
+
+    def __init__(self, script: str, rank: int, problem: str) -> None:
+        self.script, self.rank, self.problem = script, rank, problem
+        super().__init__(f"{script} (rank {rank}): {problem}")
+
+
+class ScriptExit(RuntimeError):
+    """A user's script ended with ``sys.exit(code)``, code not 0: its rank failed with it."""
+
+    def __init__(self, script: str, rank: int, code: object) -> None:
+        self.script, self.rank, self.code = script, rank, code
+        super().__init__(f"{script} (rank {rank}) exited with code {code!r}")

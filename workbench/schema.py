@@ -69,6 +69,9 @@ STEP_COLUMNS: dict[str, str] = {
     "comm_bytes": "int64",  # bytes handed to allreduce this step (all buckets)
     "comm_buckets": "int64",
     "samples": "int64",  # samples this rank consumed this step
+    # Tokens in those samples, where the batch holds token ids (an integer input of two or more
+    # dimensions: its element count, padding included); null where the batch has none.
+    "tokens": "int64",
     "loss": "float64",
     "lr": "float64",
     "mem_alloc_bytes": "float64",  # CUDA allocator, null on CPU

@@ -30,3 +30,12 @@ def is_plugin(value: Any) -> bool:
 def folder_name_problem(field: str, value: Any) -> Problem | None:
     """The problem with ``value`` as the folder name in ``field``, or None."""
     return None if is_folder_name(value) else Problem(field, value, FOLDER_NAME_RULE)
+
+
+#: A module to run with ``python -m``: dotted identifiers.
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def is_module_name(value: Any) -> bool:
+    """Whether ``value`` is a dotted module name (``pkg.train``)."""
+    return isinstance(value, str) and MODULE_NAME.fullmatch(value) is not None

@@ -9,12 +9,14 @@ module (not the other way round).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from workbench.config.choices import ATTENTION_MODELS, MODEL_OPTIONS, SIZE_OPTION
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, did_you_mean, is_int
+from workbench.config.names import is_module_name
 from workbench.config.sizes import merged_options, size_problem, sizes_of
 from workbench.errors import Problem
 
@@ -44,7 +46,9 @@ def layout(c: Any, bad: frozenset[str]) -> list[Problem]:
 
 def batch(c: Any, bad: frozenset[str]) -> list[Problem]:
     """Exactly one of the two batch sizes; the global batch splits evenly over ranks and
-    micro-steps; one global batch fits in the training set."""
+    micro-steps; one global batch fits in the training set. (A script has its own.)"""
+    if c.is_script:
+        return []
     given = [n for n in BATCH_FIELDS if getattr(c, n) is not None]
     if len(given) != 1:
         return [
@@ -182,8 +186,82 @@ def fault(c: Any, bad: frozenset[str]) -> list[Problem]:
     return p
 
 
+#: Fields a script run does not use: the script's own code decides what they would. Given with
+#: a value other than their default, they are an error rather than silently ignored.
+NOT_FOR_SCRIPTS = (
+    "model",
+    "model_options",
+    "dataset",
+    "dataset_options",
+    "train_samples",
+    "eval_samples",
+    "per_device_batch_size",
+    "global_batch_size",
+    "gradient_accumulation_steps",
+    "strategy",
+    "find_unused_parameters",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "sync_batchnorm",
+    "comm_hook",
+    "powersgd_rank",
+    "lr_scaling",
+    "lr_reference_batch",
+    "lr_warmup_steps",
+    "epochs",
+    "max_steps",
+    "optimizer",
+    "learning_rate",
+    "momentum",
+    "weight_decay",
+    "precision",
+    "eval_every_epochs",
+    "eval_at_end",
+    "eval_batch_size",
+    "eval_on",
+    "eval_timeout_s",
+    "checkpoint_every_steps",
+    "stop_check_every_steps",
+    "trace_sample_ids",
+    "profile_steps",
+    "fault",
+)
+
+
+def script(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """At most one of ``script`` and ``script_module``; its arguments are strings; the fields a
+    script decides itself keep their defaults; DDP's own timer is how it is traced."""
+    p = []
+    if c.script is not None and c.script_module is not None:
+        rule = f"give script ({c.script!r}) or script_module, not both"
+        p.append(Problem("script_module", c.script_module, rule))
+    args = c.script_args
+    if not isinstance(args, tuple) or not all(isinstance(a, str) for a in args):
+        p.append(Problem("script_args", args, "a list of strings (the script's own arguments)"))
+    if c.script_module is not None and not is_module_name(c.script_module):
+        rule = "a dotted module name, e.g. 'mypkg.train'"
+        p.append(Problem("script_module", c.script_module, rule))
+    if not c.is_script:
+        if args and "script_args" not in {q.field for q in p}:
+            p.append(Problem("script_args", args, "only with script or script_module"))
+        return p
+    defaults = {f.name: f for f in dataclasses.fields(c)}
+    for name in NOT_FOR_SCRIPTS:
+        f = defaults[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if getattr(c, name) != default:
+            rule = "set by the script itself; not a setting of a script run (remove it)"
+            p.append(Problem(name, getattr(c, name), rule))
+    if c.trace_comm != "sampled":
+        rule = "a script's communication is read from DDP's own timer: 'sampled' only"
+        p.append(Problem("trace_comm", c.trace_comm, rule))
+    return p
+
+
 #: Every cross-field rule, in the order their problems are listed.
 RULES: tuple[Rule, ...] = (
+    script,
     layout,
     batch,
     model_options,

@@ -51,6 +51,20 @@ class RunConfig:
         "run id; generated from model, world size and time when omitted", kind="folder_name"
     )
     output_dir: str = setting("root of the result store", "experiments/results", kind="path")
+    # -- your own training: a script run on every rank instead of the built-in loop
+    script: str | None = setting(
+        "a training script, run on every rank as `python SCRIPT SCRIPT_ARGS` with torchrun's "
+        "environment and traced from outside (the model, data, batch, schedule and DDP fields "
+        "are the script's own and do not apply)",
+        kind="path",
+    )
+    script_module: str | None = setting(
+        "like script, as `python -m SCRIPT_MODULE SCRIPT_ARGS` (a dotted module name)"
+    )
+    script_args: tuple[str, ...] = setting(
+        "the script's own command-line arguments (what follows `--` on the command line)",
+        default_factory=tuple,
+    )
     # -- model and data
     model: str = setting(
         f"built-in model ({', '.join(MODEL_OPTIONS)}) or a 'package.module:factory' plug-in",
@@ -240,6 +254,8 @@ class RunConfig:
         for name in ("model_options", "dataset_options"):
             if isinstance(getattr(self, name), Mapping):
                 object.__setattr__(self, name, dict(getattr(self, name)))
+        if isinstance(self.script_args, list):
+            object.__setattr__(self, "script_args", tuple(self.script_args))
         if isinstance(self.profile_steps, list):
             object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
         if isinstance(self.fault, Mapping) and all(isinstance(k, str) for k in self.fault):
@@ -260,6 +276,11 @@ class RunConfig:
             put("world_size", self.nodes * (self.tasks_per_node or 1))
         if self.tasks_per_node is None:
             put("tasks_per_node", self.world_size // self.nodes)  # type: ignore[operator]
+        if self.is_script:
+            # Named after the script, so run ids, tables and findings say whose training it is.
+            put("model", f"script:{script_name(self.script, self.script_module)}")
+            object.__setattr__(self, "derived", tuple(derived))
+            return
         per_step = self.world_size * self.gradient_accumulation_steps  # type: ignore[operator]
         if self.global_batch_size is None:
             put("global_batch_size", self.per_device_batch_size * per_step)  # type: ignore[operator]
@@ -271,13 +292,21 @@ class RunConfig:
 
     # -- derived facts used everywhere
     @property
+    def is_script(self) -> bool:
+        """Whether the ranks run a user's script (``script`` or ``script_module``)."""
+        return self.script is not None or self.script_module is not None
+
+    @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one pass over the training set (incomplete batches are dropped)."""
         return self.train_samples // self.global_batch_size  # type: ignore[operator]
 
     @property
-    def total_steps(self) -> int:
-        """Optimizer steps the run makes: ``max_steps`` capped by ``epochs`` when both are given."""
+    def total_steps(self) -> int | None:
+        """Optimizer steps the run makes: ``max_steps`` capped by ``epochs`` when both are given;
+        None for a script (it decides)."""
+        if self.is_script:
+            return None
         by_epochs = self.epochs * self.steps_per_epoch if self.epochs is not None else None
         candidates = [s for s in (self.max_steps, by_epochs) if s is not None]
         return min(candidates)
@@ -349,6 +378,13 @@ class RunConfig:
                 data.pop(name)
         data.update(changes)
         return RunConfig.from_dict(data)
+
+
+def script_name(script: str | None, module: str | None) -> str:
+    """A script's short name: its file name without ``.py``, or its module's last part."""
+    if script is not None:
+        return Path(script).stem
+    return str(module).rsplit(".", 1)[-1]
 
 
 def init_field_names() -> list[str]:

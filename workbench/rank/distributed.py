@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from workbench import jobs
 from workbench.ports import job_port
-from workbench.rank.comm_timing import CommFields
+from workbench.trace.comm_timing import CommFields
 
 
 @dataclass(frozen=True)

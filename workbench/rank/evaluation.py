@@ -15,7 +15,7 @@ from workbench.config.run_config import RunConfig
 from workbench.rank import distributed
 from workbench.rank.data import eval_shard, fetch_batch
 from workbench.rank.models import model_task
-from workbench.rank.tracer import Tracer
+from workbench.trace.tracer import Tracer
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from workbench.rank.faults import inject_fault
 from workbench.rank.flops import measure_step_flops
 from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
-from workbench.rank.tracer import PhaseClock, Tracer
+from workbench.trace.tracer import PhaseClock, Tracer
 from workbench.rank.trainer import Trainer
 from workbench.store.trace_files import consolidate, trim_for_resume
 

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,12 @@ import torch
 
 from workbench import jobs, schema
 from workbench.config.run_config import RunConfig
+from workbench.errors import ScriptError, ScriptExit
 from workbench.ports import free_port
 from workbench.rank import distributed
 from workbench.rank.loop import train
 from workbench.rank.preemption import PreemptionSignal
+from workbench.rank.script import run_script_rank, script_label
 from workbench.store.files import rank_file, write_json
 
 
@@ -35,6 +38,11 @@ class RankTask:
     run_id: str
     master_port: int | None
     attempt: int = 0
+    #: A script run: the caller's working directory, where ``python train.py`` would run.
+    cwd: str = "."
+    #: A script run on the warm pool: the caller's environment at launch (the workers started
+    #: before it); other executors' ranks inherit it.
+    environ: Mapping[str, str] | None = None
 
     def __call__(self) -> dict[str, Any]:
         """Run this rank as the job's environment (submitit's) says who it is."""
@@ -62,9 +70,21 @@ class RankTask:
             device = distributed.pick_device(self.config.device, env.local_rank)
             base["device_facts"] = distributed.device_facts(device)
             write_json(state_path, {**base, "status": "running", "started_at": time.time()})
-            summary = run_rank(
-                self.config, env, device, Path(self.run_dir), self.run_id, self.attempt, stop
-            )
+            if self.config.is_script:
+                summary = run_script_rank(
+                    self.config,
+                    env,
+                    device,
+                    Path(self.run_dir),
+                    self.run_id,
+                    self.attempt,
+                    self.cwd,
+                    self.environ,
+                )
+            else:
+                summary = run_rank(
+                    self.config, env, device, Path(self.run_dir), self.run_id, self.attempt, stop
+                )
         except BaseException as exc:
             write_json(
                 state_path,
@@ -110,6 +130,8 @@ def explain(exc: BaseException, config: RunConfig) -> str:
     not fit its dataset (a plug-in's width differs from the data's) also names both and what
     has to agree, instead of torch's bare "mat1 and mat2 shapes cannot be multiplied"."""
     text = f"{type(exc).__name__}: {exc}"
+    if config.is_script and not isinstance(exc, ScriptError | ScriptExit):
+        return f"{script_label(config)} raised {text}"
     if isinstance(exc, RuntimeError | IndexError) and any(m in str(exc) for m in _SHAPE_ERRORS):
         text = (
             f"the model {config.model!r} does not take the inputs of the dataset "

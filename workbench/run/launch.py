@@ -9,6 +9,7 @@ calling notebook kernel; submitit itself is reached only through the back ends a
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import secrets
 import time
 from collections.abc import Mapping
@@ -145,6 +146,9 @@ def _prepare(
         run_id=str(config.run_name),
         master_port=port,
         attempt=attempt,
+        cwd=os.getcwd(),
+        # Pool workers started before this launch: they get the caller's variables with the task.
+        environ=dict(os.environ) if config.is_script and executor == "pool" else None,
     )
     return config, run_path, task
 

@@ -54,6 +54,7 @@ def preflight(
     if config.dataset == "parquet":
         problems += _parquet_problems(config)
     problems += _plugin_problems(config)
+    problems += _script_problems(config)
     if back_end.on_this_machine:
         problems += _port_problems(config)
     run_path = run_dir(config.output_dir, config.sweep, config.run_name or "x")
@@ -147,6 +148,8 @@ def _plugin_problems(config: RunConfig) -> list[Problem]:
     problems = []
     for field_name in ("model", "dataset"):
         spec = getattr(config, field_name)
+        if config.is_script:  # the model field names the script
+            continue
         if ":" in spec:
             from workbench.rank.models import load_plugin
 
@@ -155,6 +158,37 @@ def _plugin_problems(config: RunConfig) -> list[Problem]:
             except ValueError as exc:
                 problems.append(Problem(field_name, spec, str(exc).split(": ", 1)[1]))
     return problems
+
+
+def _script_problems(config: RunConfig) -> list[Problem]:
+    """A script must exist here and compile; a script module must be found from here (the
+    working directory, as ``python -m`` looks first)."""
+    if config.script is not None:
+        path = Path(config.script)
+        if not path.is_file():
+            where = f"no such file (looked in {Path.cwd()})" if not path.is_absolute() else ""
+            return [Problem("script", config.script, where or "no such file")]
+        try:
+            compile(path.read_bytes(), str(path), "exec")
+        except (SyntaxError, ValueError) as exc:
+            return [Problem("script", config.script, f"does not compile: {exc}")]
+    if config.script_module is not None:
+        import importlib.util
+        import sys
+
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            found = importlib.util.find_spec(config.script_module) is not None
+        except (ImportError, ValueError) as exc:
+            found, why = False, f": {exc}"
+        else:
+            why = ""
+        finally:
+            sys.path.pop(0)
+        if not found:
+            rule = f"no such module from {Path.cwd()} or the installed packages{why}"
+            return [Problem("script_module", config.script_module, rule)]
+    return []
 
 
 def _port_problems(config: RunConfig) -> list[Problem]:

@@ -26,8 +26,8 @@ import torch
 
 from workbench import schema
 from workbench.errors import NonFiniteLossError
-from workbench.rank.memory_probe import DeviceMemory, rss_bytes
 from workbench.store.arrow_stream import StreamWriter
+from workbench.trace.memory_probe import DeviceMemory, rss_bytes
 
 #: How often (seconds) the tracer re-reads the process RSS and, on CUDA, the allocator's figures.
 RSS_EVERY_S = 0.5
@@ -195,7 +195,7 @@ def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
 #: (run, rank, host, ...) and the five phase columns are filled in at the flush.
 _ROW = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
 _ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
-_ROW += ("save_s",)
+_ROW += ("tokens", "save_s")
 _SAVE = _ROW.index("save_s")
 _MEMORY = ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes", "mem_device_bytes")
 _MEMORY += ("rss_bytes",)
@@ -219,8 +219,11 @@ class Tracer:
         device: torch.device,
         memory_every_s: float = RSS_EVERY_S,
         max_rows: int = 2000,
+        stop_on_nonfinite: bool = True,
     ) -> None:
         self.dir = traces_dir
+        # The built-in loop stops at a non-finite loss; a user's script decides for itself.
+        self.stop_on_nonfinite = stop_on_nonfinite
         self.rank = rank
         self.device = device
         self.flush_s = flush_s
@@ -287,17 +290,19 @@ class Tracer:
         lr: float,
         backward_compute_s: float | None = None,
         comm_exposed_s: float | None = None,
+        tokens: int | None = None,
     ) -> None:
         """Buffer one step's row. ``phases`` is ``PhaseClock.stop()`` (or ``Phases``);
-        ``loss`` a float or, on CUDA, a 0-d tensor read at the flush (a non-finite one raises
-        ``NonFiniteLossError`` there, naming its step)."""
+        ``loss`` a float, None (not known) or a 0-d tensor read at the flush (a non-finite one
+        raises ``NonFiniteLossError`` there, naming its step, unless ``stop_on_nonfinite`` is
+        off)."""
         now = _now()
         if now >= self._mem_due:
             self._sample_memory(now)
         rows = self._rows
         rows.append(
             (epoch, step, warmup, t_start_s, phases, comm_s, comm_bytes, comm_buckets, samples)
-            + (loss, lr, backward_compute_s, comm_exposed_s, None, self._mem)
+            + (loss, lr, backward_compute_s, comm_exposed_s, tokens, None, self._mem)
         )
         if now >= self._flush_due or len(rows) >= self.max_rows:
             self.flush(hold_last=True)
@@ -346,7 +351,8 @@ class Tracer:
         (still buffered), for the last row's ``gap_s``."""
         losses, bad = loss_values([r[9] for r in rows])
         error = None
-        if bad is not None:  # the run stops at that step: later rows never happened
+        # The run stops at that step: later rows never happened.
+        if bad is not None and self.stop_on_nonfinite:
             error = NonFiniteLossError(self.rank, rows[bad][1], losses[bad])
             rows, losses = rows[:bad], losses[:bad]
             next_start = None

@@ -1,0 +1,435 @@
+"""Training the workbench did not write, traced from outside: hooks on torch, never on the script.
+
+``ScriptHooks.install()`` runs in a rank before the user's script. From then on:
+
+- every ``DistributedDataParallel`` the script builds gets a forward pre- and post-hook (a
+  training forward's start and end, the batch's sample and token counts, the loss where the
+  model returns one) and, for the first one built (the *primary*), DDP's own communication timer
+  (``comm_timing.DDPCommSampler``: backward compute, communication span, exposed communication,
+  gradient bytes and buckets);
+- ``torch.autograd.backward`` (what ``loss.backward()`` calls) is timed, and its root kept as
+  the loss where the model returned none (unscaled, where a ``GradScaler`` scaled it);
+- every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed;
+- torch's global optimizer step hooks end a step: a step is everything from the first event
+  after the previous step to its last optimizer step (several optimizers stepped back to back
+  are one step; ``step_events`` turns the events into phases);
+- ``torch.distributed.init_process_group`` gets the run's collective timeout where the script
+  gives none (a rank that never arrives is named within it instead of after gloo's 30
+  minutes), and then a barrier on a gloo side group, after which every rank sets its trace
+  clock's zero (as the built-in loop does after its barrier);
+- ``torch.multiprocessing.spawn`` and ``start_processes`` raise ``ScriptError``: the workbench
+  starts one process per rank itself, as torchrun does.
+
+Stated behaviours: gradient accumulation (several forwards and backwards per optimizer step)
+sums the micro-batches' samples and phases into one step; a model without DDP (one process)
+gets steps from its optimizer, its forward from the end of the fetch to the backward; with
+several DDP modules every training forward is timed, but samples, loss and communication come
+from the primary; a script that never steps an optimizer records no steps (said in the rank's
+``measurement_warnings``); evaluation forwards (no gradients, or a module in eval mode) are not
+steps, and fetches under ``torch.no_grad()`` are not data time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils.data import dataloader
+
+import workbench.trace as trace_api
+from workbench.errors import ScriptError
+from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
+from workbench.trace.step_events import (
+    BACKWARD,
+    BACKWARD_END,
+    FETCH,
+    FETCH_END,
+    FORWARD,
+    FORWARD_END,
+    OPTIMIZER,
+    OPTIMIZER_END,
+    Event,
+    step_phases,
+)
+from workbench.trace.tracer import Phases, Tracer
+
+_clock = time.perf_counter
+_NO_COMM = CommFields(None, None, None)
+
+
+def leading_tensor(batch: Any) -> torch.Tensor | None:
+    """The batch's first tensor: itself, the first of a tuple or list, ``input_ids`` or the
+    first tensor value of a mapping (a dict batch, a ``BatchEncoding``)."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (tuple, list)):
+        for item in batch:
+            if isinstance(item, torch.Tensor):
+                return item
+            if isinstance(item, Mapping):
+                return leading_tensor(item)
+        return None
+    if isinstance(batch, Mapping):
+        ids = batch.get("input_ids")
+        if isinstance(ids, torch.Tensor):
+            return ids
+        for value in batch.values():
+            if isinstance(value, torch.Tensor):
+                return value
+    return None
+
+
+def batch_counts(batch: Any) -> tuple[int | None, int | None]:
+    """(samples, tokens) of a batch: its first tensor's leading dimension; its element count
+    where that tensor holds token ids (integers, two or more dimensions), else None."""
+    first = leading_tensor(batch)
+    if first is None or first.ndim == 0:
+        return None, None
+    tokens = first.numel() if first.ndim >= 2 and not first.is_floating_point() else None
+    return int(first.shape[0]), tokens
+
+
+def output_loss(output: Any) -> torch.Tensor | None:
+    """The loss a model returned: ``output.loss`` (a ``ModelOutput``) or ``output["loss"]``."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    return loss if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+
+
+class StepCounts:
+    """What one step consumed, as measured (by the primary DDP's forwards or else the fetches)
+    and as the script noted it (``workbench.trace.note``, which wins)."""
+
+    def __init__(self) -> None:
+        self.forward_samples: int | None = None
+        self.forward_tokens: int | None = None
+        self.fetch_samples: int | None = None
+        self.fetch_tokens: int | None = None
+        self.noted_samples: int | None = None
+        self.noted_tokens: int | None = None
+        self.noted_loss: Any = None
+        self.model_losses: list[torch.Tensor] = []
+        self.backward_losses: list[torch.Tensor] = []
+
+    @staticmethod
+    def _add(total: int | None, value: int | None) -> int | None:
+        if value is None:
+            return total
+        return value if total is None else total + value
+
+    def forward(self, batch: Any) -> None:
+        samples, tokens = batch_counts(batch)
+        self.forward_samples = self._add(self.forward_samples, samples)
+        self.forward_tokens = self._add(self.forward_tokens, tokens)
+
+    def fetched(self, batch: Any) -> None:
+        samples, tokens = batch_counts(batch)
+        self.fetch_samples = self._add(self.fetch_samples, samples)
+        self.fetch_tokens = self._add(self.fetch_tokens, tokens)
+
+    def note(self, samples: int | None, tokens: int | None, loss: Any) -> None:
+        self.noted_samples = self._add(self.noted_samples, samples)
+        self.noted_tokens = self._add(self.noted_tokens, tokens)
+        if loss is not None:
+            self.noted_loss = loss.detach() if isinstance(loss, torch.Tensor) else float(loss)
+
+    def samples(self) -> int | None:
+        for value in (self.noted_samples, self.forward_samples, self.fetch_samples):
+            if value is not None:
+                return value
+        return None
+
+    def tokens(self) -> int | None:
+        for value in (self.noted_tokens, self.forward_tokens, self.fetch_tokens):
+            if value is not None:
+                return value
+        return None
+
+    def loss(self) -> Any:
+        """The noted loss; else the mean of the model's losses over the micro-batches; else the
+        sum of the backward roots (scripts divide those by their accumulation steps)."""
+        if self.noted_loss is not None:
+            return self.noted_loss
+        if self.model_losses:
+            return sum(self.model_losses) / len(self.model_losses)
+        if self.backward_losses:
+            return sum(self.backward_losses)
+        return None
+
+
+class ScriptHooks:
+    """Hooks on torch that trace a user's script into ``tracer`` (see the module docstring).
+    ``install()`` before the script, ``close()`` after it (writes the last step, removes every
+    hook and patch)."""
+
+    def __init__(
+        self,
+        tracer: Tracer,
+        *,
+        script: str,
+        rank: int,
+        world_size: int,
+        warmup_steps: int,
+        comm_every_steps: int,
+        collective_timeout_s: float,
+    ) -> None:
+        self.tracer = tracer
+        self.script, self.rank, self.world_size = script, rank, world_size
+        self.warmup_steps = warmup_steps
+        self.comm_every_steps = comm_every_steps
+        self.collective_timeout_s = collective_timeout_s
+        self.events: list[Event] = []
+        self.previous_end: float | None = None
+        self.step_ended = False  # an optimizer step ended: the step closes at the next event
+        self.steps = 0
+        self.counts = StepCounts()
+        self.primary: DistributedDataParallel | None = None
+        self.sampler: DDPCommSampler | None = None
+        self.ddp_modules = 0
+        self.synced_forwards = 0
+        self.comm: CommFields = _NO_COMM
+        self.lr: float | None = None
+        self.joined_group = False
+        self.warnings: list[str] = []
+        self._backward_depth = 0
+        self._scaled: tuple[Any, Any] | None = None  # GradScaler.scale's (output, input)
+        self._undo: list[Callable[[], None]] = []
+
+    # -- events and steps
+    def _event(self, kind: int) -> None:
+        now = _clock()
+        if self.step_ended and kind not in (OPTIMIZER, OPTIMIZER_END):
+            self._end_step()
+        self.events.append((kind, now))
+
+    def _end_step(self) -> None:
+        """Write the step that the last optimizer step ended."""
+        self.step_ended = False
+        events, self.events = self.events, []
+        phases = step_phases(events, self.previous_end)
+        self.previous_end = events[-1][1]
+        counts, self.counts = self.counts, StepCounts()
+        comm, self.comm = self.comm, _NO_COMM
+        self.steps += 1
+        self.tracer.step(
+            epoch=0,
+            step=self.steps,
+            warmup=self.steps <= self.warmup_steps,
+            t_start_s=self.tracer.since_t0(phases.start),
+            phases=Phases(*phases[1:]),
+            comm_s=comm.comm_s,
+            comm_bytes=comm.comm_bytes,
+            comm_buckets=comm.comm_buckets,
+            samples=counts.samples(),  # type: ignore[arg-type]
+            loss=counts.loss(),
+            lr=self.lr,  # type: ignore[arg-type]
+            backward_compute_s=comm.backward_compute_s,
+            comm_exposed_s=comm.comm_exposed_s,
+            tokens=counts.tokens(),
+        )
+
+    def note(self, samples: int | None, tokens: int | None, loss: Any) -> None:
+        """``workbench.trace.note`` while the script runs."""
+        self.counts.note(samples, tokens, loss)
+
+    def _drop_fetches(self) -> None:
+        """An evaluation forward: the fetches since the last step fed it, not training."""
+        if self.events and all(kind in (FETCH, FETCH_END) for kind, _ in self.events):
+            self.events.clear()
+            self.counts.fetch_samples = self.counts.fetch_tokens = None
+
+    # -- DDP
+    def _ddp_built(self, ddp: DistributedDataParallel) -> None:
+        self.ddp_modules += 1
+        ddp.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+        ddp.register_forward_hook(self._forward_post)
+        if self.primary is not None:
+            return
+        self.primary = ddp
+        gradient_bytes = sum(
+            p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad
+        )
+        self.sampler = DDPCommSampler(ddp, self.comm_every_steps, gradient_bytes)
+        self.warnings.extend(self.sampler.warnings)
+
+    def _forward_pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            self._drop_fetches()
+            return
+        self._event(FORWARD)
+        if module is self.primary:
+            if module.require_backward_grad_sync:
+                self.synced_forwards += 1
+            self.counts.forward(args if args else kwargs)
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        self._event(FORWARD_END)
+        if module is self.primary:
+            loss = output_loss(output)
+            if loss is not None:
+                self.counts.model_losses.append(loss.detach())
+
+    def _take_comm(self) -> None:
+        """After the backward of a step whose primary forward synchronised: DDP's figures."""
+        if self.sampler is None or not self.synced_forwards:
+            return
+        self.sampler.iteration += self.synced_forwards - 1  # DDP counts every synced forward
+        self.synced_forwards = 0
+        self.comm = self.sampler.take()
+
+    # -- optimizer, backward, fetches
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+            raise ScriptError(
+                self.script,
+                self.rank,
+                f"it steps an optimizer on {self.world_size} ranks without having called "
+                "torch.distributed.init_process_group(): each rank would train alone. Call it "
+                "(the rank's environment has everything it needs, as under torchrun), or run "
+                "with world_size=1",
+            )
+        first = not self.events or self.events[-1][0] != OPTIMIZER_END
+        self._event(OPTIMIZER)
+        if first:
+            self._take_comm()
+        if optimizer.param_groups:
+            self.lr = float(optimizer.param_groups[0].get("lr", float("nan")))
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._event(OPTIMIZER_END)
+        self.step_ended = True
+
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._backward_depth:  # a backward inside a backward (reentrant checkpointing)
+                return original(tensors, *args, **kwargs)
+            self._event(BACKWARD)
+            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+                root = tensors
+                if self._scaled is not None and self._scaled[0] is tensors:
+                    root = self._scaled[1]
+                self.counts.backward_losses.append(root.detach())
+            self._backward_depth += 1
+            try:
+                return original(tensors, *args, **kwargs)
+            finally:
+                self._backward_depth -= 1
+                self._event(BACKWARD_END)
+
+        return backward
+
+    def _fetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def __next__(iterator: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return original(iterator)
+            self._event(FETCH)
+            try:
+                batch = original(iterator)
+            except StopIteration:
+                self.events.pop()  # the end of an epoch: nothing was fetched
+                raise
+            self._event(FETCH_END)
+            self.counts.fetched(batch)
+            return batch
+
+        return __next__
+
+    def _scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def scale(scaler: Any, outputs: Any) -> Any:
+            scaled = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor):
+                self._scaled = (scaled, outputs)
+            return scaled
+
+        return scale
+
+    # -- process group, process spawning
+    def _init_process_group(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = timedelta(seconds=self.collective_timeout_s)
+            result = original(*args, **kwargs)
+            # Every rank leaves this barrier together: their trace clocks agree from here.
+            side = dist.new_group(backend="gloo")
+            dist.barrier(group=side)
+            self.tracer.set_t0()
+            self.joined_group = True
+            return result
+
+        return init_process_group
+
+    def _refuse_spawn(self, name: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise ScriptError(
+                self.script,
+                self.rank,
+                f"it calls torch.multiprocessing.{name}() to start its own processes; the "
+                "workbench starts one process per rank itself, as torchrun does, and gives each "
+                "the environment init_process_group() reads. Call the per-process function "
+                "directly (rank from the RANK variable) and set world_size in the run",
+            )
+
+        return refuse
+
+    # -- install and remove
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, replacement)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def install(self) -> ScriptHooks:
+        """Put every hook and patch in place (see the module docstring); returns self."""
+        import torch.multiprocessing as mp
+        from torch.distributed import distributed_c10d
+
+        hooks = self
+        ddp_init = DistributedDataParallel.__init__
+
+        def __init__(ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            ddp_init(ddp, *args, **kwargs)
+            hooks._ddp_built(ddp)
+
+        self._patch(DistributedDataParallel, "__init__", __init__)
+        self._patch(torch.autograd, "backward", self._backward(torch.autograd.backward))
+        iterator = dataloader._BaseDataLoaderIter
+        self._patch(iterator, "__next__", self._fetch(iterator.__next__))
+        self._patch(torch.amp.GradScaler, "scale", self._scale(torch.amp.GradScaler.scale))
+        init = self._init_process_group(distributed_c10d.init_process_group)
+        self._patch(distributed_c10d, "init_process_group", init)
+        self._patch(dist, "init_process_group", init)
+        for name in ("spawn", "start_processes"):
+            self._patch(mp, name, self._refuse_spawn(name))
+        pre = register_optimizer_step_pre_hook(self._optimizer_pre)
+        post = register_optimizer_step_post_hook(self._optimizer_post)
+        self._undo += [pre.remove, post.remove]
+        trace_api._recorder = self.note
+        self._undo.append(lambda: setattr(trace_api, "_recorder", None))
+        return self
+
+    def close(self) -> None:
+        """Write the last step, remove every hook and patch (in reverse order)."""
+        try:
+            if self.step_ended:
+                self._end_step()
+        finally:
+            while self._undo:
+                self._undo.pop()()
+        if not self.steps:
+            self.warnings.append(
+                warn(
+                    f"{self.script} stepped no optimizer (torch.optim) on rank {self.rank}: "
+                    "no steps were traced (a step ends at an optimizer step)"
+                )
+            )
