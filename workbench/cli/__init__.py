@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ def _add_run(sub: Any) -> None:
         help="launch one training run and print its summary",
         description="Launch one DDP training run, show its progress while it runs, then print "
         "its summary and a table per rank. Every RunConfig field is a flag, in the groups below.",
-        usage="%(prog)s [options]",
+        usage="%(prog)s [options] [-- SCRIPT_ARGS ...]",
     )
     launching = run.add_argument_group("launch")
     launching.add_argument(
@@ -75,8 +76,9 @@ def _add_scale(sub: Any) -> None:
         help="one config at several world sizes, then a report",
         description="Run one config at several world sizes (one after another, each with its "
         "progress), then write the sweep's offline HTML report. The per-device batch stays "
-        "fixed (weak scaling) unless --global-batch-size is given (strong scaling).",
-        usage="%(prog)s [options]",
+        "fixed (weak scaling) unless --global-batch-size is given (strong scaling). With "
+        "--script, your script at each world size, its arguments after --.",
+        usage="%(prog)s [options] [-- SCRIPT_ARGS ...]",
     )
     study = scale.add_argument_group("study")
     study.add_argument(
@@ -204,7 +206,16 @@ def _unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``workbench`` command; returns its exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the script's own (`workbench run --script t.py -- ...`).
+    script_args = argv[argv.index("--") + 1 :] if "--" in argv else None
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     args, extra = parser.parse_known_args(argv)
+    if script_args is not None:
+        if args.command not in ("run", "scale"):
+            extra += ["--", *script_args]
+        else:
+            args.script_args = script_args
     if extra:
         sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr,index]
         sub.error(_unrecognized(extra, sub))

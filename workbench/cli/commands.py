@@ -43,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
 def _print_header(handle: Any, executor: str) -> None:
     """What was launched and where its results go, before the wait."""
     config = handle.config
+    steps = (
+        "steps set by the script" if config.total_steps is None else f"{config.total_steps} steps"
+    )
     print(
-        f"run {handle.run_id}: {config.world_size} rank(s), {config.total_steps} steps, "
+        f"run {handle.run_id}: {config.world_size} rank(s), {steps}, "
         f"executor={executor}; results in {handle.path}",
         flush=True,
     )

@@ -14,6 +14,7 @@ from typing import Any
 EXAMPLES: dict[str, str] = {
     "workbench": """\
   workbench run --model mlp --world-size 2 --steps 50      one run, then its summary
+  workbench run --script train.py --world-size 2 -- --epochs 1   your own script, traced
   workbench scale --world-sizes 1,2,4 --steps 40 --sweep study1   then a report
   workbench sweep experiments/sweeps/quickstart.yaml       a YAML grid, one notebook per point
   workbench ls                                             the runs in the store
@@ -25,7 +26,9 @@ EXAMPLES: dict[str, str] = {
   workbench run --comm-hook powersgd --powersgd-rank 2 --static-graph --world-size 4
   workbench run --run-name long1 --epochs 5 --checkpoint-every-steps 100
   workbench run --run-name long1 --epochs 5 --resume        continue it from its checkpoint
-  workbench run --model-options '{"size": "distilbert"}' --model transformer""",
+  workbench run --model-options '{"size": "distilbert"}' --model transformer
+  workbench run --script train.py --world-size 2 -- --lr 0.1    your script, its args after --
+  workbench run --module mypkg.train --world-size 2 --sweep mine  as python -m mypkg.train""",
     "ls": """\
   workbench ls
   workbench ls --sweep study1 --sweep study2
@@ -33,7 +36,8 @@ EXAMPLES: dict[str, str] = {
     "scale": """\
   workbench scale --world-sizes 1,2,4 --steps 40 --sweep study1
   workbench scale --world-sizes 1,2 --global-batch-size 256 --sweep strong   strong scaling
-  workbench scale --model transformer --world-sizes 1,2 --report study.html""",
+  workbench scale --model transformer --world-sizes 1,2 --report study.html
+  workbench scale --script train.py --world-sizes 1,2 --sweep mine -- --steps 40""",
     "sweep": """\
   workbench sweep experiments/sweeps/quickstart.yaml
   workbench sweep experiments/sweeps/comm_hooks.yaml --dry-run

@@ -15,11 +15,16 @@ from typing import Any
 from workbench.cli.help import Switch, plain
 from workbench.config.run_config import RunConfig
 
-_ALIASES = {"max_steps": ["--steps"]}
+_ALIASES = {"max_steps": ["--steps"], "script_module": ["--module"]}
 #: The RunConfig fields of each help group, in the order shown. A field in none of them (a new
 #: one) is shown under "other settings", so it still has a flag.
 GROUPS: dict[str, tuple[str, ...]] = {
     "naming and storage": ("sweep", "run_name", "output_dir"),
+    "your own training (instead of a built-in model; its arguments after --)": (
+        "script",
+        "script_module",
+        "script_args",
+    ),
     "model and data": (
         "model",
         "model_options",
@@ -91,6 +96,7 @@ HIDDEN = ("fault",)
 DEFAULT_PER_DEVICE_BATCH = 32
 _METAVARS = {int: "N", float: "NUM", str: "TEXT"}
 _KIND_METAVARS = {"folder_name": "NAME", "path": "DIR"}
+_FIELD_METAVARS = {"script": "FILE.py", "script_module": "PKG.MODULE"}
 
 
 def _field_type(f: dataclasses.Field[Any]) -> Any:
@@ -134,6 +140,8 @@ def _metavar(f: dataclasses.Field[Any], kind: Any) -> str:
     if "choices" in f.metadata:
         extra = ("MODULE:FACTORY",) if f.metadata.get("plugin") else ()
         return "{" + ",".join((*f.metadata["choices"], *extra)) + "}"
+    if f.name in _FIELD_METAVARS:
+        return _FIELD_METAVARS[f.name]
     if "kind" in f.metadata:
         return _KIND_METAVARS.get(f.metadata["kind"], "TEXT")
     return _METAVARS.get(kind, "JSON")
@@ -145,6 +153,8 @@ def _default(f: dataclasses.Field[Any], kind: Any) -> str:
         return f" (default: {DEFAULT_PER_DEVICE_BATCH} unless --global-batch-size is given)"
     if f.default is dataclasses.MISSING or f.default is None:
         return ""
+    if f.name == "script_args":
+        return " (default: none; on the command line, everything after --)"
     if kind is bool:
         return f" (default: {'on' if f.default else 'off'})"
     return f" (default: {f.default})"
@@ -192,6 +202,8 @@ def add_config_options(parser: argparse.ArgumentParser, skip: Sequence[str] = ()
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
     values = {k: v for k, v in vars(args).items() if k in fields}
-    if "per_device_batch_size" not in values and "global_batch_size" not in values:
+    script = values.get("script") is not None or values.get("script_module") is not None
+    batch_given = "per_device_batch_size" in values or "global_batch_size" in values
+    if not script and not batch_given:
         values["per_device_batch_size"] = DEFAULT_PER_DEVICE_BATCH
     return RunConfig(**values)

@@ -118,8 +118,9 @@ def run_script_rank(
     if environ:
         os.environ.update(environ)
     error_file = str(run_dir / schema.LOGS_DIR / f"error-rank{env.rank:05d}.json")
-    variables = torchrun_environment(env, config.nodes, attempt, run_id, config.threads_per_rank,
-                                     error_file)
+    variables = torchrun_environment(
+        env, config.nodes, attempt, run_id, config.threads_per_rank, error_file
+    )
     os.environ.update(variables)
     torch.set_num_threads(int(variables["OMP_NUM_THREADS"]))
     traces = run_dir / schema.TRACES_DIR
