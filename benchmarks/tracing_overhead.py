@@ -67,17 +67,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from workbench.config.run_config import RunConfig  # noqa: E402
 from workbench.ports import free_port  # noqa: E402
 from workbench.rank import distributed
-from workbench.trace.comm_timing import DDPCommSampler  # noqa: E402
 from workbench.rank.data import fetch_batch, train_batches  # noqa: E402
 from workbench.rank.models import build_model  # noqa: E402
 from workbench.rank.profiling import NoProfiler  # noqa: E402
-from workbench.trace.tracer import PhaseClock, Tracer, rss_bytes  # noqa: E402
 from workbench.rank.trainer import (  # noqa: E402
     Trainer,
     make_optimizer,
     seed_everything,
     training_loss,
 )
+from workbench.trace.comm_timing import DDPCommSampler  # noqa: E402
+from workbench.trace.tracer import PhaseClock, Tracer, rss_bytes  # noqa: E402
 
 VARIANTS = ("untraced", "hook_only", "traced", "profiler")
 

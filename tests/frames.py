@@ -68,6 +68,7 @@ def make_steps(
             "backward_compute_s": np.nan,
             "comm_exposed_s": np.nan,
             "samples": samples,
+            "tokens": samples * 8,  # as if each sample held 8 token ids
             "loss": loss0 - loss_drop * (step - 1),
             "lr": 0.1,
             "mem_alloc_bytes": np.full(n, 2e9) if cuda else np.nan,

@@ -46,7 +46,7 @@ def help_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_run_help_groups_the_flags_and_lists_the_choices(capsys) -> None:
     text = help_of(capsys, "run")
-    assert text.startswith("usage: workbench run [options]\n"), text[:200]
+    assert text.startswith("usage: workbench run [options] [-- SCRIPT_ARGS ...]\n"), text[:200]
     headings = [line for line in text.splitlines() if line and not line.startswith(" ")]
     for group in RUN_GROUPS:
         assert group in headings, f"no {group!r} group in:\n{headings}"
@@ -132,8 +132,12 @@ def test_every_example_is_a_command_the_parser_accepts(command: str) -> None:
         assert argv[0] == "workbench", line
         if "--help" in argv:
             continue
+        script_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+        argv = argv[: argv.index("--")] if "--" in argv else argv
         args, extra = parser.parse_known_args(argv[1:])
         assert not extra, f"{line!r}: {extra}"
+        if script_args:
+            args.script_args = script_args
         if args.command in ("run", "scale"):
             args.world_size = max(args.world_sizes) if args.command == "scale" else None
             config_from_args(args)  # a valid RunConfig too

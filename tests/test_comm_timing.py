@@ -10,10 +10,10 @@ import pytest
 from torch import nn
 
 from workbench.errors import MeasurementWarning
-from workbench.trace.comm_timing import CommFields, DDPCommSampler, ddp_timer_fields
 from workbench.rank.distributed import CommMeter
 from workbench.rank.network import bucket_sizes, bus_factor
 from workbench.run.failure import rank_measurements
+from workbench.trace.comm_timing import CommFields, DDPCommSampler, ddp_timer_fields
 
 MS = 1_000_000  # nanoseconds
 

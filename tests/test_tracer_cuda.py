@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.trace.tracer import PhaseClock, Tracer
 from workbench.store.load import load_traces
+from workbench.trace.tracer import PhaseClock, Tracer
 
 #: Records the pretend GPU is behind the host: an event counts as done once this many more
 #: were recorded after it (or after a synchronisation).

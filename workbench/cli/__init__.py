@@ -190,14 +190,21 @@ def _no_progress(group: Any) -> None:
     )
 
 
+def _similarity(a: Sequence[str], b: Sequence[str]) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
 def _unrecognized(extra: list[str], parser: argparse.ArgumentParser) -> str:
     """argparse's "unrecognized arguments" message, with the closest option for each flag."""
     options = [s for action in parser._actions for s in action.option_strings]
     hints = []
     for flag in (e.split("=", 1)[0] for e in extra if e.startswith("--")):
-        close = difflib.get_close_matches(flag, options, n=1)
+        close = difflib.get_close_matches(flag, options, n=3)
         if close:
-            hints.append(f"{flag}: did you mean {close[0]}?")
+            # A transposition (--modle) means the flag with the same letters (--model, not
+            # --module): closest by letters first, then by order.
+            best = max(close, key=lambda c: _similarity(sorted(flag), sorted(c)))
+            hints.append(f"{flag}: did you mean {best}?")
     return f"unrecognized arguments: {' '.join(extra)}" + (
         f" ({'; '.join(hints)})" if hints else ""
     )

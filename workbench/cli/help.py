@@ -28,7 +28,7 @@ EXAMPLES: dict[str, str] = {
   workbench run --run-name long1 --epochs 5 --resume        continue it from its checkpoint
   workbench run --model-options '{"size": "distilbert"}' --model transformer
   workbench run --script train.py --world-size 2 -- --lr 0.1    your script, its args after --
-  workbench run --module mypkg.train --world-size 2 --sweep mine  as python -m mypkg.train""",
+  workbench run --module mypkg.train --world-size 2 --sweep mine   as python -m mypkg.train""",
     "ls": """\
   workbench ls
   workbench ls --sweep study1 --sweep study2

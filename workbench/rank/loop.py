@@ -37,9 +37,9 @@ from workbench.rank.faults import inject_fault
 from workbench.rank.flops import measure_step_flops
 from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
-from workbench.trace.tracer import PhaseClock, Tracer
 from workbench.rank.trainer import Trainer
 from workbench.store.trace_files import consolidate, trim_for_resume
+from workbench.trace.tracer import PhaseClock, Tracer
 
 
 @dataclass
@@ -132,6 +132,13 @@ def train(
     return summary
 
 
+def built_in_steps(config: RunConfig) -> int:
+    """The steps the built-in loop makes (a script's are its own: None there)."""
+    total = config.total_steps
+    assert total is not None, "the built-in loop runs no script"
+    return total
+
+
 def _sample_log(
     config: RunConfig, traces: Path, rank: int
 ) -> contextlib.AbstractContextManager[IO[str] | None]:
@@ -143,7 +150,7 @@ def _sample_log(
 
 def run_epochs(loop: Loop, state: LoopState) -> None:
     """Epoch after epoch until the run's last step or an agreed preemption stop."""
-    while state.step < loop.config.total_steps:
+    while state.step < built_in_steps(loop.config):
         train_epoch(loop, state)
         if state.preempted:
             return
@@ -168,7 +175,7 @@ def train_epoch(loop: Loop, state: LoopState) -> None:
     loop.trainer.ddp.train()
     for s in range(state.step % spe, spe):
         train_step(loop, state, batches[s * accum : (s + 1) * accum])
-        if state.step >= config.total_steps:
+        if state.step >= built_in_steps(config):
             return
         if s + 1 < spe:  # the epoch's last step is followed by end_of_epoch instead
             after_step(loop, state)
@@ -218,7 +225,7 @@ def end_of_epoch(loop: Loop, state: LoopState) -> None:
             loop.trainer.evaluate(loop.tracer, state.epoch, state.step)
             state.last_eval_step = state.step
         every = config.checkpoint_every_steps
-        if every and state.step % every == 0 and state.step < config.total_steps:
+        if every and state.step % every == 0 and state.step < built_in_steps(config):
             loop.trainer.save(state.step, loop.tracer)
     state.epoch += 1
     if agreed_stop(loop, state):
@@ -232,7 +239,7 @@ def agreed_stop(loop: Loop, state: LoopState) -> bool:
     return (
         bool(every)
         and state.step % every == 0
-        and state.step < loop.config.total_steps
+        and state.step < built_in_steps(loop.config)
         and distributed.any_rank_flag(loop.stop.requested, loop.trainer.device)
     )
 

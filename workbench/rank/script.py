@@ -153,6 +153,18 @@ def run_script_rank(
         finally:
             hooks.close()
     consolidate(traces, env.rank)
+    return _summary(env, device, label, hooks, tracer)
+
+
+def _summary(
+    env: distributed.RankEnv,
+    device: torch.device,
+    label: str,
+    hooks: ScriptHooks,
+    tracer: Tracer,
+) -> dict[str, Any]:
+    """What a script's rank returns to the caller (as a built-in rank's summary, with what the
+    hooks saw: DDP modules, whether it joined a process group, how communication was timed)."""
     return {
         "rank": env.rank,
         "host": env.host,

@@ -17,11 +17,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
 from workbench.rank import checkpoint, distributed, network
-from workbench.trace.comm_timing import DDPCommSampler, warn
 from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
 from workbench.rank.models import build_model, gradient_bytes, model_task
+from workbench.trace.comm_timing import DDPCommSampler, warn
 from workbench.trace.tracer import PhaseClock, Tracer
 
 

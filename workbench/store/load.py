@@ -7,6 +7,7 @@ traces on a laptop with no GPU stack.
 
 from __future__ import annotations
 
+import shlex
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -55,6 +56,8 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
         if isinstance(value, dict):
             for k, v in value.items():
                 row[f"{key}.{k}"] = v
+        elif key == "script_args":  # one hashable value, as a shell would write the arguments
+            row[key] = shlex.join(value or ())
         else:
             row[key] = value
     for key, value in (run.get("summary") or {}).items():

@@ -80,4 +80,5 @@ def step_phases(events: Sequence[Event], previous_end: float | None) -> StepPhas
         phase = interval_phase(a, b)
         sums[phase] = (sums[phase] or 0.0) + (t_b - t_a)
     start = events[0][1]
-    return StepPhases(start, *sums, events[-1][1] - start)
+    data, forward, backward, optimizer = sums
+    return StepPhases(start, data, forward, backward, optimizer, events[-1][1] - start)

@@ -193,11 +193,16 @@ def loss_values(losses: list[Any]) -> tuple[list[Any], int | None]:
 
 #: What ``Tracer.step`` buffers per row, in order (then the memory sample); the constant columns
 #: (run, rank, host, ...) and the five phase columns are filled in at the flush.
-_ROW = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
+_ROW: tuple[str, ...] = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
 _ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
 _ROW += ("tokens", "save_s")
 _SAVE = _ROW.index("save_s")
-_MEMORY = ("mem_alloc_bytes", "mem_reserved_bytes", "mem_peak_bytes", "mem_device_bytes")
+_MEMORY: tuple[str, ...] = (
+    "mem_alloc_bytes",
+    "mem_reserved_bytes",
+    "mem_peak_bytes",
+    "mem_device_bytes",
+)
 _MEMORY += ("rss_bytes",)
 
 
@@ -338,9 +343,9 @@ class Tracer:
             next_start = held[0][3] if held else None
             error = self._write_steps(rows, next_start)
         if self._eval_rows:
-            rows, self._eval_rows = self._eval_rows, []
-            names = {k for r in rows for k in r}
-            self._eval_file.write({k: [r.get(k) for r in rows] for k in names}, len(rows))
+            evals, self._eval_rows = self._eval_rows, []
+            names = {k for r in evals for k in r}
+            self._eval_file.write({k: [r.get(k) for r in evals] for k in names}, len(evals))
         if error is not None:
             raise error
 

@@ -184,13 +184,16 @@ class RunMonitor(widgets.VBox):
         """The widgets: fixed widths and a monospace font, so nothing moves as the text changes."""
         world = self.config.processes  # ranks that trace: 1 for DataParallel over N devices
         self.bars = [
-            widgets.IntProgress(value=0, min=0, max=self.total_steps, description=f"rank {r}")
+            widgets.IntProgress(value=0, min=0, max=self.total_steps or 1, description=f"rank {r}")
             for r in range(world)
         ]
-        self.bar_labels = [_fixed(f"0 / {self.total_steps}", 34) for _ in range(world)]
+        self.bar_labels = [_fixed(f"0 / {self._of()}", 34) for _ in range(world)]
+        steps = (
+            "steps set by the script" if self.total_steps is None else f"{self.total_steps} steps"
+        )
         self.title = widgets.HTML(
             f"<b>{html.escape(self.path.name)}</b> &nbsp; sweep {html.escape(self.config.sweep)},"
-            f" {self.config.model}, {world} rank(s), {self.total_steps} steps"
+            f" {self.config.model}, {world} rank(s), {steps}"
         )
         self.status_label = _fixed("status: pending", 36)
         self.elapsed_label = _fixed("elapsed -", 17)
@@ -254,9 +257,8 @@ class RunMonitor(widgets.VBox):
         world = len(self.bars)
         slowest = min((self.steps_done.get(r, 0) for r in range(world)), default=0)
         running = status == "running"
-        self.eta_s = (
-            progress.eta_s(slowest, self.total_steps, self.steps_per_s) if running else None
-        )
+        total = self.total_steps
+        self.eta_s = progress.eta_s(slowest, total, self.steps_per_s) if running and total else None
         self.lagging = {}
         if running and self.steps_per_s:
             # rows reach the files once per flush (the latest held back): lag within that is not
@@ -266,6 +268,10 @@ class RunMonitor(widgets.VBox):
         if running:
             for rank, times in progress.slow_ranks(steps).items():
                 self.lagging.setdefault(rank, f"slow: {ratio(times)} the others' compute")
+
+    def _of(self) -> str:
+        """The steps a rank makes, or ``?`` where a script decides."""
+        return "?" if self.total_steps is None else str(self.total_steps)
 
     def _status_text(self) -> str:
         """``status: ...``; before the first step row, how many ranks have started."""
@@ -277,10 +283,13 @@ class RunMonitor(widgets.VBox):
     def _show(self, steps: pd.DataFrame) -> None:
         style = {"completed": "success", "failed": "danger"}.get(self.status, "")
         for rank, (bar, label) in enumerate(zip(self.bars, self.bar_labels, strict=True)):
-            bar.value = min(self.steps_done.get(rank, 0), self.total_steps)
+            done = self.steps_done.get(rank, 0)
+            if self.total_steps is None:  # a script: the bar fills with the lead rank's steps
+                bar.max = max(1, *self.steps_done.values()) if self.steps_done else 1
+            bar.value = min(done, bar.max)
             why = self.lagging.get(rank)
             bar.bar_style = "warning" if why else style
-            label.value = f"{self.steps_done.get(rank, 0)} / {self.total_steps}"
+            label.value = f"{done} / {self._of()}"
             label.value += f"  {why}" if why else ""
             label.style.text_color = LAG_COLOR if why else None
         self.status_label.value = self._status_text()
