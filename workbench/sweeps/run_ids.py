@@ -31,6 +31,7 @@ RUN_ID_ABBREVIATIONS = {
     "model": "",
     "precision": "",
     "optimizer": "",
+    "script_args": "",
 }
 #: The readable part of an id is cut to this many characters (the hash keeps ids distinct).
 READABLE_MAX = 60
@@ -62,7 +63,10 @@ def config_hash(config: RunConfig) -> str:
 
 def _token(value: Any) -> str:
     """A value as folder-name characters (``{'hidden_dim': 8}`` -> ``hiddendim8``)."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        text = "".join(v.lstrip("-") for v in value)  # script arguments: --steps 10 -> steps10
+    else:
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     return re.sub(r"[^A-Za-z0-9.+-]", "", text)
 
 

@@ -29,6 +29,7 @@ from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
 from workbench.ui.glossary import glossary_html
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
+from workbench.ui.unmeasured import unmeasured_lines
 
 #: Where plotly.js comes from: inside the report, or a ``plotly.min.js`` beside it.
 PlotlyJs = Literal["inline", "directory"]
@@ -166,7 +167,7 @@ def _tone(line: str) -> str:
 
 def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
-    said = findings(runs, steps, group_by)
+    said = findings(runs, steps, group_by) + unmeasured_lines(runs)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
