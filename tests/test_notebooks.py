@@ -18,7 +18,7 @@ from workbench.store.load import load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("01_quickstart", "03_explore_results", "04_reproduce_seed_study")
+NAMES = ("01_quickstart", "03_explore_results", "06_reproduce_seed_study")
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: nbclient can miss the end of a cell that fills an Output widget (an upstream issue) and
@@ -96,7 +96,7 @@ def quickstart(notebook_env: Path) -> Any:
 @pytest.fixture(scope="module")
 def seed_study(notebook_env: Path) -> Any:
     return execute(
-        "04_reproduce_seed_study",
+        "06_reproduce_seed_study",
         notebook_env,
         scale=1 / 64,
         per_device_batch_sizes=[32],
