@@ -1,0 +1,132 @@
+"""The example scripts (a plain DDP + AMP script, an HF Trainer fine-tuning, an Accelerate script
+with gradient accumulation) run unmodified at 1 and 2 ranks, locally and on the local Slurm
+cluster, and a 1-vs-2-rank study of each reads like one of the built-in models."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from workbench import RunConfig, launch, load_runs
+from workbench.store.files import read_json
+from workbench.ui.report import report_from_store
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "scripts"
+#: Each example with arguments that keep a run to a few seconds on a CPU.
+ARGS = {
+    "ddp_amp.py": ["--steps", "30"],
+    "hf_trainer.py": ["--steps", "30"],
+    "accelerate_gpt2.py": ["--steps", "12"],
+}
+
+
+def _config(script: str, world_size: int, store: Path, sweep: str, *extra: str) -> RunConfig:
+    return RunConfig(
+        script=f"examples/scripts/{script}",
+        script_args=[*ARGS[script], *extra],
+        world_size=world_size,
+        output_dir=str(store),
+        sweep=sweep,
+        timeout_min=10,
+    )
+
+
+@pytest.mark.parametrize("script", sorted(ARGS))
+def test_examples_are_plain_programs_that_import_no_workbench(script: str) -> None:
+    tree = ast.parse((EXAMPLES / script).read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in imported if m.split(".")[0] == "workbench"], imported
+    assert ast.get_docstring(tree) and "torchrun" in ast.get_docstring(tree)  # type: ignore[operator]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every example at 1 and 2 local ranks, one after the other, in one sweep (the HF Trainer's
+    2-rank run also writes the Trainer's own metrics)."""
+    store = tmp_path_factory.mktemp("examples")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        for script in sorted(ARGS):
+            for world_size in (1, 2):
+                extra = ["--metrics-json", str(store / "trainer.json")]
+                with_metrics = script == "hf_trainer.py" and world_size == 2
+                config = _config(script, world_size, store, "examples", *(extra * with_metrics))
+                assert launch(config).wait(timeout_s=300) == "completed", config.script
+    finally:
+        os.chdir(cwd)
+    return store
+
+
+@pytest.mark.slow
+def test_each_example_is_traced_at_one_and_two_ranks(study: Path) -> None:
+    runs = load_runs(study, ["examples"])
+    assert sorted(runs["model"]) == sorted(f"script:{s[:-3]}" for s in ARGS for _ in (1, 2))
+    assert (runs["status"] == "completed").all() and (runs["measured_steps"] > 0).all()
+    from workbench.store.load import load_traces
+
+    steps = load_traces(runs["path"], "steps")
+    measured = steps[~steps["warmup"]]
+    for column in ("data_s", "forward_s", "backward_s", "optimizer_s", "samples", "loss"):
+        assert measured[column].notna().mean() > 0.9, column
+    two = measured[measured["world_size"] == 2]
+    assert two.dropna(subset=["comm_exposed_s"]).groupby("run_id").size().min() >= 2
+    # Accelerate: 2 micro-batches of 8 per optimizer step, 64 tokens each
+    gpt2 = measured[measured["run_id"].str.startswith("accelerate_gpt2")]
+    assert (gpt2["samples"] == 16).all() and (gpt2["tokens"] == 16 * 64).all()
+
+
+@pytest.mark.slow
+def test_the_report_of_each_study_shows_speedup_phases_communication_and_finding(
+    study: Path, tmp_path: Path
+) -> None:
+    page = Path(report_from_store("examples", tmp_path / "r.html", output_dir=study)).read_text()
+    for heading in ("Finding", "Speedup", "Phases per run", "Scaling", "Communication"):
+        assert f"<h2>{heading}</h2>" in page, heading
+    finding = page.split('<section class="finding">', 1)[1].split("</section>", 1)[0]
+    for name in ("ddp_amp", "hf_trainer", "accelerate_gpt2"):
+        assert f"script:{name}: 2 ranks:" in finding, finding
+    assert "exposed" in page and "traced from outside" in finding
+
+
+@pytest.mark.slow
+def test_the_trainers_own_throughput_agrees_with_the_workbench_within_5_percent(
+    study: Path,
+) -> None:
+    """The Trainer divides every sample of train() by its train_runtime (its set-up inside
+    train() included); the workbench divides the samples of its measured window (the steps after
+    warm-up) by that window's wall time, across ranks. Over 30 steps both are the training."""
+    trainer = json.loads((study / "trainer.json").read_text())["train_samples_per_second"]
+    runs = load_runs(study, ["examples"])
+    ours = runs.loc[(runs["model"] == "script:hf_trainer") & (runs["world_size"] == 2)]
+    assert float(ours["samples_per_s"].iloc[0]) == pytest.approx(trainer, rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_each_example_runs_on_the_slurm_cluster_at_one_and_two_ranks(
+    slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    partition = os.environ.get("WORKBENCH_SLURM_PARTITION", "debug")
+    handles = [
+        launch(
+            _config(script, world_size, tmp_path, "slurm-examples"),
+            executor="slurm",
+            partition=partition,
+            poll_s=2.0,
+        )
+        for script in sorted(ARGS)
+        for world_size in (1, 2)
+    ]
+    for handle in handles:
+        assert handle.wait(timeout_s=600) == "completed", handle.run_id
+        ranks = handle.traces().groupby("rank")["step"].max()
+        assert len(ranks) == handle.config.world_size and ranks.min() > 0, handle.run_id
+        assert read_json(handle.path / "run.json")["executor"] == "slurm"
