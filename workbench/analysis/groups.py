@@ -50,6 +50,9 @@ NOT_GROUPING = (
     "eval_timeout_s",
     "signal_delay_s",
     "derived",
+    # A script run's model is ``script:<its name>``: the path would only repeat it in every label.
+    "script",
+    "script_module",
 )
 BATCH_COLUMNS = ("per_device_batch_size", "global_batch_size")
 #: Derived group columns: the family (``weak``, ``strong``; ``mixed`` for an explicit grouping
