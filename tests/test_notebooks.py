@@ -18,7 +18,7 @@ from workbench.store.load import load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("01_quickstart", "03_explore_results", "06_reproduce_seed_study")
+NAMES = ("01_quickstart", "03_explore_results", "04_your_script", "06_reproduce_seed_study")
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: nbclient can miss the end of a cell that fills an Output widget (an upstream issue) and
@@ -129,6 +129,24 @@ def test_quickstart_launches_watches_and_explores(quickstart: Any, notebook_env:
     assert len(figures[0]["_widget_data"]) == 1
     # as wide as the cell where the saved state is shown, not plotly's default 700 px
     assert figures[0]["_widget_layout"]["autosize"] is True
+
+
+@pytest.mark.slow
+def test_your_script_runs_an_example_at_two_world_sizes_and_states_its_finding(
+    notebook_env: Path,
+) -> None:
+    book = execute(
+        "04_your_script",
+        notebook_env,
+        script=str(ROOT / "examples" / "scripts" / "ddp_amp.py"),
+        script_args=["--steps", "12"],
+    )
+    assert_no_errors(book)
+    runs = load_runs(notebook_env, ["your-script"])
+    assert sorted(runs["world_size"]) == [1, 2] and set(runs["status"]) == {"completed"}
+    assert set(runs["model"]) == {"script:ddp_amp"}
+    assert "2 ranks:" in text_of(book) and "the throughput of 1 rank" in text_of(book)
+    assert len(with_mime(book, PLOTLY)) >= 2 and len(with_mime(book, WIDGET)) == 1
 
 
 @pytest.mark.slow
