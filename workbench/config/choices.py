@@ -54,6 +54,11 @@ MODEL_SIZES: dict[str, dict[str, dict[str, int]]] = {
         },
     },
 }
+#: Hugging Face architectures a run can name as ``model="hf:<name>"``: built by
+#: ``workbench.rank.hf_models`` from their ``transformers`` config class (no download), tiny by
+#: default, ``model_options`` overriding the config's fields (``seq_len``: the synthetic batch's).
+HF_ARCHITECTURES = ("distilbert", "bert", "gpt2")
+HF_PREFIX = "hf:"
 #: The ``model_options`` key that names a preset of :data:`MODEL_SIZES`.
 SIZE_OPTION = "size"
 #: Models whose ``d_model`` is split over ``num_heads`` attention heads.

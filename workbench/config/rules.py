@@ -13,7 +13,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from workbench.config.choices import ATTENTION_MODELS, MODEL_OPTIONS, SIZE_OPTION
+from workbench.config.choices import (
+    ATTENTION_MODELS,
+    HF_ARCHITECTURES,
+    HF_PREFIX,
+    MODEL_OPTIONS,
+    SIZE_OPTION,
+)
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, did_you_mean, is_int
 from workbench.config.names import is_module_name
@@ -98,6 +104,22 @@ def model_options(c: Any, bad: frozenset[str]) -> list[Problem]:
         if sizes_ok and d_model % heads:
             rule = f"must be divisible by num_heads={heads}"
             p.append(Problem("model_options.d_model", d_model, rule))
+    return p
+
+
+def hf_model(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``hf:<architecture>`` names one of :data:`HF_ARCHITECTURES` and uses the synthetic data
+    (its options are the config class's fields: preflight checks them, with transformers)."""
+    if "model" in bad or not str(c.model).startswith(HF_PREFIX):
+        return []
+    arch = c.model[len(HF_PREFIX) :]
+    p = []
+    if arch not in HF_ARCHITECTURES:
+        valid = ", ".join(HF_PREFIX + a for a in HF_ARCHITECTURES)
+        p.append(Problem("model", c.model, f"{did_you_mean(arch, HF_ARCHITECTURES)}valid: {valid}"))
+    if c.dataset != "synthetic":
+        rule = "a Hugging Face model is fed synthetic token ids: use dataset='synthetic'"
+        p.append(Problem("dataset", c.dataset, rule))
     return p
 
 
@@ -265,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     layout,
     batch,
     model_options,
+    hf_model,
     dataset,
     strategy,
     needs_cuda,

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, DistributedSampler, default_collate
 
+from workbench.config.choices import HF_PREFIX
 from workbench.config.run_config import RunConfig
 from workbench.rank.models import load_plugin
 
@@ -84,10 +85,14 @@ def build_datasets(config: RunConfig, rank: int = 0, processes: int = 1) -> tupl
             parquet_dataset(opts["eval"], all_groups=True),
         )
     if config.dataset == "synthetic":
-        opts = config.model_kwargs
+        kind, opts = config.model, config.model_kwargs
+        if kind.startswith(HF_PREFIX):
+            from workbench.rank.hf_models import hf_data_options
+
+            kind, opts = hf_data_options(config.model, dict(config.model_options))
         return (
-            synthetic_dataset(config.model, opts, config.train_samples, config.seed, split=0),
-            synthetic_dataset(config.model, opts, config.eval_samples, config.seed, split=1),
+            synthetic_dataset(kind, opts, config.train_samples, config.seed, split=0),
+            synthetic_dataset(kind, opts, config.eval_samples, config.seed, split=1),
         )
     factory = load_plugin(config.dataset, "dataset")
     result = factory(

@@ -14,7 +14,7 @@ from torch import nn
 from workbench.config.run_config import RunConfig
 from workbench.rank import distributed
 from workbench.rank.data import eval_shard, fetch_batch
-from workbench.rank.models import model_task
+from workbench.rank.models import dict_batch, model_task, output_logits, takes_dict_batch
 from workbench.trace.tracer import Tracer
 
 
@@ -67,8 +67,11 @@ def _predict(ctx: EvalContext) -> torch.Tensor:
         inputs, targets = fetch_batch(ctx.dataset, indices)
         inputs, targets = inputs.to(device), targets.to(device)
         with ctx.autocast():
-            logits = ctx.module(inputs)
-        logits = logits.float()
+            if takes_dict_batch(ctx.module):
+                output = ctx.module(**dict_batch(ctx.module, inputs, targets))
+            else:
+                output = ctx.module(inputs)
+        logits = output_logits(output).float()
         if model_task(ctx.module) == "lm":
             loss = nn.functional.cross_entropy(
                 logits.transpose(1, 2), targets, reduction="none"

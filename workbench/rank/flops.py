@@ -23,7 +23,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from workbench.rank.data import fetch_batch, train_batches
-from workbench.rank.trainer import Trainer, training_loss
+from workbench.rank.trainer import Trainer, step_loss
 
 METHOD = (
     "torch.utils.flop_counter.FlopCounterMode over forward + backward of the bare module "
@@ -76,7 +76,7 @@ def count_flops(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> int:
     """FLOPs of forward + backward of ``module`` over each ``(inputs, targets)`` micro-batch
-    (the training loss of :func:`workbench.rank.trainer.training_loss`), counted by
+    (the training loss of :func:`workbench.rank.trainer.step_loss`), counted by
     ``FlopCounterMode`` in eval mode; the module's mode, gradients and the random streams are
     left as they were (the gradients dropped)."""
     device = next(module.parameters()).device
@@ -92,8 +92,12 @@ def count_flops(
         ):
             for inputs, targets in micro_batches:
                 with autocast():
-                    outputs = torch.func.functional_call(module, _unhooked(module), (inputs,))
-                    loss = training_loss(module, outputs, targets)
+                    params = _unhooked(module)
+
+                    def call(*args: Any, params: Any = params, **kwargs: Any) -> Any:
+                        return torch.func.functional_call(module, params, args, kwargs)
+
+                    loss = step_loss(call, module, inputs, targets)
                 loss.backward()
     finally:
         module.train(was_training)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.config.choices import MODEL_OPTIONS, MODEL_SIZES
+from workbench.config.choices import HF_PREFIX, MODEL_OPTIONS, MODEL_SIZES
 from workbench.config.sizes import resolve_model_options
 
 
@@ -160,9 +160,14 @@ assert set(BUILTIN) == set(MODEL_OPTIONS) and set(MODEL_SIZES) <= set(BUILTIN)
 
 def build_model(name: str, options: dict[str, Any]) -> nn.Module:
     """A built-in model by name (its defaults, then the preset ``options['size']`` names, then
-    the other ``options``; a ConfigError for an unknown size) or a plug-in factory's."""
+    the other ``options``; a ConfigError for an unknown size), a Hugging Face model
+    (``hf:<name>``, see ``hf_models``) or a plug-in factory's."""
     if name in BUILTIN:
         return BUILTIN[name](**resolve_model_options(name, options))
+    if name.startswith(HF_PREFIX):
+        from workbench.rank.hf_models import build_hf_model
+
+        return build_hf_model(name, options)
     model = load_plugin(name, "model")(**options)
     if not isinstance(model, nn.Module):
         raise ValueError(
@@ -173,6 +178,47 @@ def build_model(name: str, options: dict[str, Any]) -> nn.Module:
 
 def model_task(model: nn.Module) -> str:
     return getattr(model, "task", "classification")
+
+
+def takes_dict_batch(model: nn.Module) -> bool:
+    """Whether the model takes a dict batch and returns its loss (``batch_format = "dict"``: a
+    Hugging Face model, or a plug-in that says so), rather than a tensor to logits."""
+    return getattr(model, "batch_format", "tensor") == "dict"
+
+
+def dict_batch(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+    """The dict batch of token ids ``inputs``: an attention mask of ones, and the labels (a
+    language model's are its inputs: it shifts them itself)."""
+    labels = inputs if model_task(model) == "lm" else targets
+    return {"input_ids": inputs, "attention_mask": torch.ones_like(inputs), "labels": labels}
+
+
+def output_loss(output: Any) -> torch.Tensor:
+    """The loss a dict-batch model returned: ``output.loss``, ``output["loss"]`` or the output
+    itself (a 0-d tensor); a TypeError saying what came back otherwise."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, torch.Tensor) and output.numel() == 1:
+        loss = output
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"a model taking dict batches must return its loss (a ModelOutput with .loss, a dict "
+            f"with 'loss', or a 0-d tensor); it returned {type(output).__name__}"
+        )
+    return loss
+
+
+def output_logits(output: Any) -> torch.Tensor:
+    """The logits a model returned: the output itself, or ``output.logits``."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, dict):
+        logits = output.get("logits")
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"evaluation needs logits; the model returned {type(output).__name__}")
+    return logits
 
 
 def gradient_bytes(model: nn.Module) -> int:

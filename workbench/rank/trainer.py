@@ -20,7 +20,14 @@ from workbench.rank import checkpoint, distributed, network
 from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
-from workbench.rank.models import build_model, gradient_bytes, model_task
+from workbench.rank.models import (
+    build_model,
+    dict_batch,
+    gradient_bytes,
+    model_task,
+    output_loss,
+    takes_dict_batch,
+)
 from workbench.trace.comm_timing import DDPCommSampler, warn
 from workbench.trace.tracer import PhaseClock, Tracer
 
@@ -37,6 +44,17 @@ def training_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor)
     if model_task(model) == "lm":
         return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
     return nn.functional.cross_entropy(logits.float(), targets)
+
+
+def step_loss(
+    call: Any, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """The training loss of one micro-batch through ``call`` (the model, its DDP wrapper, or a
+    functional call of it): the model's own loss for a dict-batch model (``hf:`` models),
+    else :func:`training_loss` of its logits."""
+    if takes_dict_batch(model):
+        return output_loss(call(**dict_batch(model, inputs, targets)))
+    return training_loss(model, call(inputs), targets)
 
 
 def make_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
@@ -218,7 +236,7 @@ class Trainer:
             sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
             with sync:
                 with self.autocast():
-                    loss = training_loss(self.module, self.ddp(inputs), targets)
+                    loss = step_loss(self.ddp, self.module, inputs, targets)
                     if accum > 1:  # on CUDA every op is a kernel launch: none for the usual case
                         loss = loss / accum
                 clock.mark()

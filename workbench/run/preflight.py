@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.config.choices import HF_PREFIX
 from workbench.config.run_config import RunConfig
 from workbench.errors import PreflightError, Problem
 from workbench.ports import port_free
@@ -150,6 +151,9 @@ def _plugin_problems(config: RunConfig) -> list[Problem]:
         spec = getattr(config, field_name)
         if config.is_script:  # the model field names the script
             continue
+        if spec.startswith(HF_PREFIX):
+            problems += _hf_problems(config)
+            continue
         if ":" in spec:
             from workbench.rank.models import load_plugin
 
@@ -158,6 +162,19 @@ def _plugin_problems(config: RunConfig) -> list[Problem]:
             except ValueError as exc:
                 problems.append(Problem(field_name, spec, str(exc).split(": ", 1)[1]))
     return problems
+
+
+def _hf_problems(config: RunConfig) -> list[Problem]:
+    """An ``hf:`` model needs transformers here, and options its config class has."""
+    from workbench.rank.hf_models import hf_config
+
+    try:
+        hf_config(config.model, dict(config.model_options))
+    except ImportError as exc:
+        return [Problem("model", config.model, str(exc))]
+    except (ValueError, TypeError) as exc:
+        return [Problem("model_options", dict(config.model_options), str(exc))]
+    return []
 
 
 def _script_problems(config: RunConfig) -> list[Problem]:
