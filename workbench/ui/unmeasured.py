@@ -30,11 +30,11 @@ def unmeasured_lines(runs: pd.DataFrame) -> list[str]:
         lines.append(SCRIPT_NOTE.format(scripts=", ".join(sorted(set(names)))))
     warned = _non_empty(runs, "measurement_warnings")
     by_message: dict[str, list[str]] = {}
-    for run_id, said in runs.loc[warned, ["run_id", "measurement_warnings"]].itertuples(
-        index=False
-    ):
-        for message in str(said).split("; "):
-            by_message.setdefault(message, []).append(str(run_id))
+    if warned.any():
+        said_by_run = runs.loc[warned, ["run_id", "measurement_warnings"]]
+        for run_id, said in said_by_run.itertuples(index=False):
+            for message in str(said).split("; "):
+                by_message.setdefault(message, []).append(str(run_id))
     for message, run_ids in by_message.items():
         lines.append(f"not measured in {', '.join(run_ids)}: {message}")
     return lines
