@@ -151,3 +151,22 @@ def test_bad_scripts_are_named_before_any_process_starts(tmp_path: Path, capsys)
     # the same from the command line: exit status 2 and the field named
     assert main(["run", "--script", "missing.py", "--output-dir", str(tmp_path / "c")]) == 2
     assert "script='missing.py'" in capsys.readouterr().err
+
+
+def test_the_report_says_what_a_script_run_could_not_measure() -> None:
+    import pandas as pd
+
+    from workbench.ui.unmeasured import unmeasured_lines
+
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c"],
+            "model": ["script:train", "script:train", "mlp"],
+            "script": ["train.py", "train.py", None],
+            "measurement_warnings": [None, "x stepped no optimizer", None],
+        }
+    )
+    lines = unmeasured_lines(runs)
+    assert lines[0].startswith("train: your own training, traced from outside")
+    assert lines[1] == "not measured in b: x stepped no optimizer" and len(lines) == 2
+    assert unmeasured_lines(runs.iloc[2:].drop(columns="measurement_warnings")) == []

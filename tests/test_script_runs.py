@@ -16,6 +16,7 @@ import pytest
 from workbench import RunConfig, launch, warm_pool
 from workbench.errors import RunFailedError
 from workbench.store.files import read_json
+from workbench.ui.report import report_from_store
 
 from .helpers import wait_until_no_job_processes
 
@@ -229,3 +230,14 @@ def test_the_warm_pool_runs_a_script_with_the_callers_variables(tmp_path: Path) 
         assert facts["env"]["WB_CALLER_MARKER"] == "set-after-the-pool-started"
         assert facts["env"]["RANK"] == str(rank) and facts["cwd"] == str(ROOT)
     assert len(handle.traces()) == 2 * 4
+
+
+def test_a_script_without_an_optimizer_step_is_said_in_the_report(tmp_path: Path) -> None:
+    handle = launch(_config(tmp_path, 2, "--no-optimizer", "--steps", "4"))
+    assert handle.wait(timeout_s=180) == "completed"
+    assert handle.traces().empty
+    run = read_json(handle.path / "run.json")
+    said = [w["message"] for w in run["measurement_warnings"]]
+    assert any("stepped no optimizer" in m for m in said), said
+    page = Path(report_from_store(handle.path, tmp_path / "r.html")).read_text()
+    assert "stepped no optimizer" in page and "traced from outside" in page

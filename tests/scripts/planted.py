@@ -47,6 +47,7 @@ def main() -> None:
     p.add_argument("--exit-code", type=int, default=0)
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank never joins")
     p.add_argument("--spawn", action="store_true")
+    p.add_argument("--no-optimizer", action="store_true", help="update the weights by hand")
     p.add_argument("--dump", help="write argv, cwd, sys.path[0], __name__ and os.environ here")
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
@@ -90,8 +91,14 @@ def main() -> None:
             x, y = next(batches)
             loss = nn.functional.cross_entropy(model(x), y) / a.accum
             loss.backward()
-        opt.step()
-        opt.zero_grad()
+        if a.no_optimizer:
+            with torch.no_grad():
+                for param in model.parameters():
+                    param -= 0.05 * param.grad
+                    param.grad = None
+        else:
+            opt.step()
+            opt.zero_grad()
         if a.exit_after and step == a.exit_after:
             sys.exit(a.exit_code)
     del model
