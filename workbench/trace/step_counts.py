@@ -105,6 +105,10 @@ class StepCounts:
         sum of the backward roots (scripts divide those by their accumulation steps)."""
         if self.noted_loss is not None:
             return self.noted_loss
+        # One micro-batch (the usual case): the tensor itself, no arithmetic launched per step.
+        losses = self.model_losses or self.backward_losses
+        if len(losses) == 1:
+            return losses[0]
         if self.model_losses:
             return sum(self.model_losses) / len(self.model_losses)
         if self.backward_losses:
