@@ -42,9 +42,12 @@ def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) ->
 
 
 def comm_filled(steps: pd.DataFrame) -> pd.Series:
-    """``comm_s`` on every row. With ``trace_comm='sampled'`` communication is timed on sampled
-    steps only; in between, each rank's latest sample stands for the steps after it (its first
-    for the steps before). NaN for a rank with no sample at all."""
+    """``comm_s`` on every row, for display only (a timeline that draws a line through the
+    samples): no figure or table may count the carried values as measurements (use
+    :func:`sampled_comm`, the sampled steps alone). With ``trace_comm='sampled'``
+    communication is timed on sampled steps only; in between, each rank's latest sample stands
+    for the steps after it (its first for the steps before).
+    NaN for a rank with no sample at all."""
     if steps["comm_s"].notna().all():  # timed on every step: nothing to carry
         return steps["comm_s"]
     keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
@@ -53,6 +56,26 @@ def comm_filled(steps: pd.DataFrame) -> pd.Series:
     filled = ordered.groupby(keys, sort=False)["comm_s"].ffill()
     filled = filled.groupby([ordered[k] for k in keys], sort=False).bfill()
     return pd.Series(filled.sort_index().to_numpy(), index=steps.index, name="comm_s")
+
+
+def sampled_comm(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run, attempt and sampled step (a step where DDP's timer ran: ``comm_s`` not null, as
+    with ``trace_comm='sampled'`` only every ``trace_comm_every_steps``-th step is): the
+    smallest ``comm_s`` (span) and ``comm_exposed_s`` over the ranks that timed it (the rank
+    that waited least for the others, so the closest to the transfer itself) and the world
+    size. Never filled: the steps between samples have no row. ``comm_exposed_s`` is NaN where
+    the trace has no exposed timer."""
+    check_columns(steps, ("run_id", "step", "world_size", "comm_s"), "steps")
+    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    s = s[s["comm_s"].notna()]
+    exposed = s["comm_exposed_s"] if "comm_exposed_s" in s.columns else np.nan
+    s = s.assign(_exposed=exposed)
+    out = s.groupby(["run_id", "attempt", "step"], sort=True).agg(
+        world_size=("world_size", "max"),
+        comm_s=("comm_s", "min"),
+        comm_exposed_s=("_exposed", "min"),
+    )
+    return out.reset_index()
 
 
 def gap_filled(steps: pd.DataFrame) -> pd.Series:
