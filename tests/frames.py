@@ -187,7 +187,9 @@ def ddp_steps(
     noise: float = 0.0,
 ) -> pd.DataFrame:
     """DDP-like steps: every rank's step ends when the slowest rank's compute plus 0.1 s of
-    transfer is done; each rank's comm_s is its wait plus the transfer."""
+    transfer is done; each rank's comm_s is its wait plus the transfer. A rank's compute is
+    data 0.1 + forward 0.2 + optimizer 0.1 s and its backward compute (DDP's timer on every
+    step, 0.2 s; a slow rank's extra is all in it); its backward_s holds the wait too."""
     steps = make_steps("d", world_size=world_size, n_steps=n_steps, step_s=1.0)
     rng = np.random.default_rng(0)
     compute = 0.6 * (1 + noise * rng.uniform(-1, 1, len(steps)))
@@ -199,6 +201,8 @@ def ddp_steps(
     step_s = steps.groupby("step")["_c"].transform("max") + 0.1
     steps["step_s"] = step_s
     steps["comm_s"] = step_s - steps["_c"]
+    steps["backward_compute_s"] = steps["_c"] - 0.4
+    steps["backward_s"] = step_s - 0.4
     return steps.drop(columns="_c")
 
 

@@ -309,13 +309,20 @@ def test_planted_straggler_in_two_ranks_and_under_noise() -> None:
 
 
 def test_straggler_found_from_sampled_comm_times() -> None:
-    # trace_comm="sampled": comm_s only on steps 1-10 and every 10th; rows in any order.
+    # trace_comm="sampled": DDP's timers only on steps 1-10 and every 10th; rows in any order.
+    # Rank 5's extra is in backward compute, seen on the sampled steps alone: 40, 50, ..., 100
+    # are 7 of them, persistent over min_steps=5 sampled steps (not over the default 10).
     steps = ddp_steps(slow_rank=5, slow_from=40)
     sampled = (steps["step"] <= 10) | (steps["step"] % 10 == 0)
-    steps.loc[~sampled, "comm_s"] = np.nan
-    found = stragglers(steps.sample(frac=1.0, random_state=0))
-    assert found[["rank", "start_step", "end_step"]].values.tolist() == [[5, 40, 100]]
+    steps.loc[~sampled, ["comm_s", "backward_compute_s"]] = np.nan
+    shuffled = steps.sample(frac=1.0, random_state=0)
+    assert stragglers(shuffled).empty
+    found = stragglers(shuffled, min_steps=5)
+    assert found[["rank", "start_step", "end_step", "slow_steps"]].values.tolist() == [
+        [5, 40, 100, 7]
+    ]
     assert found["ratio"].iloc[0] == pytest.approx(1.5)
+    assert found["slow_phase"].tolist() == ["backward_compute_s"]
 
 
 def test_comm_filled_carries_each_ranks_samples_forward() -> None:
@@ -342,7 +349,7 @@ def test_transient_and_intermittent_slowness() -> None:
     ]
     steps = ddp_steps(slow_rank=3, slow_from=3)
     odd = (steps["step"] % 2 == 1) & (steps["rank"] == 3)
-    steps.loc[odd, "comm_s"] = steps.loc[odd, "step_s"] - 0.6  # slow on every other step only
+    steps.loc[odd, "backward_compute_s"] = 0.2  # slow on every other step only
     assert stragglers(steps).empty  # 50 % < persistence 0.8
     assert len(stragglers(steps, persistence=0.5)) == 1
 

@@ -55,8 +55,10 @@ HEATMAP = (
     "averaged, labelled by their first step."
 )
 COMPUTE = (
-    "compute = step_s - comm_s per rank and measured step, ms; a straggler stands out here. "
-    "At most 400 columns: bins of consecutive steps averaged."
+    "compute = data_s + forward_s + optimizer_s + backward compute per rank and measured step, "
+    "ms: what the rank computes itself, its waits for the others left out; a straggler stands "
+    "out here. Backward compute is DDP's timer on the steps it sampled (blank between them, "
+    "never carried over). At most 400 columns: bins of consecutive steps averaged."
 )
 MEMORY = (
     "Peak over every step, warm-up included, per rank: process RSS, the CUDA allocator's peak "
