@@ -99,13 +99,14 @@ def findings(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
     group_by: Sequence[str] | None = None,
+    evals: pd.DataFrame | None = None,
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
     are several), then the stragglers and the peak memory. Empty without measured steps."""
     if steps.empty:
         return []
     keys = resolve_group_by(runs, group_by)
-    per_run = run_table(runs, steps, group_by=keys)
+    per_run = run_table(runs, steps, evals, group_by=keys)  # training throughput
     if per_run.empty:
         return ["no completed run with measured steps yet"]
     comm = communication(steps, runs, group_by=keys)

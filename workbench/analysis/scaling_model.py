@@ -308,8 +308,8 @@ def _predict_curve(
 def _measured(curve: pd.DataFrame, sizes: pd.Series) -> pd.DataFrame:
     """The curve's measurements at ``sizes`` (means over repeats, NaN where not measured), the
     speedup over its base (mean throughputs, as in the scaling table)."""
-    means = curve.groupby("world_size")[["wall_step_s", "samples_per_s"]].mean()
-    means = means.rename(columns={"wall_step_s": "step_s"})
+    means = curve.groupby("world_size")[["train_step_s", "samples_per_s"]].mean()
+    means = means.rename(columns={"train_step_s": "step_s"})
     out = means.reindex(sizes.to_numpy()).add_prefix("measured_")
     out["measured_speedup"] = out["measured_samples_per_s"] / means["samples_per_s"].iloc[0]
     return out.reset_index(drop=True)

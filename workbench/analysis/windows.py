@@ -156,8 +156,8 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
 
     Training alone: ``eval_s`` and ``save_s`` are the evaluations (from ``evals``; 0 without
     it) and checkpoints (the steps' ``save_s``) inside the window, each the slowest rank's;
-    ``train_s = measured_s - eval_s - save_s`` and ``train_samples_per_s = samples /
-    train_s``. A run with only warm-up steps gets NaN rates.
+    ``train_s = measured_s - eval_s - save_s``, ``train_samples_per_s = samples /
+    train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     out = (
@@ -189,6 +189,7 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
         out["wall_step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
         out["train_s"] = out["measured_s"] - out["eval_s"] - out["save_s"]
         out["train_samples_per_s"] = out["samples"] / out["train_s"].where(out["train_s"] > 0)
+        out["train_step_s"] = out["train_s"] / out["steps"].where(out["steps"] > 0)
     return out.reset_index()
 
 

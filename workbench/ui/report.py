@@ -164,9 +164,11 @@ def _tone(line: str) -> str:
     return "good" if "faster than" in line else ""
 
 
-def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
+def _finding_html(
+    runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str], evals: pd.DataFrame
+) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
-    said = findings(runs, steps, group_by)
+    said = findings(runs, steps, group_by, evals)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
@@ -250,7 +252,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        _finding_html(runs, steps, keys),
+        _finding_html(runs, steps, keys, evals),
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),

@@ -22,21 +22,27 @@ SPREAD = "Error bars only where a point has 2 or more runs: their standard devia
 #: Achieved FLOP/s and MFU, with the peak's source.
 FLOPS = (
     "Hover, where FLOPs were counted: TFLOP/s per device = FLOPs of one training step per sample "
-    "x samples/s / world size / 1e12; MFU = that / the device's dense tensor peak for the run's "
-    "precision (TF32 where allowed), the peak and its datasheet named per point."
+    "x training samples/s (evaluations and checkpoints left out) / world size / 1e12; MFU = "
+    "that / the device's dense tensor peak for the run's math mode (TF32 where allowed), the "
+    "peak and its datasheet named per point."
 )
 #: Scaling figures' throughput.
 THROUGHPUT = (
     "samples/s per device = samples of all ranks in the measured window / the window's wall "
-    "time / world size (evaluations and checkpoints inside it included)."
+    "time less the evaluations and checkpoints inside it (training alone) / world size."
 )
-SPEEDUP = "speedup = mean throughput at N / mean throughput at the group's smallest world size."
+SPEEDUP = (
+    "speedup = mean training throughput at N / mean training throughput at the group's "
+    "smallest world size (evaluations and checkpoints left out of both)."
+)
 EFFICIENCY = "Labels: efficiency = speedup / (N / base N)."
 SPEEDUP_SPREAD = (
     "Error bars only with repeats at both ends: speedup_std = speedup x sqrt((s_N/m_N)^2 + "
     "(s_B/m_B)^2), s and m the runs' std and mean throughput."
 )
-EPOCH = "time per epoch = train_samples / samples_per_s (end-to-end throughput)."
+EPOCH = (
+    "time per epoch = train_samples / end-to-end samples/s (evaluations and checkpoints included)."
+)
 FINAL = (
     "final training loss: the last step's loss, mean over ranks; final metric: rank 0's last "
     "evaluation. Mean over a point's runs."
