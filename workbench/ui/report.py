@@ -91,7 +91,10 @@ def build_figures(
         "scaling": ctx.table,
         "stragglers": found,
         "communication": comm.groupby("run_id", sort=True)[
-            ["world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s", "exposed_share"]
+            [
+                *("world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s"),
+                *("exposed_share", "exposed_transfer_s", "wait_s", "hidden_comm_s"),
+            ]
         ].mean(),
     }
     figs = sorted(available_figures(ctx), key=lambda hf: hf[0] != LEAD_FIGURE)  # stable
