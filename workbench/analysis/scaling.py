@@ -43,7 +43,14 @@ POINT_METRICS = (
 )
 #: What each run says about its FLOPs (``run.json``'s ``flops``, see
 #: :mod:`workbench.analysis.flops`), carried from ``runs`` into the run table.
-FLOPS_FACTS = ("flops_per_sample", "flops_matmul_precision", "flops_error", "device_name")
+FLOPS_FACTS = (
+    "flops_per_sample",
+    "flops_matmul_precision",
+    "flops_cudnn_allow_tf32",
+    "flops_conv_share",
+    "flops_error",
+    "device_name",
+)
 #: Per-run columns a point keeps when all its runs agree (NaN otherwise).
 POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 

@@ -47,7 +47,9 @@ FLOPS_NOTE = (
     "its evaluations and checkpoints) / world_size, in "
     "TFLOP/s (1e12; a CPU's 0.001 is 1 GFLOP/s). <b>mfu</b> = tflops_per_device / the device's "
     "dense peak (no sparsity) for the run's precision: bf16 and fp16 their tensor peak, fp32 "
-    "the TF32 peak where TF32 matmuls were allowed, else plain fp32. <b>mfu_note</b> names the "
+    "the TF32 peak where TF32 matmuls were allowed, else plain fp32, and convolutions at the "
+    "TF32 peak where cuDNN allowed it (its default), weighted by their share of the FLOPs. "
+    "<b>mfu_note</b> names the "
     "peak used and its datasheet, or why there is no MFU (a CPU, a device not in the table): "
     "never a fallback peak.</p>"
 )
