@@ -47,13 +47,10 @@ def communication(
       timer, on sampled steps: its span less its overlap with backward compute, see
       :mod:`workbench.schema`): its mean over the sampled steps, at most ``comm_s``.
 
-    Also ``overlapped_comm_s = comm_s - exposed_comm_s`` (``hidden_comm_s``, the same),
-    ``exposed_share`` (of ``step_s``), and the exposed part split in two: ``wait_s``, the wait
-    for the slowest rank (not communication), and ``exposed_transfer_s``, what the allreduce
-    itself added (see :func:`_with_parts`), with their shares of the step. A wait is not
-    communication: advice about the network follows the exposed transfer alone.
-    ``bus_bandwidth_bytes_per_s`` comes from the collective's own time (the run's
-    micro-benchmark, or hook-timed collectives; see :func:`_with_bus_bandwidth`).
+    Also ``overlapped_comm_s = hidden_comm_s = comm_s - exposed_comm_s``, ``exposed_share``,
+    the exposed part split (:func:`_with_parts`) into ``wait_s`` (for the slowest rank: not
+    communication) and ``exposed_transfer_s`` with their shares, and
+    ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`).
     """
     check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
     needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]

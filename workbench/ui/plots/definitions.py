@@ -9,13 +9,15 @@ from __future__ import annotations
 #: The window every per-step number is taken over.
 WINDOW = (
     "Measured window: per attempt, from the first measured step's start to the last step's end, "
-    "warm-up steps left out."
+    "warm-up steps left out: the traced warm-up_steps and, after them, the leading steps still "
+    "more than 50 % slower than the steady state (median of the second half; at most half the "
+    "steps), counted in the run's warmup_detected_steps."
 )
 #: How communication is timed, and what stands for the steps in between.
 COMM_SAMPLING = (
     "Communication is sampled: with trace_comm='sampled' (the default) DDP's own timer is read "
-    "on the first 10 steps and every trace_comm_every_steps (default 50) after, and each rank's "
-    "latest sample stands for the steps in between."
+    "on the first 10 steps and every trace_comm_every_steps (default 50) after. Figures from "
+    "DDP's timers use the sampled steps alone: nothing is carried to the steps in between."
 )
 #: Error bars: only where a point has repeats.
 SPREAD = "Error bars only where a point has 2 or more runs: their standard deviation (ddof 1)."
