@@ -58,7 +58,9 @@ def run_parts(steps: pd.DataFrame, comm: pd.DataFrame, per_run: pd.DataFrame) ->
     out = pd.DataFrame(index=pd.Index(per_run["run_id"], name="run_id"))
     samples_per_step = (per_run["samples"] / per_run["steps"]).to_numpy()
     out["samples_per_step"] = samples_per_step
-    out["step_s"] = samples_per_step / per_run["samples_per_s"].to_numpy()
+    throughput = per_run["samples_per_s"].to_numpy(dtype="float64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["step_s"] = np.where(throughput > 0, samples_per_step / throughput, np.nan)
     c = comm.groupby("run_id")[["exposed_comm_s", "exposed_transfer_s", "wait_s"]].mean()
     c = c.reindex(out.index)
     timer = _mean(m, "backward_compute_s").reindex(out.index)

@@ -58,8 +58,9 @@ POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 def _final_loss(steps: pd.DataFrame) -> pd.Series:
     """Training loss at each run's last measured step, averaged over ranks."""
     m = measured_steps(steps, ["loss"])
-    if "loss" not in m.columns or m.empty:
-        return pd.Series(dtype="float64", name="final_loss")
+    if "loss" not in m.columns or m.empty:  # the run ids' dtype: an empty merge still works
+        none = pd.Index([], dtype=steps["run_id"].dtype, name="run_id")
+        return pd.Series(dtype="float64", name="final_loss", index=none)
     last = m.groupby("run_id")[["attempt", "step"]].max().reset_index()
     # max attempt, then that attempt's last step
     last_attempt = m.merge(last[["run_id", "attempt"]], on=["run_id", "attempt"])

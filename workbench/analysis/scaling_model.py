@@ -247,8 +247,11 @@ def _curve_base(
         overlap = calibrated_overlap(exposed, span, measured)
     exposed_b = _exposed(exposed, span, measured, overlap) if base_n > 1 else 0.0
     samples_per_step = float((repeats["samples"] / repeats["steps"]).mean())
+    throughput = float(repeats["samples_per_s"].mean())
+    if not (np.isfinite(throughput) and throughput > 0 and samples_per_step > 0):
+        return None, "no prediction: the base measured no throughput (no samples or steps)", overlap
     # the step time of the repeats' mean throughput: the scaling table's speedup base
-    step_s = samples_per_step / float(repeats["samples_per_s"].mean())
+    step_s = samples_per_step / throughput
     if not (np.isfinite(step_s - exposed_b) and step_s - exposed_b > 0):
         return (
             None,
