@@ -160,8 +160,11 @@ def scaling_sweep(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """runs, steps, evals of a weak-scaling sweep over world sizes 1, 2, 4 (10 steps, 2 warm-up).
 
-    Throughput = 8 samples * N ranks / step_s: 8, 12.8 and 20 samples/s; speedup 1.6 and 2.5;
-    efficiency 0.8 and 0.625. Backward is 0.5 s at N=1 and grows with N (exposed allreduce).
+    Training throughput = 8 samples * N ranks / step_s: 8, 12.8 and 20 samples/s; speedup 1.6
+    and 2.5; efficiency 0.8 and 0.625. With ``evals`` the evaluation after step 5 (the slowest
+    rank's: 0.75 s at N = 1 and 2, 0.85 s at N = 4) sits inside the measured window: steps 6 on
+    start that much later, and the window is 8 step_s plus it end to end. Backward is 0.5 s at
+    N=1 and grows with N (exposed allreduce).
     """
     step_s = step_s or SWEEP_STEP_S
     runs, steps, ev = [], [], []
@@ -170,12 +173,27 @@ def scaling_sweep(
         runs.append({"run_id": run_id, "world_size": n})
         extra = s - step_s[min(step_s)]
         steps.append(make_steps(run_id, world_size=n, step_s=s, backward_s=0.5 + extra))
-        ev.append(make_evals(run_id, world_size=n, step_s=s, metric_values=(0.5, 0.9 - 0.05 * n)))
+        run_ev = make_evals(run_id, world_size=n, step_s=s, metric_values=(0.5, 0.9 - 0.05 * n))
+        if evals:  # the evaluations take their time between the steps
+            steps[-1], run_ev = room_for_evals(steps[-1], run_ev)
+        ev.append(run_ev)
     return (
         make_runs(runs),
         pd.concat(steps, ignore_index=True),
         pd.concat(ev, ignore_index=True) if evals else pd.DataFrame(columns=list(EVAL_COLUMNS)),
     )
+
+
+def room_for_evals(steps: pd.DataFrame, evals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``steps`` and ``evals`` of one run with each evaluation given its time: every step and
+    evaluation after the evaluation of step k starts later by that evaluation's slowest rank's
+    ``eval_s`` (the ranks wait for each other before the next step)."""
+    longest = evals.groupby("step")["eval_s"].max().sort_index()
+    steps, evals = steps.copy(), evals.copy()
+    for k, seconds in longest.items():
+        steps.loc[steps["step"] > k, "t_start_s"] += seconds
+        evals.loc[evals["step"] > k, "t_start_s"] += seconds
+    return steps, evals
 
 
 def ddp_steps(
@@ -188,7 +206,9 @@ def ddp_steps(
     noise: float = 0.0,
 ) -> pd.DataFrame:
     """DDP-like steps: every rank's step ends when the slowest rank's compute plus 0.1 s of
-    transfer is done; each rank's comm_s is its wait plus the transfer."""
+    transfer is done; each rank's comm_s is its wait plus the transfer. A rank's compute is
+    data 0.1 + forward 0.2 + optimizer 0.1 s and its backward compute (DDP's timer on every
+    step, 0.2 s; a slow rank's extra is all in it); its backward_s holds the wait too."""
     steps = make_steps("d", world_size=world_size, n_steps=n_steps, step_s=1.0)
     rng = np.random.default_rng(0)
     compute = 0.6 * (1 + noise * rng.uniform(-1, 1, len(steps)))
@@ -200,6 +220,8 @@ def ddp_steps(
     step_s = steps.groupby("step")["_c"].transform("max") + 0.1
     steps["step_s"] = step_s
     steps["comm_s"] = step_s - steps["_c"]
+    steps["backward_compute_s"] = steps["_c"] - 0.4
+    steps["backward_s"] = step_s - 0.4
     return steps.drop(columns="_c")
 
 

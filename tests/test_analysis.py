@@ -42,7 +42,7 @@ def by_run(frame: pd.DataFrame, column: str) -> dict[str, float]:
 
 
 def test_measured_window_is_first_measured_start_to_last_end() -> None:
-    _, steps, _ = scaling_sweep()
+    _, steps, _ = scaling_sweep(evals=False)
     w = measured_window(steps).set_index("run_id")
     # 10 steps, 2 warm-up: steps 3..10 measured, back to back.
     assert w.loc["ws2", "start_s"] == pytest.approx(2 * 1.25)
@@ -91,15 +91,23 @@ def test_scaling_table_speedup_efficiency_epoch_time() -> None:
     assert t["speedup"].tolist() == pytest.approx([1.0, 1.6, 2.5])
     assert t["ideal_speedup"].tolist() == pytest.approx([1.0, 2.0, 4.0])
     assert t["efficiency"].tolist() == pytest.approx([1.0, 0.8, 0.625])
-    assert t["epoch_s"].tolist() == pytest.approx([640 / 8, 640 / 12.8, 640 / 20])
-    assert t["wall_step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
+    # training alone above; end to end the evaluation after step 5 (0.75 s on 1 and 2 ranks,
+    # 0.85 s on 4: rank 3 gathers longest) is in the window of 8 steps
+    ends = {1: 8 + 0.75, 2: 10 + 0.75, 4: 12.8 + 0.85}
+    samples = {1: 64, 2: 128, 4: 256}
+    assert t["end_to_end_samples_per_s"].tolist() == pytest.approx(
+        [samples[n] / ends[n] for n in (1, 2, 4)]
+    )
+    assert t["epoch_s"].tolist() == pytest.approx([640 * ends[n] / samples[n] for n in (1, 2, 4)])
+    assert t["wall_step_s"].tolist() == pytest.approx([ends[n] / 8 for n in (1, 2, 4)])
     assert t["runs"].tolist() == [1, 1, 1]
     assert t["final_loss"].tolist() == pytest.approx([1.1] * 3)  # 2.0 - 0.1 * 9
     assert t["final_metric"].tolist() == pytest.approx([0.85, 0.8, 0.7])
     # target: the worst final accuracy of the group (0.7), reached at the step-10 evaluation,
-    # which starts at 10 * step_s and lasts 0.75 s on rank 0.
+    # which starts at 10 * step_s plus the step-5 evaluation (0.75, 0.75, 0.85 s) and lasts
+    # 0.75 s on rank 0.
     assert t["target_metric"].tolist() == pytest.approx([0.7] * 3)
-    assert t["time_to_quality_s"].tolist() == pytest.approx([10.75, 13.25, 16.75])
+    assert t["time_to_quality_s"].tolist() == pytest.approx([11.5, 14.0, 17.6])
 
 
 def test_time_to_quality_with_explicit_target_and_lower_is_better() -> None:
@@ -109,11 +117,11 @@ def test_time_to_quality_with_explicit_target_and_lower_is_better() -> None:
     evals = evals.assign(metric_name="loss", metric_value=1 - evals["metric_value"])
     t = scaling_table(runs, steps, evals).set_index("world_size")
     assert t["target_metric"].tolist() == pytest.approx([0.3] * 3)  # worst = highest loss
-    assert t["time_to_quality_s"].tolist() == pytest.approx([10.75, 13.25, 16.75])
+    assert t["time_to_quality_s"].tolist() == pytest.approx([11.5, 14.0, 17.6])
 
 
 def test_repeated_runs_are_averaged_with_std_and_count() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     again = make_steps("ws2b", world_size=2, step_s=1.0)  # 16 samples/s
     runs = pd.concat([runs, make_runs([{"run_id": "ws2b", "world_size": 2}])])
     t = scaling_table(runs, pd.concat([steps, again])).set_index("world_size")
@@ -163,7 +171,7 @@ def test_default_group_by_holds_a_batch_fixed_per_family() -> None:
 
 
 def test_unknown_or_bad_group_names_raise_with_valid_names() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     with pytest.raises(ValueError, match=r"\['modle'\].*valid names:.*model"):
         scaling_table(runs, steps, group_by=["modle"])
     with pytest.raises(ValueError, match="world_size"):
@@ -196,14 +204,14 @@ def test_the_grouping_is_passed_never_kept_in_the_frame() -> None:
 
 
 def test_only_completed_runs_by_default() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     runs.loc[runs["run_id"] == "ws4", "status"] = "failed"
     assert scaling_table(runs, steps)["world_size"].tolist() == [1, 2]
     assert scaling_table(runs, steps, statuses=None)["world_size"].tolist() == [1, 2, 4]
 
 
 def test_empty_group_by_is_one_group() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     t = scaling_table(runs[["run_id", "status"]], steps, group_by=[])
     assert t["speedup"].tolist() == pytest.approx([1.0, 1.6, 2.5])
     assert "_group" not in t.columns
@@ -228,7 +236,7 @@ def test_phase_breakdown_means_std_and_other() -> None:
 
 
 def test_exposed_communication_from_the_one_rank_reference() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     c = communication(steps, runs).groupby("run_id").first()
     # backward: 0.5 s at N=1, 0.75 at N=2, 1.1 at N=4; comm_s 0.3
     assert c.loc["ws1", "exposed_comm_s"] == 0.0
@@ -244,7 +252,7 @@ def test_exposed_communication_from_the_one_rank_reference() -> None:
 
 
 def test_exposed_communication_without_reference_is_the_no_overlap_bound() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     c = communication(steps).groupby("run_id").first()
     assert set(c["method"]) == {"no_overlap_bound"}
     assert c.loc["ws2", "exposed_comm_s"] == pytest.approx(0.3)  # min(0.3, 0.75)
@@ -309,13 +317,20 @@ def test_planted_straggler_in_two_ranks_and_under_noise() -> None:
 
 
 def test_straggler_found_from_sampled_comm_times() -> None:
-    # trace_comm="sampled": comm_s only on steps 1-10 and every 10th; rows in any order.
+    # trace_comm="sampled": DDP's timers only on steps 1-10 and every 10th; rows in any order.
+    # Rank 5's extra is in backward compute, seen on the sampled steps alone: 40, 50, ..., 100
+    # are 7 of them, persistent over min_steps=5 sampled steps (not over the default 10).
     steps = ddp_steps(slow_rank=5, slow_from=40)
     sampled = (steps["step"] <= 10) | (steps["step"] % 10 == 0)
-    steps.loc[~sampled, "comm_s"] = np.nan
-    found = stragglers(steps.sample(frac=1.0, random_state=0))
-    assert found[["rank", "start_step", "end_step"]].values.tolist() == [[5, 40, 100]]
+    steps.loc[~sampled, ["comm_s", "backward_compute_s"]] = np.nan
+    shuffled = steps.sample(frac=1.0, random_state=0)
+    assert stragglers(shuffled).empty
+    found = stragglers(shuffled, min_steps=5)
+    assert found[["rank", "start_step", "end_step", "slow_steps"]].values.tolist() == [
+        [5, 40, 100, 7]
+    ]
     assert found["ratio"].iloc[0] == pytest.approx(1.5)
+    assert found["slow_phase"].tolist() == ["backward_compute_s"]
 
 
 def test_comm_filled_carries_each_ranks_samples_forward() -> None:
@@ -342,7 +357,7 @@ def test_transient_and_intermittent_slowness() -> None:
     ]
     steps = ddp_steps(slow_rank=3, slow_from=3)
     odd = (steps["step"] % 2 == 1) & (steps["rank"] == 3)
-    steps.loc[odd, "comm_s"] = steps.loc[odd, "step_s"] - 0.6  # slow on every other step only
+    steps.loc[odd, "backward_compute_s"] = 0.2  # slow on every other step only
     assert stragglers(steps).empty  # 50 % < persistence 0.8
     assert len(stragglers(steps, persistence=0.5)) == 1
 
@@ -463,7 +478,7 @@ def test_predict_scaling_from_multi_rank_run_and_latency_per_bucket() -> None:
 
 
 def test_predict_scaling_rejects_bad_input() -> None:
-    _, steps, _ = scaling_sweep()
+    _, steps, _ = scaling_sweep(evals=False)
     with pytest.raises(ValueError, match="one run"):
         predict_scaling(steps, "nvlink", [2])
     with pytest.raises(ValueError, match="valid names: nvlink"):
@@ -504,7 +519,7 @@ def test_measured_network_fits_bandwidth_and_latency() -> None:
 
 
 def test_predicted_vs_measured_table() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     pvm = predicted_vs_measured(runs, steps, SLOW_NET, world_sizes=[8]).set_index("world_size")
     assert pvm.index.tolist() == [1, 2, 4, 8]
     assert set(pvm["base_run_id"]) == {"ws1"}

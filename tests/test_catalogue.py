@@ -70,7 +70,7 @@ def test_a_full_sweep_draws_every_figure_and_names_the_focus_run() -> None:
 
 
 def test_missing_data_gives_a_message_or_the_fallback() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     ctx = figure_context(runs, steps, None, focus="ws1")
     assert title(draw("eval", ctx)) == "No evaluations in the selected runs"
     assert title(draw("tradeoff", ctx)) == "Quality against devices"  # the fallback

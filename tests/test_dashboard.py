@@ -14,7 +14,7 @@ import pytest
 from workbench.ui.baseline import honest_table, speedup_rows
 from workbench.ui.dashboard import Dashboard
 
-from .frames import make_evals, make_steps, scaling_sweep, write_run
+from .frames import make_evals, make_steps, room_for_evals, scaling_sweep, write_run
 
 MESSAGE = "no 1-rank run in this group: speedup needs a baseline; add world_size=1 to the sweep"
 
@@ -53,12 +53,15 @@ def table_rows(html_text: str) -> list[dict[str, str]]:
 
 
 def _run(store: Path, sweep: str, run_id: str, world_size: int, **config: object) -> None:
+    steps, evals = room_for_evals(
+        make_steps(run_id, world_size=world_size), make_evals(run_id, world_size)
+    )
     write_run(
         store,
         sweep,
         run_id,
-        make_steps(run_id, world_size=world_size),
-        make_evals(run_id, world_size),
+        steps,
+        evals,
         world_size=world_size,
         per_device_batch_size=8,
         train_samples=640,

@@ -30,7 +30,7 @@ def test_traced_exposed_communication_wins_over_the_estimates() -> None:
 
 
 def test_the_runs_micro_benchmark_is_the_default_network() -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     # no benchmark in these runs, and only world sizes 2 and 4 above one: no network at all
     assert network_fit(None, steps, runs).model is None
     runs["network_busbw_bytes_per_s"] = [np.nan, 1.0e9, 3.0e9]  # ws1 has none (one rank)

@@ -39,7 +39,7 @@ def test_definitions_name_the_window_sampling_and_formula_where_they_apply() -> 
         assert definitions.COMM_SAMPLING in by_key[key], key
     assert "samples of all ranks in the measured window" in by_key["throughput"]
     assert "dense tensor peak" in by_key["throughput"]  # MFU: which peak, named per point
-    assert "compute = step_s - comm_s" in by_key["compute_heatmap"]
+    assert "compute = data_s + forward_s + optimizer_s" in by_key["compute_heatmap"]
     assert "exposed communication" in by_key["phases"]
 
 

@@ -46,7 +46,7 @@ def test_report_is_one_offline_file_with_every_figure(tmp_path: Path) -> None:
 
 
 def test_report_without_evals_leaves_their_figures_out(tmp_path: Path) -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     figs, _ = build_figures(runs, steps, None, network="nvlink")
     headings = [h for h, _ in figs]
     assert "Evaluation time" not in headings and "Accuracy against speed" not in headings
@@ -68,7 +68,7 @@ def test_report_focuses_on_a_straggler(tmp_path: Path) -> None:
 
 
 def test_report_with_no_traces_still_writes(tmp_path: Path) -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     text = write_report(runs, steps.iloc[0:0], None, tmp_path / "e.html").read_text()
     assert "no scaling table" in text
     assert 'class="plotly-graph-div"' not in text
@@ -92,13 +92,15 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
     table = pd.read_csv(summary)
     assert table["world_size"].tolist() == [1, 2, 4]
     assert table["speedup"].tolist() == pytest.approx([1.0, 1.6, 2.5])
-    assert table["time_to_quality_s"].tolist() == pytest.approx([10.75, 13.25, 16.75])
+    # the step-10 evaluation's end: after the step-5 evaluation (0.75, 0.75, 0.85 s)
+    assert table["time_to_quality_s"].tolist() == pytest.approx([11.5, 14.0, 17.6])
     keys = resolve_group_by(load_runs(tmp_path, ["weak"]))
     assert keys[:2] == ["model", "precision"] and keys[-2:] == ["scaling", "fixed_batch_size"]
     assert set(keys) <= set(table.columns)  # the CSV keeps every group column
     # ... and every other one, empty or shared, as raw numbers: it is for machines
     assert {"samples_per_s_std", "nodes", "runs", "mfu_note"} <= set(table.columns)
-    assert table["wall_step_s"].tolist() == pytest.approx([1.0, 1.25, 1.6])
+    # end to end: 8 steps and the step-5 evaluation (0.75, 0.75, 0.85 s) per measured step
+    assert table["wall_step_s"].tolist() == pytest.approx([8.75 / 8, 10.75 / 8, 13.65 / 8])
     assert table["scaling"].tolist() == ["weak"] * 3
     page = path.read_text()
     scaling = html_table(page, "<h2>Scaling</h2>")
@@ -113,17 +115,18 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
         "global_batch_size",
         "speedup",
         "efficiency",
-        *("samples_per_s", "samples_per_s_per_device", "wall_step_s", "epoch_s"),
-        *("final_metric", "time_to_quality_s"),
+        *("samples_per_s", "samples_per_s_per_device", "end_to_end_samples_per_s"),
+        *("wall_step_s", "epoch_s", "final_metric", "time_to_quality_s"),
     ]
-    assert scaling["samples_per_s"] == ["8/s", "12.8/s", "20/s"]
-    assert scaling["epoch_s"] == ["80 s", "50 s", "32 s"]
-    assert scaling["time_to_quality_s"] == ["10.8 s", "13.2 s", "16.8 s"]  # 13.25: half to even
+    assert scaling["samples_per_s"] == ["8/s", "12.8/s", "20/s"]  # training alone
+    assert scaling["end_to_end_samples_per_s"] == ["7.31/s", "11.9/s", "18.8/s"]
+    assert scaling["epoch_s"] == ["87.5 s", "53.8 s", "34.1 s"]  # 53.75: half to even
+    assert scaling["time_to_quality_s"] == ["11.5 s", "14 s", "17.6 s"]
     assert not list(summary.parent.glob(".*.tmp"))
     assert report_from_store(tmp_path / "weak", tmp_path / "r2.html") == tmp_path / "r2.html"
 
 
 def test_report_with_no_traces_writes_an_empty_summary(tmp_path: Path) -> None:
-    runs, steps, _ = scaling_sweep()
+    runs, steps, _ = scaling_sweep(evals=False)
     write_report(runs, steps.iloc[0:0], None, tmp_path / "e.html", summary_csv=tmp_path / "s.csv")
     assert (tmp_path / "s.csv").read_text().strip() == ""

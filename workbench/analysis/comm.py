@@ -47,12 +47,14 @@ def communication(
       timer, on sampled steps: its span less its overlap with backward compute, see
       :mod:`workbench.schema`): its mean over the sampled steps, at most ``comm_s``.
 
-    Also ``overlapped_comm_s = comm_s - exposed_comm_s``, ``exposed_share`` (of ``step_s``) and
-    ``bus_bandwidth_bytes_per_s = 2 (N-1)/N * comm_bytes / comm_s`` (NaN for one rank).
+    Also ``overlapped_comm_s = hidden_comm_s = comm_s - exposed_comm_s``, ``exposed_share``,
+    the exposed part split (:func:`_with_parts`) into ``wait_s`` (for the slowest rank: not
+    communication) and ``exposed_transfer_s`` with their shares, and
+    ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`).
     """
     check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
     needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]
-    m = measured_steps(steps, [*needed, "comm_exposed_s"])
+    m = measured_steps(steps, [*needed, "comm_exposed_s", "backward_compute_s"])
     aggs: dict[str, tuple[str, str]] = {
         "world_size": ("world_size", "max"),
         "steps": ("step", "count"),
@@ -71,7 +73,69 @@ def communication(
     out["ref_backward_s"] = np.nan
     if runs is not None:
         out = _with_reference(out, m, runs, group_by)
-    return _with_exposed(out)
+    out = _with_exposed(out)
+    out = _with_parts(out, m)
+    return _with_bus_bandwidth(out, m, runs)
+
+
+def _with_parts(out: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
+    """Split the exposed communication into the wait for the slowest rank and the transfer.
+
+    On each sampled step (``comm_s`` timed; never carried to the steps between), a rank's
+    wait is its ``comm_s`` less the smallest over the ranks: the rank that came last to the
+    allreduce waited for no one. ``wait_s`` is its mean over the sampled steps. The exposed
+    transfer is what even that last rank could not hide: the smallest ``comm_exposed_s``
+    over ranks per sampled step, averaged, where DDP's exposed timer ran; else the rank's
+    exposed estimate less its wait. ``hidden_comm_s`` is the overlapped part."""
+    s = m[m["comm_s"].notna()]
+    keys = ["run_id", "attempt", "step"]
+    fastest = s.groupby(keys)["comm_s"].transform("min")
+    wait = (s["comm_s"] - fastest).groupby([s["run_id"], s["rank"]]).mean().rename("wait_s")
+    out = out.merge(wait, left_on=["run_id", "rank"], right_index=True, how="left")
+    out["wait_s"] = out["wait_s"].where(out["world_size"] > 1, 0.0)
+    estimate = (out["exposed_comm_s"] - out["wait_s"]).clip(lower=0)
+    if "comm_exposed_s" in s.columns and s["comm_exposed_s"].notna().any():
+        e = s[s["comm_exposed_s"].notna()]
+        tail = e.groupby(keys)["comm_exposed_s"].transform("min").clip(lower=0)
+        per_rank = tail.groupby([e["run_id"], e["rank"]]).mean().rename("_tail")
+        out = out.merge(per_rank, left_on=["run_id", "rank"], right_index=True, how="left")
+        estimate = out["_tail"].where(out["_tail"].notna(), estimate)
+        out = out.drop(columns="_tail")
+    out["exposed_transfer_s"] = estimate
+    out["hidden_comm_s"] = out["overlapped_comm_s"]
+    step = out["step_s"].where(out["step_s"] > 0)
+    out["exposed_transfer_share"] = out["exposed_transfer_s"] / step
+    out["wait_share"] = out["wait_s"] / step
+    return out
+
+
+def _with_bus_bandwidth(
+    out: pd.DataFrame, m: pd.DataFrame, runs: pd.DataFrame | None
+) -> pd.DataFrame:
+    """Bus bandwidth from the collective's own time, never from a span that holds waiting and
+    backward compute: the run's allreduce micro-benchmark (``network_busbw_bytes_per_s`` of
+    ``runs``) where it has one; else, for a run whose ``comm_s`` times the collectives
+    themselves (a comm hook: no DDP backward timer in its rows), ``2 (N-1)/N x comm_bytes /
+    comm_s``; NaN for a run with only DDP's span. ``bus_bandwidth_source`` says which."""
+    n = out["world_size"].astype("float64")
+    ring = 2 * (n - 1) / n * out["comm_bytes"]
+    timed = ring / out["comm_s"].where(out["comm_s"] > 0)
+    if "backward_compute_s" in m.columns:
+        span_runs = set(m.loc[m["backward_compute_s"].notna(), "run_id"])
+    else:
+        span_runs = set()
+    span = out["run_id"].isin(span_runs)
+    out["bus_bandwidth_bytes_per_s"] = timed.where(~span & (n > 1))
+    out["bus_bandwidth_source"] = np.where(
+        n <= 1, "", np.where(span, "none: DDP's span only", "collective timed")
+    )
+    if runs is not None and "network_busbw_bytes_per_s" in runs.columns:
+        bench = pd.to_numeric(runs.set_index("run_id")["network_busbw_bytes_per_s"], "coerce")
+        measured = out["run_id"].map(bench)
+        has = measured.notna() & (measured > 0) & (n > 1)
+        out["bus_bandwidth_bytes_per_s"] = measured.where(has, out["bus_bandwidth_bytes_per_s"])
+        out["bus_bandwidth_source"] = np.where(has, "benchmark", out["bus_bandwidth_source"])
+    return out
 
 
 def _with_exposed(out: pd.DataFrame) -> pd.DataFrame:
@@ -92,9 +156,6 @@ def _with_exposed(out: pd.DataFrame) -> pd.DataFrame:
         out = out.drop(columns="traced_exposed_s")
     out["overlapped_comm_s"] = out["comm_s"] - out["exposed_comm_s"]
     out["exposed_share"] = out["exposed_comm_s"] / out["step_s"].where(out["step_s"] > 0)
-    n = out["world_size"].astype("float64")
-    ring = 2 * (n - 1) / n * out["comm_bytes"]
-    out["bus_bandwidth_bytes_per_s"] = (ring / out["comm_s"].where(out["comm_s"] > 0)).where(n > 1)
     return out
 
 

@@ -24,7 +24,7 @@ THROUGHPUT_COLUMNS = (
     "wall_step_s",
     "epoch_s",
 )
-THROUGHPUT_COLUMNS += ("train_s", "train_samples_per_s")
+THROUGHPUT_COLUMNS += ("train_s", "train_samples_per_s", "train_step_s", "end_to_end_samples_per_s")
 
 
 def _trace_file(rank: int) -> str:

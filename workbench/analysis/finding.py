@@ -11,15 +11,33 @@ import pandas as pd
 
 from workbench.analysis.comm import communication
 from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers
-from workbench.analysis.units import gib, percent, rate, ratio
+from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
 SAME = 0.05
-#: Exposed communication above this share of the step is called out, with what to try.
-COMM_BOUND = 0.25
+#: What to try, by the largest cause of lost efficiency.
+ADVICE = {
+    "compute": (
+        "look at what grew in each rank's own compute with N (a smaller per-device batch, "
+        "memory bandwidth, clocks)"
+    ),
+    "contention": (
+        "give each rank its own cores (fewer ranks per host, or threads_per_rank x ranks within "
+        "the cores), or more work per step so the gain outweighs the sharing"
+    ),
+    "exposed_transfer": (
+        "communication-bound: try a larger per-device batch, a larger bucket_cap_mb or a "
+        "compression hook (comm_hook='fp16')"
+    ),
+    "wait": "find the slowest rank (the straggler line) and why it is slow",
+    "data": "load the data ahead (more loader workers, prefetching, data on local disk)",
+    "gaps": "look at the work between steps (logging, host synchronisation)",
+    "unexplained": "trace more steps or sample DDP's timers more often to see where it went",
+}
 #: The straggler report's phases in words.
 PHASE_WORDS = {
     "data_s": "data loading",
@@ -54,7 +72,7 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
-def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, comm: pd.DataFrame) -> str:
+def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, parts: pd.DataFrame) -> str:
     """One curve: its largest world size against its base, why, and what to try."""
     base = points.iloc[0]
     top = points.iloc[-1]
@@ -80,35 +98,84 @@ def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, comm: pd.DataFr
         f"({rate(float(top['samples_per_s']))} against {rate(float(base['samples_per_s']))})"
     )
     at_top = per_run.loc[per_run["world_size"] == n, "run_id"]
-    shares = comm[comm["run_id"].isin(at_top)]
-    if len(shares) and shares["exposed_share"].notna().any():
-        exposed = float(shares["exposed_share"].mean())
-        total = float(shares["comm_share"].mean())
-        text += f"; allreduce {percent(total)} of the step, {percent(exposed)} not hidden"
-        if exposed >= COMM_BOUND and efficiency < 1 - SAME:
-            text += (
-                " behind backward: communication-bound, so try a larger per-device batch, a "
-                "larger bucket_cap_mb or a compression hook (comm_hook='fp16')"
-            )
-        else:
-            text += " behind backward"
-    return text
+    at_base = per_run.loc[per_run["world_size"] == n0, "run_id"]
+    causes = efficiency_loss(
+        parts,
+        list(at_base),
+        list(at_top),
+        n0,
+        n,
+        float(base["samples_per_s"]),
+        float(top["samples_per_s"]),
+    )
+    if causes.empty:
+        return text + "; the traces cannot say where the time went"
+    return text + _causes_text(causes, parts.loc[parts.index.isin(at_top)], per_run, n)
+
+
+def _time(value: float) -> str:
+    """Seconds for people; a part that is not there is 0."""
+    return "0" if value == 0 else seconds(value)
+
+
+def _shared_cores(top: pd.DataFrame, per_run: pd.DataFrame) -> bool:
+    """Whether the point's ranks ran on CPUs, several to a host: they compete for its cores."""
+    hosts = top["ranks_per_host"].max() if "ranks_per_host" in top.columns else float("nan")
+    if not (math.isfinite(hosts) and hosts > 1):
+        return False
+    mine = per_run[per_run["run_id"].isin(top.index)]
+    names = [str(v) for c in ("device_name", "device") if c in mine.columns for v in mine[c]]
+    return any(v.startswith("cpu") for v in names)
+
+
+def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame, n: int) -> str:
+    """``; of the 48 % lost, as shares of the 2-rank step: compute grown 39 % (17.2 ms -> ...``
+    then the advice that follows the largest cause."""
+    loss = float(causes["loss"].iloc[0])
+    if loss <= SAME / 2:
+        return "; no efficiency lost to explain"
+    contention = _shared_cores(top, per_run)
+    told = []
+    for row in causes.itertuples():
+        if not math.isfinite(row.share) or (abs(row.share) < 0.005 and row.cause != "unexplained"):
+            continue
+        words = CAUSE_WORDS[row.cause]
+        if row.cause == "compute" and contention:
+            words = "compute grown (contention: the ranks share the host's CPU cores)"
+        detail = ""
+        if row.cause != "unexplained":
+            detail = f" ({_time(row.base_s)} -> {_time(row.top_s)} per step)"
+        share = 0.0 if abs(row.share) < 0.0005 else row.share
+        told.append(f"{words} {percent(share)}{detail}")
+    named = causes[causes["cause"] != "unexplained"]
+    largest = causes.loc[causes["share"].fillna(-math.inf).idxmax()]
+    if named["share"].fillna(0).max() <= 0:
+        largest = causes[causes["cause"] == "unexplained"].iloc[0]
+    advice = ADVICE[str(largest["cause"])]
+    if largest["cause"] == "compute" and contention:
+        advice = ADVICE["contention"]
+    return (
+        f"; of the {percent(loss)} lost, as shares of the {n}-rank step: "
+        f"{', '.join(told)}. Largest: {CAUSE_WORDS[str(largest['cause'])]}, so {advice}"
+    )
 
 
 def findings(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
     group_by: Sequence[str] | None = None,
+    evals: pd.DataFrame | None = None,
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
     are several), then the stragglers and the peak memory. Empty without measured steps."""
     if steps.empty:
         return []
     keys = resolve_group_by(runs, group_by)
-    per_run = run_table(runs, steps, group_by=keys)
+    per_run = run_table(runs, steps, evals, group_by=keys)  # training throughput
     if per_run.empty:
         return ["no completed run with measured steps yet"]
     comm = communication(steps, runs, group_by=keys)
+    parts = run_parts(steps, comm, per_run.drop_duplicates("run_id"))
     curve_keys = [k for k in keys if k in per_run.columns]
     varying = [k for k in curve_keys if per_run[k].map(str).nunique() > 1]
     out = []
@@ -116,7 +183,7 @@ def findings(
     curve_id = per_run.groupby(curve_keys, dropna=False, sort=False).ngroup() if curve_keys else 0
     for _, mine in per_run.groupby(curve_id, sort=True):
         points = points_table(mine, keys).sort_values("world_size")
-        sentence = _curve_sentence(points, mine, comm)
+        sentence = _curve_sentence(points, mine, parts)
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
     slow = stragglers(steps)

@@ -6,9 +6,11 @@ gradient accumulation micro-batch; counted once on rank 0 before the measured wi
 
 - ``tflops_per_device = flops_per_sample * samples_per_s / world_size / 1e12``
 - ``mfu = tflops_per_device / peak``, ``peak`` the device's DENSE (no 2:4 sparsity) tensor peak
-  for the run's precision from :data:`DENSE_PEAKS`: bf16 and fp16 their own, fp32 the TF32
-  tensor peak where the run allowed TF32 matmuls (``torch.get_float32_matmul_precision()`` not
-  ``highest``) and the device has it, else plain fp32.
+  for the run's math mode from :data:`DENSE_PEAKS`: bf16 and fp16 their own; in fp32 matmuls
+  at the TF32 tensor peak where the run allowed TF32 matmuls
+  (``torch.get_float32_matmul_precision()`` not ``highest``) and the device has it, else plain
+  fp32, and convolutions at the TF32 peak where cuDNN allowed it (``cudnn.allow_tf32``, on by
+  default), weighted by their share of the FLOPs.
 
 An unknown device, a CPU or a precision the device has no peak for gives no MFU, and
 ``mfu_note`` says why; there is never a fallback peak. No torch.
@@ -100,10 +102,37 @@ def math_mode(precision: str, matmul_precision: str | None) -> str:
     return "tf32" if matmul_precision in ("high", "medium") else "fp32"
 
 
-def dense_peak(device_name: str | None, precision: str, matmul_precision: str | None) -> Peak:
+def dense_peak(
+    device_name: str | None,
+    precision: str,
+    matmul_precision: str | None,
+    conv_share: float | None = None,
+    cudnn_allow_tf32: bool | None = None,
+) -> Peak:
     """The dense peak for ``device_name`` (as ``torch.cuda.get_device_name`` says it) at the
     run's ``precision``; no peak, with the reason, for a CPU, an unknown device or a mode the
-    device has no figure for. fp32 with TF32 allowed on a device without TF32 uses its fp32."""
+    device has no figure for. fp32 with TF32 allowed on a device without TF32 uses its fp32.
+
+    In fp32 the math mode of each part of the model is the one in force for it: matmuls follow
+    ``matmul_precision``, convolutions cuDNN's ``allow_tf32`` (torch's default: on; ``None``
+    reads as that default). With a ``conv_share`` of the FLOPs in convolutions the peak is the
+    FLOP-weighted harmonic mean of the two modes' peaks (the time each part would take at its
+    peak)."""
+    share = float(conv_share) if conv_share is not None and np.isfinite(conv_share) else 0.0
+    if precision not in ("bf16", "fp16") and share > 0:
+        conv = dense_peak(device_name, precision, "high" if cudnn_allow_tf32 is not False else None)
+        rest = dense_peak(device_name, precision, matmul_precision)
+        if conv.tflops is None or rest.tflops is None:
+            return conv if conv.tflops is None else rest
+        if share >= 1 or conv.tflops == rest.tflops:
+            return Peak(conv.tflops, f"{conv.note} (convolutions, cuDNN TF32)")
+        mixed = 1 / (share / conv.tflops + (1 - share) / rest.tflops)
+        return Peak(
+            mixed,
+            f"peak {mixed:.4g} TFLOP/s: {share:.0%} of the FLOPs in convolutions at "
+            f"{conv.tflops:g} (cuDNN TF32 {'off' if cudnn_allow_tf32 is False else 'on'}), "
+            f"the rest at {rest.tflops:g}; {rest.note.split(': ', 1)[1]}",
+        )
     name = (device_name or "").strip()
     if not name:
         return Peak(None, "no MFU: the run did not record its device")
@@ -150,6 +179,8 @@ def add_flops_columns(table: pd.DataFrame) -> pd.DataFrame:
             _text(facts.get("device_name")),
             _text(facts.get("precision")) or "fp32",
             _text(facts.get("flops_matmul_precision")),
+            _number(facts.get("flops_conv_share")),
+            _flag(facts.get("flops_cudnn_allow_tf32")),
         )
         value = achieved.iloc[i]
         mfu.append(value / peak.tflops if peak.tflops and np.isfinite(value) else np.nan)
@@ -161,3 +192,15 @@ def add_flops_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _number(value: object) -> float | None:
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return out if np.isfinite(out) else None
+
+
+def _flag(value: object) -> bool | None:
+    return bool(value) if isinstance(value, (bool, np.bool_)) else None

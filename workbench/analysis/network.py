@@ -114,6 +114,30 @@ class NetworkFit:
     world_sizes: tuple[int, ...] = ()
 
 
+#: The two link classes a network is measured on: ranks on one node, ranks across nodes.
+LINK_CLASSES = ("intra-node", "inter-node")
+
+
+def link_class(nodes: object) -> str | None:
+    """``intra-node`` for one node, ``inter-node`` for more; ``None`` when unknown."""
+    try:
+        n = float(nodes)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    if not np.isfinite(n):
+        return None
+    return "intra-node" if n <= 1 else "inter-node"
+
+
+def runs_of_link(runs: pd.DataFrame | None, link: str | None) -> pd.DataFrame | None:
+    """The runs of one link class (all of them for ``None`` or without a ``nodes`` column)."""
+    if runs is None or link is None or "nodes" not in runs.columns:
+        return runs
+    if link not in LINK_CLASSES:
+        raise ValueError(f"unknown link class {link!r}; valid names: {', '.join(LINK_CLASSES)}")
+    return runs[runs["nodes"].map(link_class) == link]
+
+
 def _fit_runs(
     steps: pd.DataFrame, runs: pd.DataFrame | None, statuses: Sequence[str] | None
 ) -> tuple[pd.DataFrame, str | None]:
@@ -221,14 +245,19 @@ def measured_network(steps: pd.DataFrame, runs: pd.DataFrame | None = None) -> N
 
 
 def benchmarked_network(
-    runs: pd.DataFrame | None, statuses: Sequence[str] | None = ("completed",)
+    runs: pd.DataFrame | None,
+    statuses: Sequence[str] | None = ("completed",),
+    link: str | None = None,
 ) -> NetworkFit:
     """The network the runs measured directly: each multi-rank run's allreduce micro-benchmark
     at its own bucket sizes (``network_busbw_bytes_per_s`` of the runs frame, nccl-tests' bus
     bandwidth), the median over the runs as the ring's bandwidth. The benchmark's time holds
     each bucket's launch and latency too, so the latency is folded into that bandwidth (0 s
-    here): exact at the runs' own bucket sizes. ``model`` is ``None`` when no run has one."""
+    here): exact at the runs' own bucket sizes. ``model`` is ``None`` when no run has one.
+    ``link`` keeps the runs of one link class (:func:`link_class`); without it, runs on one
+    node and across nodes are not pooled (``model`` ``None``, the note says so)."""
     column = "network_busbw_bytes_per_s"
+    runs = runs_of_link(runs, link)
     if runs is None or column not in runs.columns:
         return NetworkFit(None, "no allreduce micro-benchmark in the runs")
     keep = runs
@@ -238,12 +267,22 @@ def benchmarked_network(
     busbw = busbw[busbw > 0]
     if busbw.empty:
         return NetworkFit(None, "no allreduce micro-benchmark in the runs")
+    if link is None and "nodes" in keep.columns:
+        classes = {link_class(v) for v in keep.loc[busbw.index, "nodes"]} - {None}
+        if len(classes) > 1:
+            return NetworkFit(
+                None,
+                "no single network: the benchmarks span intra-node and inter-node links, "
+                "measured per link class instead",
+            )
     sizes: tuple[int, ...] = ()
     if "world_size" in keep.columns:
         sizes = tuple(sorted({int(n) for n in keep.loc[busbw.index, "world_size"]}))
     bandwidth = float(busbw.median())
+    where = f" ({link})" if link else ""
     note = (
-        f"measured directly: allreduce micro-benchmark at the runs' bucket sizes, bus bandwidth "
+        f"measured directly{where}: allreduce micro-benchmark at the runs' bucket sizes, bus "
+        "bandwidth "
         f"(nccl-tests: bytes / time x 2(n-1)/n) median {bandwidth / 1e9:.3g} GB/s over "
         f"{len(busbw)} run(s) at world sizes {', '.join(map(str, sizes)) or '?'}; latency "
         "folded into that bandwidth"
@@ -261,14 +300,22 @@ def network_fit(
     network: str | NetworkModel | NetworkFit | None,
     steps: pd.DataFrame,
     runs: pd.DataFrame | None = None,
+    link: str | None = None,
 ) -> NetworkFit:
     """``network`` as a fit: a given preset or model as it is; ``None``: the runs' own allreduce
-    micro-benchmark (:func:`benchmarked_network`) where they have one, else a fit to the traces'
-    ``comm_s`` (:func:`fit_network`), whose span also holds backward compute."""
+    micro-benchmark (:func:`benchmarked_network`: the collective's own time) where they have
+    one, else a fit to the traces' sampled ``comm_s`` (:func:`fit_network`), whose span also
+    holds backward compute (the model then calibrates its overlap on that same span, so the
+    backward is counted once). ``link``: measure on the runs of that link class only."""
     if isinstance(network, NetworkFit):
         return network
     if network is None:
-        measured = benchmarked_network(runs)
-        return measured if measured.model is not None else fit_network(steps, runs)
+        measured = benchmarked_network(runs, link=link)
+        if measured.model is not None:
+            return measured
+        fitted = fit_network(steps, runs_of_link(runs, link))
+        if fitted.model is None and measured.note.startswith("no single network"):
+            return measured
+        return fitted
     model = as_network(network)
     return NetworkFit(model, model.description or model.name)

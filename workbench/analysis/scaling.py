@@ -30,6 +30,7 @@ from workbench.analysis.windows import (
 #: Per-run figures a scaling point averages (mean and ``_std``), when present.
 POINT_METRICS = (
     "samples_per_s",
+    "end_to_end_samples_per_s",
     "samples_per_s_per_device",
     "wall_step_s",
     "epoch_s",
@@ -42,7 +43,14 @@ POINT_METRICS = (
 )
 #: What each run says about its FLOPs (``run.json``'s ``flops``, see
 #: :mod:`workbench.analysis.flops`), carried from ``runs`` into the run table.
-FLOPS_FACTS = ("flops_per_sample", "flops_matmul_precision", "flops_error", "device_name")
+FLOPS_FACTS = (
+    "flops_per_sample",
+    "flops_matmul_precision",
+    "flops_cudnn_allow_tf32",
+    "flops_conv_share",
+    "flops_error",
+    "device_name",
+)
 #: Per-run columns a point keeps when all its runs agree (NaN otherwise).
 POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
@@ -50,8 +58,9 @@ POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 def _final_loss(steps: pd.DataFrame) -> pd.Series:
     """Training loss at each run's last measured step, averaged over ranks."""
     m = measured_steps(steps, ["loss"])
-    if "loss" not in m.columns or m.empty:
-        return pd.Series(dtype="float64", name="final_loss")
+    if "loss" not in m.columns or m.empty:  # the run ids' dtype: an empty merge still works
+        none = pd.Index([], dtype=steps["run_id"].dtype, name="run_id")
+        return pd.Series(dtype="float64", name="final_loss", index=none)
     last = m.groupby("run_id")[["attempt", "step"]].max().reset_index()
     # max attempt, then that attempt's last step
     last_attempt = m.merge(last[["run_id", "attempt"]], on=["run_id", "attempt"])
@@ -73,9 +82,12 @@ def run_table(
     Columns: ``run_id``, the group columns, ``scaling`` (see
     :func:`workbench.analysis.groups.assign_groups`), the batch columns, ``nodes`` and
     ``train_samples`` when ``runs`` has them, ``world_size`` (from the traces), the
-    :func:`measured_window` figures, ``samples_per_s_per_device``, ``epoch_s`` (train_samples /
-    samples_per_s), ``final_loss`` (training loss at the last step), and from ``evals``:
-    ``metric_name``, ``final_metric`` and ``final_eval_loss`` (rank 0's last evaluation).
+    :func:`measured_window` figures with ``samples_per_s`` the training throughput (the window
+    less the evaluations and checkpoints inside it: ``train_samples_per_s``) and
+    ``end_to_end_samples_per_s`` (the whole window), ``samples_per_s_per_device``, ``epoch_s``
+    (train_samples / end-to-end samples/s), ``final_loss`` (training loss at the last step),
+    and from ``evals``: ``metric_name``, ``final_metric`` and ``final_eval_loss`` (rank 0's
+    last evaluation).
     ``statuses=None`` keeps every status; other runs never reach a group. ``incomplete``
     names the ranks whose step rows are missing (see :mod:`workbench.analysis.completeness`);
     such a run's throughput columns are empty.
@@ -86,10 +98,17 @@ def run_table(
         runs = runs[runs["status"].isin(list(statuses))]
     extra = ("nodes", "train_samples", "precision", *FLOPS_FACTS)
     frame = group_frame(runs, group_by, extra)
-    table = assign_groups(frame.merge(measured_window(steps, evals), on="run_id"), group_by)
+    window = measured_window(steps, evals)
+    # Speedup, efficiency and MFU compare training: evaluations and checkpoints inside the
+    # window are left out (they do not scale with the training step); end to end beside it.
+    window = window.assign(
+        end_to_end_samples_per_s=window["samples_per_s"],
+        samples_per_s=window["train_samples_per_s"],
+    )
+    table = assign_groups(frame.merge(window, on="run_id"), group_by)
     table["samples_per_s_per_device"] = table["samples_per_s"] / table["world_size"]
-    if "train_samples" in table.columns:
-        table["epoch_s"] = table["train_samples"] / table["samples_per_s"]
+    if "train_samples" in table.columns:  # an epoch on the wall clock: evaluations included
+        table["epoch_s"] = table["train_samples"] / table["end_to_end_samples_per_s"]
     table = mark_incomplete(table, runs, steps)
     table = add_flops_columns(table)
     table = table.merge(_final_loss(steps), left_on="run_id", right_index=True, how="left")
@@ -224,9 +243,11 @@ def scaling_table(
     the mean (plain name), the standard deviation of the runs (``_std``, ddof 1: NaN from a
     single run) and ``runs``. ``scaling`` labels the group (weak / strong, see
     :mod:`workbench.analysis.groups`); ``per_device_batch_size`` and ``global_batch_size`` are
-    the point's (NaN when its runs differ). ``samples_per_s`` is samples over the measured
-    window's wall time. ``speedup`` is the point's mean throughput over the mean throughput of
-    the group's smallest world size (``base_world_size``; fewest nodes on a tie);
+    the point's (NaN when its runs differ). ``samples_per_s`` is training throughput: samples
+    over the measured window's wall time less the evaluations and checkpoints inside it;
+    ``end_to_end_samples_per_s`` over the whole window. ``speedup`` is the point's mean
+    throughput over the mean throughput of the group's smallest world size
+    (``base_world_size``; fewest nodes on a tie);
     ``ideal_speedup = world_size / base_world_size``, ``efficiency = speedup / ideal_speedup``.
     ``speedup_std = speedup * sqrt((s_N / m_N)^2 + (s_B / m_B)^2)`` propagates, to first order,
     the runs' standard deviations ``s`` of both ends' throughputs (means ``m``): the spread of

@@ -3,7 +3,10 @@
     step_s(N) = compute_s(N) + (1 - overlap) * ring_allreduce_time(gradient_bytes, N, bw, latency)
 
 ``compute_s`` comes from the measured base: its wall step time (the measured window over its
-measured steps, the time basis of the scaling table) less its exposed traced communication. A
+measured steps, the time basis of the scaling table) less its measured exposed communication
+(DDP's ``comm_exposed_s`` on the sampled steps; the span ``comm_s`` only where the trace has no
+exposed timer, the no-overlap bound). ``overlap`` is calibrated from the runs' own sampled
+steps, ``1 - exposed / span``, unless given. A
 weak-scaling curve keeps the per-device batch, hence ``compute_s``, as N grows; a strong-scaling
 curve keeps the global batch, so the per-device batch, and with it ``compute_s``, shrinks as
 ``base N / N``. Gradient bytes and bucket count come from the traces (``comm_bytes``,
@@ -27,12 +30,13 @@ from workbench.analysis.network import (
     NetworkModel,
     as_network,
     fit_network,
+    link_class,
     measured_network,
     network_fit,
     ring_allreduce_time,
 )
 from workbench.analysis.scaling import run_table
-from workbench.analysis.windows import check_columns, comm_filled, measured_steps, measured_window
+from workbench.analysis.windows import check_columns, measured_steps, measured_window, sampled_comm
 
 __all__ = [
     "MIN_FIT_WORLD_SIZES",
@@ -50,13 +54,13 @@ __all__ = [
 @dataclass(frozen=True)
 class Base:
     """What the model starts from: the base world size, its wall step time and samples per step
-    (means over its repeats), its exposed traced communication per step, gradient bytes and
-    buckets, and the family (``weak`` or ``strong``)."""
+    (means over its repeats), its measured exposed communication per step (0 for one rank),
+    gradient bytes and buckets, and the family (``weak`` or ``strong``)."""
 
     world_size: int
     step_s: float
     samples_per_step: float
-    comm_s: float
+    exposed_comm_s: float
     gradient_bytes: float
     buckets: int
     scaling: str = "weak"
@@ -67,13 +71,17 @@ def model_curve(
 ) -> pd.DataFrame:
     """The model at ``world_sizes`` from ``base``: ``world_size, compute_s, comm_s`` (ring time),
     ``exposed_comm_s, step_s, samples_per_s, samples_per_s_per_device``, ``speedup`` (over one
-    device running compute only) and ``efficiency``."""
+    device running compute only) and ``efficiency``. The base's compute is its step less its
+    exposed communication; when that is not positive (nothing left to scale: the step was all
+    communication, or not measured) compute and every rate are NaN, never a division by 0."""
     if not 0 <= overlap <= 1:
         raise ValueError(f"overlap must be within [0, 1], got {overlap}")
     if base.scaling not in ("weak", "strong"):
         raise ValueError(f"scaling must be weak or strong, got {base.scaling!r}")
     n = np.asarray(sorted({int(w) for w in world_sizes}), dtype="int64")
-    compute_b = max(base.step_s - (1 - overlap) * base.comm_s, 0.0)
+    compute_b = base.step_s - base.exposed_comm_s
+    if not (np.isfinite(compute_b) and compute_b > 0):
+        compute_b = float("nan")
     per_device = base.samples_per_step / base.world_size  # samples per device at the base
     if base.scaling == "weak":
         compute = np.full(len(n), compute_b)
@@ -87,7 +95,9 @@ def model_curve(
         )
     )
     step = compute + (1 - overlap) * comm
-    one_device = base.samples_per_step / (compute_b * base.world_size)  # samples/s on one device
+    with np.errstate(divide="ignore", invalid="ignore"):
+        one_device = np.float64(base.samples_per_step) / (compute_b * base.world_size)
+        rate = np.where(step > 0, samples / np.where(step > 0, step, 1.0), np.nan)
     out = pd.DataFrame(
         {
             "world_size": n,
@@ -95,8 +105,8 @@ def model_curve(
             "comm_s": comm,
             "exposed_comm_s": (1 - overlap) * comm,
             "step_s": step,
-            "samples_per_s": samples / step,
-            "samples_per_s_per_device": samples / step / n,
+            "samples_per_s": rate,
+            "samples_per_s_per_device": rate / n,
         }
     )
     out["speedup"] = out["samples_per_s"] / one_device
@@ -104,26 +114,56 @@ def model_curve(
     return out
 
 
-def _traced(
+def _sampled(m: pd.DataFrame) -> tuple[float, float, bool]:
+    """The multi-rank runs of ``m`` (measured steps), on their sampled steps alone (never
+    carried to the steps between samples): per run the medians over sampled steps of the
+    smallest exposed communication and span over ranks, then the mean over the runs;
+    ``(exposed_s, span_s, exposed measured)``. NaN where no step was sampled."""
+    if "comm_s" not in m.columns:
+        return float("nan"), float("nan"), False
+    sampled = sampled_comm(m)
+    sampled = sampled[sampled["world_size"] > 1]
+    if sampled.empty:
+        return float("nan"), float("nan"), False
+    per_run = sampled.groupby("run_id")[["comm_s", "comm_exposed_s"]].median()
+    exposed = per_run["comm_exposed_s"]
+    measured = bool(exposed.notna().any())
+    mean_exposed = float(exposed.mean()) if measured else float("nan")
+    return mean_exposed, float(per_run["comm_s"].mean()), measured
+
+
+def calibrated_overlap(exposed_s: float, span_s: float, measured: bool) -> float:
+    """The share of the allreduce span hidden behind backward, from the run's own sampled
+    steps: ``1 - exposed / span`` within [0, 1]; 0 (no overlap, the pessimistic bound) when the
+    trace has no exposed timer or no span."""
+    if not measured or not (np.isfinite(span_s) and span_s > 0) or not np.isfinite(exposed_s):
+        return 0.0
+    return float(min(max(1 - exposed_s / span_s, 0.0), 1.0))
+
+
+def _exposed(exposed_s: float, span_s: float, measured: bool, overlap: float) -> float:
+    """The base's exposed communication per step: measured, else ``(1 - overlap) x span``."""
+    return exposed_s if measured else (1 - overlap) * span_s
+
+
+def _bytes_and_buckets(
     m: pd.DataFrame, gradient_bytes: float | None, buckets: int | None
-) -> tuple[float, float, int]:
-    """Medians over measured steps and ranks: ``comm_s`` (carried forward between samples),
-    gradient bytes and buckets (those given win)."""
-    comm = float(np.median(comm_filled(m).fillna(0)))
+) -> tuple[float, int]:
+    """Medians over measured steps and ranks of gradient bytes and buckets (those given win)."""
     nbytes = gradient_bytes
     if nbytes is None:
-        nbytes = float(np.median(m["comm_bytes"].fillna(0)))
+        nbytes = float(np.median(m["comm_bytes"].fillna(0))) if len(m) else 0.0
     if buckets is None:
         has = "comm_buckets" in m.columns and m["comm_buckets"].notna().any()
         buckets = max(1, int(np.median(m["comm_buckets"].dropna()))) if has else 1
-    return comm, nbytes, buckets
+    return nbytes, buckets
 
 
 def predict_scaling(
     steps: pd.DataFrame,
     network: str | NetworkModel,
     world_sizes: Sequence[int],
-    overlap: float = 0.0,
+    overlap: float | None = None,
     gradient_bytes: float | None = None,
     buckets: int | None = None,
     scaling: str = "weak",
@@ -131,31 +171,41 @@ def predict_scaling(
     """Predicted step time, throughput and speedup of one run's config at ``world_sizes``.
 
     From the run's measured window: the wall step time (``measured_s / steps``), the samples per
-    step, and (medians over steps and ranks) the traced ``comm_s`` (0 for one rank), gradient
-    bytes (``comm_bytes``) and ``comm_buckets`` unless given (a 1-rank run without DDP traces
-    no bytes: pass ``gradient_bytes``); ``compute_s = step_s - (1 - overlap) * comm_s``.
-    ``overlap`` in [0, 1] is the share of the allreduce hidden behind backward; 0 is the
-    pessimistic no-overlap case. ``scaling="strong"`` keeps the global batch (compute per step
-    scales as the run's N / N). Columns: those of :func:`model_curve`, and the model's inputs on
-    every row: ``network`` (its name), ``gradient_bytes``, ``buckets``, ``overlap``, ``scaling``.
+    step, and on its sampled steps (those where DDP's timer ran; never carried to the steps
+    between) the exposed communication ``comm_exposed_s`` and the span ``comm_s`` (medians over
+    steps of the smallest over ranks), gradient bytes (``comm_bytes``) and ``comm_buckets``
+    unless given (a 1-rank run without DDP traces no bytes: pass ``gradient_bytes``).
+    ``compute_s = step_s - exposed`` (0 exposed for one rank; ``(1 - overlap) x span`` where the
+    trace has no exposed timer). ``overlap`` in [0, 1] is the share of the allreduce hidden
+    behind backward; ``None`` calibrates it from the run, ``1 - exposed / span`` (0 for one
+    rank or without the exposed timer: the pessimistic no-overlap case). ``scaling="strong"``
+    keeps the global batch (compute per step scales as the run's N / N). Columns: those of
+    :func:`model_curve`, and the model's inputs on every row: ``network`` (its name),
+    ``gradient_bytes``, ``buckets``, ``overlap``, ``scaling``.
     """
-    if not 0 <= overlap <= 1:
+    if overlap is not None and not 0 <= overlap <= 1:
         raise ValueError(f"overlap must be within [0, 1], got {overlap}")
     net = as_network(network)
     check_columns(steps, ("step_s", "comm_s", "comm_bytes", "samples"), "steps")
     run_ids = pd.unique(steps["run_id"])
     if len(run_ids) != 1:
         raise ValueError(f"predict_scaling needs the steps of one run, got runs {list(run_ids)}")
-    m = measured_steps(steps, ["world_size", "step_s", "comm_s", "comm_bytes", "comm_buckets"])
+    cols = ["world_size", "step_s", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
+    m = measured_steps(steps, cols)
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
     window = measured_window(steps).iloc[0]
-    comm, nbytes, buckets = _traced(m, gradient_bytes, buckets)
+    exposed, span, measured = _sampled(m)
+    if overlap is None:
+        overlap = calibrated_overlap(exposed, span, measured)
+    nbytes, buckets = _bytes_and_buckets(m, gradient_bytes, buckets)
     base = Base(
         world_size=int(window["world_size"]),
         step_s=float(window["wall_step_s"]),
         samples_per_step=float(window["samples"] / window["steps"]),
-        comm_s=comm if window["world_size"] > 1 else 0.0,
+        exposed_comm_s=_exposed(exposed, span, measured, overlap)
+        if window["world_size"] > 1
+        else 0.0,
         gradient_bytes=nbytes,
         buckets=buckets,
         scaling=scaling,
@@ -166,36 +216,56 @@ def predict_scaling(
     )
 
 
-def _curve_base(steps: pd.DataFrame, curve: pd.DataFrame) -> tuple[Base | None, str]:
+def _curve_base(
+    steps: pd.DataFrame, curve: pd.DataFrame, overlap: float | None
+) -> tuple[Base | None, str, float]:
     """The base of one curve (its per-run rows): the mean of the smallest world size's repeats;
-    bytes and buckets from the curve's multi-rank runs. ``None`` and why when there is none."""
+    bytes and buckets from the curve's multi-rank runs; the overlap (given, or calibrated from
+    the base's sampled steps, or for a 1-rank base from the curve's smallest multi-rank world
+    size). ``None`` and why when there is none."""
     scaling = curve["scaling"].iloc[0] if "scaling" in curve.columns else None
     unknown = not isinstance(scaling, str)
     if unknown:  # no batch columns in the runs: the model's classic (weak) assumption
         scaling = "weak"
     if scaling not in ("weak", "strong"):
-        return None, f"scaling={scaling}: the curve mixes batches, no prediction"
+        return None, f"scaling={scaling}: the curve mixes batches, no prediction", 0.0
     base_n = int(curve["world_size"].min())
     repeats = curve[curve["world_size"] == base_n]
+    cols = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
     multi = measured_steps(
-        steps[steps["run_id"].isin(curve["run_id"]) & (steps["world_size"] > 1)],
-        ["comm_s", "comm_bytes", "comm_buckets"],
+        steps[steps["run_id"].isin(curve["run_id"]) & (steps["world_size"] > 1)], cols
     )
     if multi.empty or not (multi["comm_bytes"].fillna(0) > 0).any():
-        return None, "no gradient bytes: the curve has no multi-rank run, no prediction"
-    base_steps = measured_steps(steps[steps["run_id"].isin(repeats["run_id"])], ["comm_s"])
-    comm = 0.0
+        return None, "no gradient bytes: the curve has no multi-rank run, no prediction", 0.0
+    base_steps = measured_steps(steps[steps["run_id"].isin(repeats["run_id"])], cols)
     if base_n > 1:
-        per_run = comm_filled(base_steps).fillna(0).groupby(base_steps["run_id"]).median()
-        comm = float(per_run.mean())
-    has = "comm_buckets" in multi.columns and multi["comm_buckets"].notna().any()
+        exposed, span, measured = _sampled(base_steps)
+    else:
+        smallest = multi[multi["world_size"] == multi["world_size"].min()]
+        exposed, span, measured = _sampled(smallest)
+    if overlap is None:
+        overlap = calibrated_overlap(exposed, span, measured)
+    exposed_b = _exposed(exposed, span, measured, overlap) if base_n > 1 else 0.0
     samples_per_step = float((repeats["samples"] / repeats["steps"]).mean())
+    throughput = float(repeats["samples_per_s"].mean())
+    if not (np.isfinite(throughput) and throughput > 0 and samples_per_step > 0):
+        return None, "no prediction: the base measured no throughput (no samples or steps)", overlap
+    # the step time of the repeats' mean throughput: the scaling table's speedup base
+    step_s = samples_per_step / throughput
+    if not (np.isfinite(step_s - exposed_b) and step_s - exposed_b > 0):
+        return (
+            None,
+            f"no prediction: the base's compute could not be measured (wall step "
+            f"{step_s:.3g} s less exposed communication {exposed_b:.3g} s); run more "
+            "measured steps, with trace_comm sampling some of them",
+            overlap,
+        )
+    has = "comm_buckets" in multi.columns and multi["comm_buckets"].notna().any()
     base = Base(
         world_size=base_n,
-        # the step time of the repeats' mean throughput: the scaling table's speedup base
-        step_s=samples_per_step / float(repeats["samples_per_s"].mean()),
+        step_s=step_s,
         samples_per_step=samples_per_step,
-        comm_s=comm,
+        exposed_comm_s=exposed_b,
         gradient_bytes=float(multi["comm_bytes"].median()),
         buckets=max(1, int(multi["comm_buckets"].median())) if has else 1,
         scaling=scaling,
@@ -203,7 +273,7 @@ def _curve_base(steps: pd.DataFrame, curve: pd.DataFrame) -> tuple[Base | None, 
     note = f"{scaling} scaling from {len(repeats)} run(s) at N={base_n}"
     if unknown:
         note += " (no batch columns: assumed weak)"
-    return base, note
+    return base, note, overlap
 
 
 def _predict_curve(
@@ -211,16 +281,18 @@ def _predict_curve(
     curve: pd.DataFrame,
     fit: NetworkFit,
     world_sizes: Sequence[int],
-    overlap: float,
+    overlap: float | None,
 ) -> pd.DataFrame:
     """One curve's rows: its measured world sizes plus ``world_sizes``, predicted or not (why)."""
     sizes = sorted({int(w) for w in curve["world_size"]} | {int(w) for w in world_sizes})
-    base, note = _curve_base(steps, curve)
+    base, note, overlap = _curve_base(steps, curve, overlap)
     out = pd.DataFrame({"world_size": sizes})
     out["base_world_size"] = int(curve["world_size"].min())
     base_ids = curve.loc[curve["world_size"] == out["base_world_size"].iloc[0], "run_id"]
     out["base_run_id"] = ", ".join(sorted(map(str, pd.unique(base_ids))))
     cols = ("step_s", "comm_s", "samples_per_s", "speedup")
+    out["network"] = fit.model.name if fit.model is not None else np.nan
+    out["overlap"] = overlap
     if base is None or fit.model is None:
         for c in cols:
             out[f"predicted_{c}"] = np.nan
@@ -239,11 +311,26 @@ def _predict_curve(
 def _measured(curve: pd.DataFrame, sizes: pd.Series) -> pd.DataFrame:
     """The curve's measurements at ``sizes`` (means over repeats, NaN where not measured), the
     speedup over its base (mean throughputs, as in the scaling table)."""
-    means = curve.groupby("world_size")[["wall_step_s", "samples_per_s"]].mean()
-    means = means.rename(columns={"wall_step_s": "step_s"})
+    means = curve.groupby("world_size")[["train_step_s", "samples_per_s"]].mean()
+    means = means.rename(columns={"train_step_s": "step_s"})
     out = means.reindex(sizes.to_numpy()).add_prefix("measured_")
     out["measured_speedup"] = out["measured_samples_per_s"] / means["samples_per_s"].iloc[0]
     return out.reset_index(drop=True)
+
+
+def _curve_network(
+    network: str | NetworkModel | NetworkFit | None,
+    steps: pd.DataFrame,
+    runs: pd.DataFrame,
+    curve: pd.DataFrame,
+) -> NetworkFit:
+    """The network of one curve: ``network`` as given, or measured on the runs of the curve's
+    link class (intra-node when its runs fit on one node, inter-node otherwise): the links
+    differ by an order of magnitude, a median over both describes neither."""
+    if network is not None:
+        return network_fit(network, steps, runs)
+    nodes = curve["nodes"].max() if "nodes" in curve.columns else None
+    return network_fit(None, steps, runs, link=link_class(nodes))
 
 
 def predicted_vs_measured(
@@ -252,7 +339,7 @@ def predicted_vs_measured(
     network: str | NetworkModel | NetworkFit | None = None,
     group_by: Sequence[str] | None = None,
     world_sizes: Sequence[int] = (),
-    overlap: float = 0.0,
+    overlap: float | None = None,
 ) -> pd.DataFrame:
     """Per curve (scaling group and node count): the model fed by the curve's base next to the
     measurements.
@@ -262,8 +349,10 @@ def predicted_vs_measured(
     that prediction and measurement agree at the base (``relative_error`` 0) and the speedups
     share the scaling table's base. Weak and strong curves are modelled as such (see
     :func:`model_curve`); a ``mixed`` curve gets no prediction. ``network``: a preset name, a
-    :class:`NetworkModel`, a :class:`NetworkFit`, or ``None`` to fit one to these runs
-    (:func:`fit_network`: three or more multi-rank world sizes). Rows cover the curve's
+    :class:`NetworkModel`, a :class:`NetworkFit`, or ``None`` to measure one per curve on the
+    runs of its link class (intra-node for one node, inter-node otherwise; see
+    :func:`network_fit`). ``overlap``: ``None`` calibrates it per curve from its sampled steps
+    (``1 - exposed / span``; the ``overlap`` column says what was used). Rows cover the curve's
     measured world sizes plus ``world_sizes`` (extrapolations, NaN measured columns). Measured
     and predicted share one time basis: wall step time over the measured window, and
     throughput from it. Speedups are over the curve's base, both measured and predicted.
@@ -272,13 +361,13 @@ def predicted_vs_measured(
     was not. Pass the ``group_by`` list on to the figure.
     """
     keys = resolve_group_by(runs, group_by)
-    fit = network_fit(network, steps, runs)
     per_run = run_table(runs, steps, group_by=keys)
     curve_keys = [*keys, *(["nodes"] if "nodes" in per_run.columns else [])] or ["_group"]
     if curve_keys == ["_group"]:
         per_run["_group"] = "all"
     parts = []
     for key, curve in per_run.groupby(curve_keys, dropna=False, sort=True):
+        fit = _curve_network(network, steps, runs, curve)
         part = _predict_curve(steps, curve, fit, world_sizes, overlap)
         part = pd.concat([part, _measured(curve, part["world_size"])], axis=1)
         key = key if isinstance(key, tuple) else (key,)
@@ -289,5 +378,5 @@ def predicted_vs_measured(
         return pd.DataFrame(columns=[*keys, "world_size", "predicted_speedup", "measured_speedup"])
     out = pd.concat(parts, ignore_index=True)
     out["relative_error"] = out["predicted_samples_per_s"] / out["measured_samples_per_s"] - 1
-    out.insert(len(curve_keys) + 1, "network", fit.model.name if fit.model else np.nan)
+    out.insert(len(curve_keys) + 1, "network", out.pop("network"))
     return out.drop(columns="_group") if curve_keys == ["_group"] else out

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import check_columns, comm_filled, measured_steps
+from workbench.analysis.windows import check_columns, measured_steps
 from workbench.schema import STEP_COLUMNS
 
 STRAGGLER_COLUMNS = [
@@ -31,8 +31,8 @@ STRAGGLER_COLUMNS = [
     "slow_phase",
     "slow_phase_extra_s",
 ]
-#: The traced phases a straggler's extra time is attributed to (backward less its communication,
-#: which on a fast rank is mostly waiting for the slow one).
+#: The traced phases a straggler's extra time is attributed to (backward compute: DDP's timer on
+#: its sampled steps, never the backward that holds the wait for a slow rank).
 SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
 
 
@@ -58,23 +58,44 @@ def _median_of_others(a: np.ndarray) -> np.ndarray:
     return med
 
 
+#: The phases every step times on its own rank (no waiting for the others in them).
+HOST_PHASES = ("data_s", "forward_s", "optimizer_s")
+
+
+def rank_compute(m: pd.DataFrame) -> pd.DataFrame:
+    """``m`` (measured steps) with ``_backward_compute_s`` and ``compute_s`` added: what a
+    rank computes itself in a step, the waits for the other ranks left out.
+
+    Backward compute is DDP's ``backward_compute_s`` on the steps it sampled; where the trace
+    has no such timer but times communication on that row (a comm hook), ``backward_s - comm_s``
+    (backward less its communication, the wait for late gradients included); NaN on the other
+    steps, never carried from a sample. ``compute_s`` is ``data_s + forward_s + optimizer_s``
+    plus that backward compute; NaN where the backward compute is unknown."""
+    nan = pd.Series(np.nan, index=m.index, dtype="float64")
+    timer = m["backward_compute_s"] if "backward_compute_s" in m.columns else nan
+    if "backward_s" in m.columns and "comm_s" in m.columns:
+        hooked = (m["backward_s"] - m["comm_s"]).clip(lower=0)
+        timer = timer.where(timer.notna(), hooked)
+    host = sum((m[p] for p in HOST_PHASES if p in m.columns), start=nan.fillna(0.0))
+    return m.assign(
+        _backward_compute_s=timer.astype("float64"),
+        _host_s=host.astype("float64"),
+        compute_s=(host + timer).astype("float64"),
+    )
+
+
 def _measure(steps: pd.DataFrame, measure: str) -> pd.DataFrame:
-    """Measured steps with the measure under ``_value`` (``compute_s = step_s - comm_s``)."""
+    """Measured steps with the measure under ``_value`` (``compute_s``: :func:`rank_compute`,
+    NaN where a step's backward compute was not sampled) and the host phases under
+    ``_host_s``."""
     float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64" and c in steps.columns]
     if measure != "compute_s" and measure not in float_cols:
         valid = ", ".join(["compute_s", *float_cols])
         raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
-    cols = ("step_s", "comm_s") if measure == "compute_s" else (measure,)
-    check_columns(steps, ("world_size", *cols), "steps")
-    phases = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s")
-    m = measured_steps(steps, ["world_size", "host", *cols, *phases])
-    comm = comm_filled(m).fillna(0) if "comm_s" in m.columns else 0.0
-    value = m["step_s"] - comm if measure == "compute_s" else m[measure]
-    m = m.assign(_value=value.astype("float64"))
-    if "backward_s" in m.columns:
-        # a column of our own: the trace's backward_compute_s is DDP's sampled timer
-        m = m.assign(_backward_compute_s=(m["backward_s"] - comm).astype("float64"))
-    return m
+    check_columns(steps, ("world_size",) if measure == "compute_s" else ("world_size", measure))
+    phases = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "backward_compute_s")
+    m = rank_compute(measured_steps(steps, ["world_size", "host", measure, *phases]))
+    return m.assign(_value=m[measure].astype("float64"))
 
 
 def _slow_phase(g: pd.DataFrame, steps: pd.Index, rank: object) -> tuple[str, float]:
@@ -88,17 +109,44 @@ def _slow_phase(g: pd.DataFrame, steps: pd.Index, rank: object) -> tuple[str, fl
         mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").reindex(steps)
         a = mat.to_numpy(dtype="float64")
         j = list(mat.columns).index(rank)
-        extra = float(np.nanmedian(a[:, j] - _median_of_others(a)[:, j]))
+        excess = a[:, j] - _median_of_others(a)[:, j]
+        if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
+            continue
+        extra = float(np.nanmedian(excess))
         if extra > 0 and not extra <= best_extra:
             best, best_extra = phase, extra
     return best, best_extra
 
 
 def _attempt_stragglers(
-    g: pd.DataFrame, threshold: float, min_steps: int, persistence: float
+    g: pd.DataFrame, threshold: float, min_steps: int, persistence: float, measure: str
 ) -> list[dict[str, Any]]:
-    """The stragglers of one run attempt's measured steps (``_value`` holds the measure)."""
-    mat = g.groupby(["step", "rank"])["_value"].mean().unstack("rank").sort_index()
+    """The stragglers of one run attempt's measured steps (``_value`` holds the measure).
+
+    ``compute_s`` with backward compute on some steps only (DDP's sampled timer): the host
+    phases over every step, and the whole compute over the sampled steps alone (a rank slow
+    in backward shows nowhere else); a rank found by both is reported from its earlier
+    start."""
+    if measure != "compute_s" or g["_value"].notna().all():
+        return _found(g, "_value", threshold, min_steps, persistence)
+    host = _found(g, "_host_s", threshold, min_steps, persistence)
+    sampled = g.groupby("step")["_value"].transform(lambda v: v.notna().all())
+    full = _found(g[sampled.astype(bool)], "_value", threshold, min_steps, persistence)
+    best: dict[int, dict[str, Any]] = {}
+    for row in (*host, *full):
+        kept = best.get(row["rank"])
+        if kept is None or row["start_step"] < kept["start_step"]:
+            best[row["rank"]] = row
+    return [best[r] for r in sorted(best)]
+
+
+def _found(
+    g: pd.DataFrame, column: str, threshold: float, min_steps: int, persistence: float
+) -> list[dict[str, Any]]:
+    """The ranks whose ``column`` is persistently above the median of the other ranks'."""
+    if g.empty:
+        return []
+    mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").sort_index()
     if mat.shape[1] < 2 or mat.shape[0] < min_steps:
         return []
     a = mat.to_numpy(dtype="float64")
@@ -147,19 +195,23 @@ def stragglers(
     """Ranks persistently slower than the median of the other ranks; one row per straggler.
 
     In DDP every rank waits for the slowest at each allreduce, so ``step_s`` is nearly equal on
-    all ranks: a slow rank's extra time shows in its own compute, while the fast ranks show it
-    as a longer ``comm_s`` (their allreduce waits for the late gradients). The default measure
-    is therefore ``compute_s = step_s - comm_s``; any float step column (``forward_s``,
-    ``data_s``, ...) can be used instead. Per measured step, a rank's ratio is its measure over
-    the median of the other ranks' (NaN when that median is not positive, as when comm_s
-    exceeds step_s); it is *slow* when ``ratio > 1 + threshold``. A rank is a straggler from
-    the first slow step that starts ``min_steps`` consecutive steps of which at least
-    ``persistence`` are slow. Reported: ``start_step``, ``end_step`` (last slow step),
+    all ranks and a rank that waits is not slow: the default measure is therefore what each
+    rank computes itself, ``compute_s = data_s + forward_s + optimizer_s + backward compute``
+    (:func:`rank_compute`: DDP's ``backward_compute_s`` on the steps it sampled, never carried
+    to the steps between; the waits sit in ``comm_s`` and ``backward_s`` and are left out).
+    With backward compute sampled on some steps only, the host phases are compared on every
+    step and the whole compute on the sampled steps alone, ``min_steps`` of them: one sampled
+    hiccup is no straggler. Any float step column (``forward_s``, ``data_s``, ...) can be used
+    instead. Per measured step, a rank's ratio is its measure over the median of the other
+    ranks' (NaN when that median is not positive); it is *slow* when ``ratio > 1 +
+    threshold``. A rank is a straggler from the first slow step that starts ``min_steps``
+    consecutive steps of which at least ``persistence`` are slow (a robust window: isolated
+    spikes do not count). Reported: ``start_step``, ``end_step`` (last slow step),
     ``slow_steps`` and ``slow_fraction`` from the start on, ``ratio`` (median over those slow
     steps), ``value_s`` / ``others_s`` (medians of its measure and the others' median) and
     ``extra_s`` (their difference: seconds per step the run loses to it). ``slow_phase`` names
-    the traced phase (:data:`SLOW_PHASES`; backward less the rank's communication) in which the
-    rank exceeds the others' median the most over those steps, by ``slow_phase_extra_s`` (median
+    the traced phase (:data:`SLOW_PHASES`; backward compute where measured) in which the rank
+    exceeds the others' median the most over those steps, by ``slow_phase_extra_s`` (median
     seconds per step); empty when no traced phase is slower (the time is outside them).
     """
     if min_steps < 1 or not 0 < persistence <= 1 or threshold < 0:
@@ -170,6 +222,6 @@ def stragglers(
     m = _measure(steps, measure)
     found: list[dict[str, Any]] = []
     for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
-        for row in _attempt_stragglers(g, threshold, min_steps, persistence):
+        for row in _attempt_stragglers(g, threshold, min_steps, persistence, measure):
             found.append({"run_id": run_id, "attempt": int(attempt), **row})
     return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)

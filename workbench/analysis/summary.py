@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.completeness import missing_ranks
-from workbench.analysis.windows import gap_filled, measured_window
+from workbench.analysis.windows import gap_filled, measured_steps, measured_window
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
@@ -32,7 +32,7 @@ def run_summary(
     incomplete = missing_ranks(steps, writers) if writers and len(steps) else ""
     if incomplete:
         out["incomplete"] = incomplete
-    measured = steps[~steps["warmup"].astype(bool)] if len(steps) else steps
+    measured = measured_steps(steps) if len(steps) else steps
     if len(measured):
         # The analysis's own window: a resumed run adds its attempts' windows, not the gap.
         window = measured_window(steps, evals).iloc[0]
@@ -49,6 +49,7 @@ def run_summary(
             window_eval_s=float(window["eval_s"]),
             window_save_s=float(window["save_s"]),
             train_samples_per_s=None if pd.isna(train_rate) else float(train_rate),
+            warmup_detected_steps=int(window["warmup_detected_steps"]),
         )
         for phase in PHASES:
             out[f"mean_{phase}"] = float(measured[phase].mean())
@@ -74,10 +75,17 @@ def run_summary(
 
 def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per rank of one run's ``steps`` frame: mean phase times over measured steps,
-    samples/s of that rank and peak RSS (MiB)."""
-    measured = steps[~steps["warmup"].astype(bool)]
+    samples/s of that rank and peak RSS (MiB).
+
+    A rank's samples/s is on the run's own time basis: its samples over its wall window (per
+    attempt, its first measured step's start to its last step's end, summed), the time between
+    steps included, as in the run's throughput; the ranks' rates add up to about the run's."""
+    measured = measured_steps(steps)
     grouped = measured.groupby("rank")
     table = grouped[list(PHASES)].mean()
-    table["samples_per_s"] = grouped["samples"].sum() / grouped["step_s"].sum()
+    ends = measured["t_start_s"] + measured["step_s"]
+    per_attempt = measured.assign(_end=ends).groupby(["rank", "attempt"])
+    wall = (per_attempt["_end"].max() - per_attempt["t_start_s"].min()).groupby("rank").sum()
+    table["samples_per_s"] = grouped["samples"].sum() / wall.where(wall > 0)
     table["peak_rss_mib"] = steps.groupby("rank")["rss_bytes"].max() / 2**20
     return table

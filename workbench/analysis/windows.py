@@ -25,26 +25,75 @@ def check_columns(frame: pd.DataFrame, names: Iterable[str], what: str = "frame"
         raise ValueError(f"unknown {what} column(s) {missing}; valid names: {valid}")
 
 
+#: A step after the traced warm-up still counts as warm-up while its step time (the slowest
+#: rank's) is more than this fraction above the steady state (DDP's bucket rebuild after the
+#: first iterations, the allocator growing its pools).
+WARMUP_TOLERANCE = 0.5
+#: Fewest measured steps per attempt for the detection to run (a median needs a few).
+WARMUP_MIN_STEPS = 4
+
+
+def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run and attempt, the steps after the traced warm-up that are warm-up still: from
+    the first measured step on, each step whose slowest rank's ``step_s`` is more than
+    :data:`WARMUP_TOLERANCE` above the steady state (the median over the second half of the
+    measured steps), up to the first that is not; at most half the measured steps, and only
+    with :data:`WARMUP_MIN_STEPS` or more. Columns: ``run_id, attempt, last_warmup_step``
+    (the last step dropped; absent attempts drop none) and ``dropped`` (how many)."""
+    columns = ["run_id", "attempt", "last_warmup_step", "dropped"]
+    if "step_s" not in steps.columns or steps.empty:
+        return pd.DataFrame(columns=columns)
+    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    s = s[~s["warmup"].fillna(False).astype(bool).to_numpy()]
+    slowest = s.groupby(["run_id", "attempt", "step"], sort=True)["step_s"].max()
+    rows = []
+    for (run_id, attempt), times in slowest.groupby(level=["run_id", "attempt"], sort=True):
+        t = times.to_numpy(dtype="float64")
+        if len(t) < WARMUP_MIN_STEPS or not np.isfinite(t).any():
+            continue
+        steady = float(np.nanmedian(t[len(t) // 2 :]))
+        if not np.isfinite(steady) or steady <= 0:
+            continue
+        slow = t > steady * (1 + WARMUP_TOLERANCE)
+        n = int(np.argmin(slow)) if not slow.all() else len(t)
+        n = min(n, len(t) // 2)
+        if n:
+            step_numbers = times.index.get_level_values("step")
+            rows.append((run_id, int(attempt), int(step_numbers[n - 1]), n))
+    return pd.DataFrame(rows, columns=columns)
+
+
 def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """The measured (non-warm-up) step rows, with an ``attempt`` column (0 when absent).
 
-    ``columns`` keeps only those (when present) besides the keys: filtering a wide frame of a
-    million rows costs far more than filtering the few columns a table needs.
+    Warm-up is the traced ``warmup`` flag and the steps :func:`detected_warmup` finds after it
+    (still much slower than the steady state). ``columns`` keeps only those (when present)
+    besides the keys: filtering a wide frame of a million rows costs far more than filtering
+    the few columns a table needs.
     """
     check_columns(steps, ("run_id", "rank", "step", "warmup"), "steps")
+    extra = detected_warmup(steps)
     if columns is not None:
         keep = ["run_id", "rank", "step", "warmup", "attempt", *columns]
         steps = steps[[c for c in dict.fromkeys(keep) if c in steps.columns]]
     out = steps[~steps["warmup"].fillna(False).astype(bool).to_numpy()]
     if "attempt" not in out.columns:
         out = out.assign(attempt=0)
+    if len(extra):
+        last = extra.set_index(["run_id", "attempt"])["last_warmup_step"]
+        keys = pd.MultiIndex.from_arrays([out["run_id"], out["attempt"]])
+        bound = last.reindex(keys).to_numpy(dtype="float64")
+        out = out[~(out["step"].to_numpy(dtype="float64") <= bound)]
     return out
 
 
 def comm_filled(steps: pd.DataFrame) -> pd.Series:
-    """``comm_s`` on every row. With ``trace_comm='sampled'`` communication is timed on sampled
-    steps only; in between, each rank's latest sample stands for the steps after it (its first
-    for the steps before). NaN for a rank with no sample at all."""
+    """``comm_s`` on every row, for display only (a timeline that draws a line through the
+    samples): no figure or table may count the carried values as measurements (use
+    :func:`sampled_comm`, the sampled steps alone). With ``trace_comm='sampled'``
+    communication is timed on sampled steps only; in between, each rank's latest sample stands
+    for the steps after it (its first for the steps before).
+    NaN for a rank with no sample at all."""
     if steps["comm_s"].notna().all():  # timed on every step: nothing to carry
         return steps["comm_s"]
     keys = [k for k in ("run_id", "attempt", "rank") if k in steps.columns]
@@ -53,6 +102,26 @@ def comm_filled(steps: pd.DataFrame) -> pd.Series:
     filled = ordered.groupby(keys, sort=False)["comm_s"].ffill()
     filled = filled.groupby([ordered[k] for k in keys], sort=False).bfill()
     return pd.Series(filled.sort_index().to_numpy(), index=steps.index, name="comm_s")
+
+
+def sampled_comm(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run, attempt and sampled step (a step where DDP's timer ran: ``comm_s`` not null, as
+    with ``trace_comm='sampled'`` only every ``trace_comm_every_steps``-th step is): the
+    smallest ``comm_s`` (span) and ``comm_exposed_s`` over the ranks that timed it (the rank
+    that waited least for the others, so the closest to the transfer itself) and the world
+    size. Never filled: the steps between samples have no row. ``comm_exposed_s`` is NaN where
+    the trace has no exposed timer."""
+    check_columns(steps, ("run_id", "step", "world_size", "comm_s"), "steps")
+    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    s = s[s["comm_s"].notna()]
+    exposed = s["comm_exposed_s"] if "comm_exposed_s" in s.columns else np.nan
+    s = s.assign(_exposed=exposed)
+    out = s.groupby(["run_id", "attempt", "step"], sort=True).agg(
+        world_size=("world_size", "max"),
+        comm_s=("comm_s", "min"),
+        comm_exposed_s=("_exposed", "min"),
+    )
+    return out.reset_index()
 
 
 def gap_filled(steps: pd.DataFrame) -> pd.Series:
@@ -133,8 +202,8 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
 
     Training alone: ``eval_s`` and ``save_s`` are the evaluations (from ``evals``; 0 without
     it) and checkpoints (the steps' ``save_s``) inside the window, each the slowest rank's;
-    ``train_s = measured_s - eval_s - save_s`` and ``train_samples_per_s = samples /
-    train_s``. A run with only warm-up steps gets NaN rates.
+    ``train_s = measured_s - eval_s - save_s``, ``train_samples_per_s = samples /
+    train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     out = (
@@ -161,11 +230,14 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
         out["world_size"] = out["world_size"].fillna(ws)
         out[counts] = out[counts].fillna(0)
     out = out.astype({c: "int64" for c in ("world_size", *counts)})
+    dropped = detected_warmup(steps).groupby("run_id")["dropped"].sum()
+    out["warmup_detected_steps"] = dropped.reindex(out.index, fill_value=0).astype("int64")
     with np.errstate(divide="ignore", invalid="ignore"):
         out["samples_per_s"] = out["samples"] / out["measured_s"].where(out["measured_s"] > 0)
         out["wall_step_s"] = out["measured_s"] / out["steps"].where(out["steps"] > 0)
         out["train_s"] = out["measured_s"] - out["eval_s"] - out["save_s"]
         out["train_samples_per_s"] = out["samples"] / out["train_s"].where(out["train_s"] > 0)
+        out["train_step_s"] = out["train_s"] / out["steps"].where(out["steps"] > 0)
     return out.reset_index()
 
 

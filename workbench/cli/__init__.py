@@ -1,4 +1,5 @@
-"""The ``workbench`` command: ``run``, ``ls``, ``scale``, ``sweep``, ``repartition``, ``report``.
+"""The ``workbench`` command: ``run``, ``ls``, ``scale``, ``sweep``, ``repartition``, ``report``,
+``predict``.
 
 The parser is here; the flags of the run configuration are :mod:`workbench.cli.options`, and what
 each sub-command does is :mod:`workbench.cli.commands`."""
@@ -14,6 +15,7 @@ from typing import Any
 from workbench.cli import commands
 from workbench.cli.help import Formatter, examples
 from workbench.cli.options import add_config_options, world_sizes
+from workbench.cli.predict import add_predict
 from workbench.run.backends import BACKENDS
 
 
@@ -27,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=Formatter,
     )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
-    for add in (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report):
+    adds = (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report, add_predict)
+    for add in adds:
         add(sub)
     return parser
 

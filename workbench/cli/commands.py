@@ -229,7 +229,8 @@ def _print_finding(output_dir: Path, sweep: str) -> None:
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
 
     runs = load_runs(output_dir, [sweep])
-    said = findings(runs, load_traces(iter_run_dirs(output_dir, [sweep]), "steps"))
+    dirs = list(iter_run_dirs(output_dir, [sweep]))
+    said = findings(runs, load_traces(dirs, "steps"), evals=load_traces(dirs, "eval"))
     if said:
         print("finding:\n  " + "\n  ".join(said))
 

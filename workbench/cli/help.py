@@ -19,6 +19,7 @@ EXAMPLES: dict[str, str] = {
   workbench sweep experiments/sweeps/quickstart.yaml       a YAML grid, one notebook per point
   workbench ls                                             the runs in the store
   workbench report study1 -o study1.html                   one HTML file, works offline
+  workbench predict study1 --world-sizes 8,64 --busbw 9.5GB/s   what if: more ranks, a network
   workbench run --help                                     every flag of a run, grouped""",
     "run": """\
   workbench run --model mlp --world-size 2 --steps 50
@@ -49,6 +50,10 @@ EXAMPLES: dict[str, str] = {
     "report": """\
   workbench report study1 -o study1.html
   workbench report experiments/results/study1/mlp-w2-20250101-120000-a1b2 -o one.html""",
+    "predict": """\
+  workbench predict quickstart-sweep --world-sizes 2,8,64 --busbw 9.5GB/s --latency 5us
+  workbench predict study1 --world-sizes 16 --bandwidth 25Gbit/s --json
+  workbench predict experiments/results/study1 --world-sizes 4,8 --busbw 2.5e9""",
 }
 
 _RST = (

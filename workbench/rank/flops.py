@@ -74,6 +74,7 @@ def count_flops(
     module: nn.Module,
     micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    by_op: dict[str, int] | None = None,
 ) -> int:
     """FLOPs of forward + backward of ``module`` over each ``(inputs, targets)`` micro-batch
     (the training loss of :func:`workbench.rank.trainer.step_loss`), counted by
@@ -105,6 +106,9 @@ def count_flops(
             p.grad = None  # the first traced step starts from no gradient, as without counting
         if device.type == "cuda":  # the run's peak memory is its training steps', not this
             torch.cuda.reset_peak_memory_stats(device)
+    if by_op is not None:  # which math ran: convolutions follow cuDNN's TF32 switch
+        for op, flops in counter.get_flop_counts().get("Global", {}).items():
+            by_op[str(op)] = by_op.get(str(op), 0) + int(flops)
     return int(counter.get_total_flops())
 
 
@@ -114,6 +118,8 @@ def count_step_flops(trainer: Trainer, micro_batches: list[list[int]]) -> dict[s
     ``flops_per_step`` (this process's step), ``samples_per_step`` (the samples it covered),
     ``flops_per_sample``, ``micro_batches``, ``precision`` and ``matmul_precision`` (the
     float32 matmul setting: ``highest`` is true fp32, ``high``/``medium`` allow TF32 on CUDA),
+    ``cudnn_allow_tf32`` (cuDNN's own switch, on by default, for convolutions) and
+    ``conv_flops_share`` (the convolutions' share of the FLOPs),
     ``device_type``, ``count_s`` (what counting took) and ``method``."""
     device = trainer.device
     started = time.perf_counter()
@@ -123,8 +129,10 @@ def count_step_flops(trainer: Trainer, micro_batches: list[list[int]]) -> dict[s
             inputs, targets = fetch_batch(trainer.train_set, indices)
             yield inputs.to(device), targets.to(device)
 
-    flops = count_flops(trainer.module, batches(), trainer.autocast)
+    by_op: dict[str, int] = {}
+    flops = count_flops(trainer.module, batches(), trainer.autocast, by_op)
     samples = sum(len(b) for b in micro_batches)
+    conv = sum(n for op, n in by_op.items() if "convolution" in op)
     return {
         "flops_per_step": flops,
         "samples_per_step": samples,
@@ -132,6 +140,8 @@ def count_step_flops(trainer: Trainer, micro_batches: list[list[int]]) -> dict[s
         "micro_batches": len(micro_batches),
         "precision": trainer.config.precision,
         "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "conv_flops_share": conv / flops if flops else None,
         "device_type": device.type,
         "count_s": time.perf_counter() - started,
         "method": METHOD,

@@ -32,17 +32,20 @@ def bucket_sizes(module: nn.Module, bucket_cap_mb: float, element_bytes: int = 4
     workbench always gives it, so DDP caps its first bucket at the same size): parameters that
     need a gradient, last registered first (DDP's order until it rebuilds the buckets in the
     order gradients became ready), a bucket closing once it holds at least the cap.
-    ``element_bytes``: bytes per gradient element sent (2 with fp16 or bf16 compression)."""
+    ``element_bytes``: bytes per gradient element sent (2 with fp16 or bf16 compression). The
+    buckets are formed at the gradients' own size (DDP fills them before any hook compresses
+    them), then each is sent at ``element_bytes`` per element."""
     cap = bucket_cap_mb * 2**20
     sizes: list[int] = []
-    current = 0
+    held = sent = 0
     for p in reversed([p for p in module.parameters() if p.requires_grad]):
-        current += p.numel() * element_bytes
-        if current >= cap:
-            sizes.append(current)
-            current = 0
-    if current:
-        sizes.append(current)
+        held += p.numel() * p.element_size()
+        sent += p.numel() * element_bytes
+        if held >= cap:
+            sizes.append(sent)
+            held = sent = 0
+    if sent:
+        sizes.append(sent)
     return sizes
 
 

@@ -87,7 +87,8 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
 def _flops_columns(run: dict[str, Any]) -> dict[str, Any]:
     """What MFU needs from ``run.json``: the device the ranks ran on (``device_name``: its CUDA
     name, ``cpu``, or the ranks' names joined when they differ), one training step's FLOPs
-    (``flops_per_step``, ``flops_per_sample``), the float32 matmul precision it ran with and,
+    (``flops_per_step``, ``flops_per_sample``), the float32 matmul precision and cuDNN's TF32
+    switch it ran with, the convolutions' share of the FLOPs and,
     when counting failed, ``flops_error``; null for runs from before the count."""
     devices = run.get("devices") or {}
     names = sorted({f.get("name") or f.get("device", "") for f in devices.values()} - {""})
@@ -97,6 +98,8 @@ def _flops_columns(run: dict[str, Any]) -> dict[str, Any]:
         "flops_per_step": flops.get("flops_per_step"),
         "flops_per_sample": flops.get("flops_per_sample"),
         "flops_matmul_precision": flops.get("matmul_precision"),
+        "flops_cudnn_allow_tf32": flops.get("cudnn_allow_tf32"),
+        "flops_conv_share": flops.get("conv_flops_share"),
         "flops_error": flops.get("error"),
     }
 

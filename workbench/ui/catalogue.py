@@ -73,9 +73,9 @@ class FigureContext:
         ``note``); empty without a table."""
         if not len(self.table):
             return pd.DataFrame()
-        return predicted_vs_measured(
-            self.runs, self.steps, self.network_fit, group_by=self.group_by
-        )
+        # the network as given, else measured per curve on its own link class (intra-node,
+        # inter-node): one fit over both would describe neither
+        return predicted_vs_measured(self.runs, self.steps, self.network, group_by=self.group_by)
 
 
 def figure_context(

@@ -325,7 +325,9 @@ class Dashboard(widgets.VBox):
             if len(steps):
                 keys = resolve_group_by(runs, group_by)
                 ctx = figure_context(runs, steps, evals, keys)
-                self._said = findings(runs, steps, keys)  # the report's words for the same runs
+                self._said = findings(
+                    runs, steps, keys, evals
+                )  # the report's words for the same runs
             self._built = (key, ctx)
         return self._built[1]
 

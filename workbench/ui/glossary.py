@@ -38,9 +38,16 @@ the same config's backward time at the smallest world size (DDP's backward waits
 allreduce), at most comm_s; without such a reference, min(comm_s, backward_s), the no-overlap
 bound. <b>comm_s</b> is a span from the first bucket's launch to the last one's end, mostly
 hidden behind backward: not the cost of communication.</li>
-<li><b>straggler</b>: a rank whose compute time (step_s - comm_s) exceeds the median of the other
-ranks' by more than the threshold on most steps of a window, from the reported step on;
-<i>slow_phase</i> is the traced phase (data, forward, backward less communication, optimizer) in
+<li><b>wait_s</b>, <b>exposed_transfer_s</b>, <b>hidden_comm_s</b>: the exposed communication
+split. On each sampled step a rank's wait is its comm_s less the smallest over the ranks (the
+last rank to reach the allreduce waits for no one): waiting for the slowest rank, not
+communication. The exposed transfer is what even that last rank could not hide (the smallest
+exposed time over ranks). Hidden: the part overlapped with backward compute. Advice about the
+network follows the exposed transfer alone.</li>
+<li><b>straggler</b>: a rank whose own compute (data, forward, optimizer and DDP's backward compute
+timer on the steps it sampled; a rank that waits for the others is not slow) exceeds the median of
+the other ranks' by more than the threshold on most steps of a window, from the reported step on;
+<i>slow_phase</i> is the traced phase (data, forward, backward compute, optimizer) in
 which it exceeds the others' median the most, by <i>slow_phase_extra_s</i> per step.</li>
 <li><b>tflops_per_device</b>: FLOPs of one training step (forward + backward over every gradient
 accumulation micro-batch, counted once per run by PyTorch's FlopCounterMode on rank 0 before the

@@ -92,7 +92,10 @@ def build_figures(
         "scaling": ctx.table,
         "stragglers": found,
         "communication": comm.groupby("run_id", sort=True)[
-            ["world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s", "exposed_share"]
+            [
+                *("world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s"),
+                *("exposed_share", "exposed_transfer_s", "wait_s", "hidden_comm_s"),
+            ]
         ].mean(),
     }
     figs = sorted(available_figures(ctx), key=lambda hf: hf[0] != LEAD_FIGURE)  # stable
@@ -165,9 +168,11 @@ def _tone(line: str) -> str:
     return "good" if "faster than" in line else ""
 
 
-def _finding_html(runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str]) -> str:
+def _finding_html(
+    runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str], evals: pd.DataFrame
+) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
-    said = findings(runs, steps, group_by) + unmeasured_lines(runs)
+    said = findings(runs, steps, group_by, evals) + unmeasured_lines(runs)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
@@ -251,7 +256,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        _finding_html(runs, steps, keys),
+        _finding_html(runs, steps, keys, evals),
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),

@@ -24,6 +24,7 @@ SCALING_COLUMNS = (
     "samples_per_s",
     "samples_per_s_std",
     "samples_per_s_per_device",
+    "end_to_end_samples_per_s",
     "speedup",
     "speedup_std",
     "efficiency",
@@ -42,10 +43,13 @@ FLOPS_NOTE = (
     '<p class="note"><b>tflops_per_device</b> = FLOPs of one training step (forward + backward '
     "over all its gradient accumulation micro-batches, counted once per run by PyTorch's "
     "FlopCounterMode on rank 0 before the measured window; run.json's <i>flops</i> says how) / "
-    "the samples of that step &times; samples_per_s over the measured window / world_size, in "
+    "the samples of that step &times; samples_per_s (training alone: the measured window less "
+    "its evaluations and checkpoints) / world_size, in "
     "TFLOP/s (1e12; a CPU's 0.001 is 1 GFLOP/s). <b>mfu</b> = tflops_per_device / the device's "
     "dense peak (no sparsity) for the run's precision: bf16 and fp16 their tensor peak, fp32 "
-    "the TF32 peak where TF32 matmuls were allowed, else plain fp32. <b>mfu_note</b> names the "
+    "the TF32 peak where TF32 matmuls were allowed, else plain fp32, and convolutions at the "
+    "TF32 peak where cuDNN allowed it (its default), weighted by their share of the FLOPs. "
+    "<b>mfu_note</b> names the "
     "peak used and its datasheet, or why there is no MFU (a CPU, a device not in the table): "
     "never a fallback peak.</p>"
 )

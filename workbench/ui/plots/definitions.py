@@ -9,34 +9,42 @@ from __future__ import annotations
 #: The window every per-step number is taken over.
 WINDOW = (
     "Measured window: per attempt, from the first measured step's start to the last step's end, "
-    "warm-up steps left out."
+    "warm-up steps left out: the traced warm-up_steps and, after them, the leading steps still "
+    "more than 50 % slower than the steady state (median of the second half; at most half the "
+    "steps), counted in the run's warmup_detected_steps."
 )
 #: How communication is timed, and what stands for the steps in between.
 COMM_SAMPLING = (
     "Communication is sampled: with trace_comm='sampled' (the default) DDP's own timer is read "
-    "on the first 10 steps and every trace_comm_every_steps (default 50) after, and each rank's "
-    "latest sample stands for the steps in between."
+    "on the first 10 steps and every trace_comm_every_steps (default 50) after. Figures from "
+    "DDP's timers use the sampled steps alone: nothing is carried to the steps in between."
 )
 #: Error bars: only where a point has repeats.
 SPREAD = "Error bars only where a point has 2 or more runs: their standard deviation (ddof 1)."
 #: Achieved FLOP/s and MFU, with the peak's source.
 FLOPS = (
     "Hover, where FLOPs were counted: TFLOP/s per device = FLOPs of one training step per sample "
-    "x samples/s / world size / 1e12; MFU = that / the device's dense tensor peak for the run's "
-    "precision (TF32 where allowed), the peak and its datasheet named per point."
+    "x training samples/s (evaluations and checkpoints left out) / world size / 1e12; MFU = "
+    "that / the device's dense tensor peak for the run's math mode (TF32 where allowed), the "
+    "peak and its datasheet named per point."
 )
 #: Scaling figures' throughput.
 THROUGHPUT = (
     "samples/s per device = samples of all ranks in the measured window / the window's wall "
-    "time / world size (evaluations and checkpoints inside it included)."
+    "time less the evaluations and checkpoints inside it (training alone) / world size."
 )
-SPEEDUP = "speedup = mean throughput at N / mean throughput at the group's smallest world size."
+SPEEDUP = (
+    "speedup = mean training throughput at N / mean training throughput at the group's "
+    "smallest world size (evaluations and checkpoints left out of both)."
+)
 EFFICIENCY = "Labels: efficiency = speedup / (N / base N)."
 SPEEDUP_SPREAD = (
     "Error bars only with repeats at both ends: speedup_std = speedup x sqrt((s_N/m_N)^2 + "
     "(s_B/m_B)^2), s and m the runs' std and mean throughput."
 )
-EPOCH = "time per epoch = train_samples / samples_per_s (end-to-end throughput)."
+EPOCH = (
+    "time per epoch = train_samples / end-to-end samples/s (evaluations and checkpoints included)."
+)
 FINAL = (
     "final training loss: the last step's loss, mean over ranks; final metric: rank 0's last "
     "evaluation. Mean over a point's runs."
@@ -55,8 +63,10 @@ HEATMAP = (
     "averaged, labelled by their first step."
 )
 COMPUTE = (
-    "compute = step_s - comm_s per rank and measured step, ms; a straggler stands out here. "
-    "At most 400 columns: bins of consecutive steps averaged."
+    "compute = data_s + forward_s + optimizer_s + backward compute per rank and measured step, "
+    "ms: what the rank computes itself, its waits for the others left out; a straggler stands "
+    "out here. Backward compute is DDP's timer on the steps it sampled (blank between them, "
+    "never carried over). At most 400 columns: bins of consecutive steps averaged."
 )
 MEMORY = (
     "Peak over every step, warm-up included, per rank: process RSS, the CUDA allocator's peak "

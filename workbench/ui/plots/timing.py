@@ -7,8 +7,19 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.display import downsample_for_display
-from workbench.analysis.windows import check_columns, comm_filled, measured_steps
+from workbench.analysis.slow_ranks import rank_compute
+from workbench.analysis.windows import check_columns, measured_steps
 from workbench.ui.plots.style import LAYOUT, MS, check_run, one_run
+
+#: The step columns a rank's own compute is made of.
+COMPUTE_INPUTS = (
+    "data_s",
+    "forward_s",
+    "optimizer_s",
+    "backward_s",
+    "comm_s",
+    "backward_compute_s",
+)
 
 PHASE_NAMES = {
     "data_s": "data",
@@ -155,7 +166,9 @@ def step_time_heatmap(
     value: str = "step_s",
     max_steps: int = 400,
 ) -> go.Figure:
-    """Rank x step heatmap of one run's measured step time (or ``compute_s = step_s - comm_s``).
+    """Rank x step heatmap of one run's measured step time (or ``compute_s``, what each rank
+    computes itself: data, forward, optimizer and DDP's backward compute timer, see
+    :func:`workbench.analysis.slow_ranks.rank_compute`; blank on steps DDP did not sample).
 
     Steps are averaged into at most ``max_steps`` columns for display (bins of consecutive steps,
     labelled by their first step). In DDP ``step_s`` is nearly equal across ranks; a straggler
@@ -164,18 +177,17 @@ def step_time_heatmap(
     run_id = one_run(steps, run_id)
     if value != "compute_s":
         check_columns(steps, [value], "steps")
-    cols = ["step_s", "comm_s"] if value == "compute_s" else [value]
-    m = measured_steps(
-        steps.loc[steps["run_id"] == run_id, ["run_id", "rank", "step", "warmup", *cols]]
-    )
-    v = m["step_s"] - comm_filled(m).fillna(0) if value == "compute_s" else m[value]
+    cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
+    keep = ["run_id", "rank", "step", "warmup", *(c for c in cols if c in steps.columns)]
+    m = measured_steps(steps.loc[steps["run_id"] == run_id, keep])
+    v = rank_compute(m)["compute_s"] if value == "compute_s" else m[value]
     frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
     frame = frame.groupby(["rank", "step"], as_index=False)["v"].mean()
     ranks = frame["rank"].nunique()
     frame = downsample_for_display(frame, max_steps * max(ranks, 1), x="step", by=["rank"])
     grid = frame.pivot(index="rank", columns="step", values="v").sort_index()
     label = (
-        "compute time (step - comm)"
+        "compute time (own phases)"
         if value == "compute_s"
         else "step time"
         if value == "step_s"
