@@ -107,3 +107,25 @@ def test_the_report_opens_with_the_finding(tmp_path) -> None:
     finding = page.index("<h2>Finding</h2>")
     assert finding < page.index("<h2>Scaling</h2>") and finding < page.index('class="note"')
     assert "4 ranks: 2.50x the throughput of 1 rank" in page
+
+
+def test_a_scripts_advice_is_in_the_scripts_own_terms() -> None:
+    """The same communication-bound curve as a user's script: its DDP is the script's, so the
+    advice names DDP's own arguments, not the workbench's fields."""
+    runs = make_runs(
+        [
+            {"run_id": "a", "world_size": 1, "model": "script:train"},
+            {"run_id": "b", "world_size": 2, "model": "script:train"},
+        ]
+    )
+    steps = pd.concat(
+        [
+            make_steps("a", world_size=1, step_s=1.0, backward_s=0.6),
+            make_steps("b", world_size=2, step_s=2.0, comm_s=1.2, backward_s=1.6),
+        ],
+        ignore_index=True,
+    )
+    first = findings(runs, steps)[0]
+    assert "Largest: exposed allreduce transfer, so communication-bound: in the script" in first
+    assert "DistributedDataParallel(..., bucket_cap_mb=100)" in first
+    assert "comm_hook='fp16'" not in first

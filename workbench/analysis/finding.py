@@ -38,6 +38,14 @@ ADVICE = {
     "gaps": "look at the work between steps (logging, host synchronisation)",
     "unexplained": "trace more steps or sample DDP's timers more often to see where it went",
 }
+#: The same advice in a script's own terms, where the workbench's fields do not reach its DDP.
+SCRIPT_ADVICE = {
+    "exposed_transfer": (
+        "communication-bound: in the script, try a larger per-device batch, "
+        "DistributedDataParallel(..., bucket_cap_mb=100) or a compression hook "
+        "(ddp.register_comm_hook(None, default_hooks.fp16_compress_hook))"
+    ),
+}
 #: The straggler report's phases in words.
 PHASE_WORDS = {
     "data_s": "data loading",
@@ -128,6 +136,11 @@ def _shared_cores(top: pd.DataFrame, per_run: pd.DataFrame) -> bool:
     return any(v.startswith("cpu") for v in names)
 
 
+def _is_script(runs: pd.DataFrame) -> bool:
+    """Whether the runs are a user's script (``model`` is ``script:<name>``)."""
+    return "model" in runs.columns and runs["model"].astype(str).str.startswith("script:").all()
+
+
 def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame, n: int) -> str:
     """``; of the 48 % lost, as shares of the 2-rank step: compute grown 39 % (17.2 ms -> ...``
     then the advice that follows the largest cause."""
@@ -154,6 +167,8 @@ def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame,
     advice = ADVICE[str(largest["cause"])]
     if largest["cause"] == "compute" and contention:
         advice = ADVICE["contention"]
+    if _is_script(per_run):
+        advice = SCRIPT_ADVICE.get(str(largest["cause"]), advice)
     return (
         f"; of the {percent(loss)} lost, as shares of the {n}-rank step: "
         f"{', '.join(told)}. Largest: {CAUSE_WORDS[str(largest['cause'])]}, so {advice}"
