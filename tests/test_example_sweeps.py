@@ -22,6 +22,7 @@ CPU_SWEEPS = [
     "seed002_batch_precision",
     "seed002_learning_rate",
     "comm_hooks",
+    "your_script",
 ]
 
 
@@ -135,3 +136,17 @@ def test_gpu_only_sweep_fails_clearly_on_cpu(swept) -> None:
         "needs that many CUDA devices" in proc.stdout or "no CUDA device is visible" in proc.stdout
     )
     assert "Traceback" not in proc.stdout
+
+
+def test_a_script_sweep_varies_the_layout_and_the_scripts_arguments(swept) -> None:
+    runs, steps = _sweep(swept, "your_script", "your-script")
+    assert set(runs["model"]) == {"script:ddp_amp"} and len(runs) == 4
+    batch = {r.run_id: int(r.script_args.split()[-1]) for r in runs.itertuples()}
+    assert sorted(zip(runs["world_size"], batch.values(), strict=True)) == [
+        (1, 64),
+        (1, 256),
+        (2, 64),
+        (2, 256),
+    ]
+    for run_id, rows in steps.groupby("run_id"):
+        assert (rows["samples"] == batch[run_id]).all(), run_id
