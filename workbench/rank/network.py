@@ -5,11 +5,13 @@ throughput window), reported in nccl-tests' definitions.
 nccl-tests (``doc/PERFORMANCE.md``): algorithm bandwidth ``algbw = bytes / time``; bus bandwidth
 for allreduce ``busbw = algbw x 2(n-1)/n`` with n ranks, the figure comparable with the
 hardware's link bandwidth whatever the rank count. Time is the mean over the ranks of one
-allreduce, from a barrier to the last of a loop of back-to-back allreduces completing.
+allreduce, from a barrier to the last of a loop of back-to-back allreduces completing, the
+median of three such loops.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,11 +21,13 @@ from torch import nn
 
 from workbench.rank import distributed
 
-#: Wall-time budget of the whole benchmark (seconds), warm-up included; the timed loop of each
+#: Wall-time budget of the whole benchmark (seconds), warm-up included; the timed loops of each
 #: bucket size gets an equal share.
 BUDGET_S = 0.3
-#: Timed allreduces per bucket size, at least and at most.
+#: Timed allreduces per loop, at least and at most.
 MIN_ITERATIONS, MAX_ITERATIONS = 3, 1000
+#: Timed loops per bucket size; the figure is their median.
+LOOPS = 3
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -57,14 +61,17 @@ def bus_factor(world_size: int) -> float:
 def _time_size(
     nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float
 ) -> dict[str, Any]:
-    """One bucket size: a warm-up allreduce, one to size the loop (the same count on every
-    rank: the time is agreed), then the timed loop."""
+    """One bucket size: a warm-up allreduce, one to size the loops (the same count on every
+    rank: the time is agreed), then ``LOOPS`` timed loops, of which the median: a rank
+    descheduled once (a shared host, a monitor waking) spoils one loop, not the figure."""
     element = torch.tensor([], dtype=dtype).element_size()
     tensor = torch.zeros(max(nbytes // element, 1), dtype=dtype, device=device)
     distributed.time_all_reduce(tensor, 1)  # connections and buffers for this size
     once = distributed.time_all_reduce(tensor, 1)
-    iterations = int(min(max(budget_s / max(once, 1e-9), MIN_ITERATIONS), MAX_ITERATIONS))
-    seconds = distributed.time_all_reduce(tensor, iterations) / iterations
+    per_loop = budget_s / LOOPS
+    iterations = int(min(max(per_loop / max(once, 1e-9), MIN_ITERATIONS), MAX_ITERATIONS))
+    loops = [distributed.time_all_reduce(tensor, iterations) / iterations for _ in range(LOOPS)]
+    seconds = statistics.median(loops)
     sent = tensor.numel() * element
     return {
         "bytes": sent,
