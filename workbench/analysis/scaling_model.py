@@ -64,6 +64,9 @@ class Base:
     gradient_bytes: float
     buckets: int
     scaling: str = "weak"
+    #: Seconds of backward compute per step at the base: the most communication any overlap
+    #: can hide (NaN: not measured, no bound). Scales with the per-device work like compute.
+    backward_compute_s: float = float("nan")
 
 
 def model_curve(
@@ -71,7 +74,10 @@ def model_curve(
 ) -> pd.DataFrame:
     """The model at ``world_sizes`` from ``base``: ``world_size, compute_s, comm_s`` (ring time),
     ``exposed_comm_s, step_s, samples_per_s, samples_per_s_per_device``, ``speedup`` (over one
-    device running compute only) and ``efficiency``. The base's compute is its step less its
+    device running compute only) and ``efficiency``. Exposed communication is ``(1 - overlap)``
+    of the ring time, but never less than the ring time less the backward compute it can hide
+    behind (``base.backward_compute_s``, scaled with compute; no bound when NaN). The base's
+    compute is its step less its
     exposed communication; when that is not positive (nothing left to scale: the step was all
     communication, or not measured) compute and every rate are NaN, never a division by 0."""
     if not 0 <= overlap <= 1:
@@ -94,7 +100,15 @@ def model_curve(
             base.gradient_bytes, n, network.bandwidth_bytes_per_s, network.latency_s, base.buckets
         )
     )
-    step = compute + (1 - overlap) * comm
+    exposed = (1 - overlap) * comm
+    hideable = base.backward_compute_s * compute / compute_b if compute_b > 0 else np.nan
+    bounded = np.isfinite(hideable)
+    # no overlap hides more than the backward compute it runs behind: a long allreduce on a
+    # slow link is exposed beyond that, whatever share of a short one was hidden
+    exposed = np.where(
+        bounded, np.maximum(exposed, comm - np.where(bounded, hideable, 0.0)), exposed
+    )
+    step = compute + exposed
     with np.errstate(divide="ignore", invalid="ignore"):
         one_device = np.float64(base.samples_per_step) / (compute_b * base.world_size)
         rate = np.where(step > 0, samples / np.where(step > 0, step, 1.0), np.nan)
@@ -103,7 +117,7 @@ def model_curve(
             "world_size": n,
             "compute_s": compute,
             "comm_s": comm,
-            "exposed_comm_s": (1 - overlap) * comm,
+            "exposed_comm_s": exposed,
             "step_s": step,
             "samples_per_s": rate,
             "samples_per_s_per_device": rate / n,
@@ -130,6 +144,19 @@ def _sampled(m: pd.DataFrame) -> tuple[float, float, bool]:
     measured = bool(exposed.notna().any())
     mean_exposed = float(exposed.mean()) if measured else float("nan")
     return mean_exposed, float(per_run["comm_s"].mean()), measured
+
+
+def _backward_compute(m: pd.DataFrame, exposed_s: float) -> float:
+    """Seconds of backward compute per step in ``m`` (measured steps): DDP's timer on its
+    sampled steps (median), else the backward less the exposed communication; NaN without
+    either."""
+    timer = m["backward_compute_s"].dropna() if "backward_compute_s" in m.columns else None
+    if timer is not None and len(timer):
+        return float(timer.median())
+    if "backward_s" not in m.columns or m["backward_s"].dropna().empty:
+        return float("nan")
+    exposed = exposed_s if np.isfinite(exposed_s) else 0.0
+    return max(float(m["backward_s"].median()) - exposed, 0.0)
 
 
 def calibrated_overlap(exposed_s: float, span_s: float, measured: bool) -> float:
@@ -191,7 +218,7 @@ def predict_scaling(
     if len(run_ids) != 1:
         raise ValueError(f"predict_scaling needs the steps of one run, got runs {list(run_ids)}")
     cols = ["world_size", "step_s", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    m = measured_steps(steps, cols)
+    m = measured_steps(steps, [*cols, "backward_s", "backward_compute_s"])
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
     window = measured_window(steps).iloc[0]
@@ -199,16 +226,16 @@ def predict_scaling(
     if overlap is None:
         overlap = calibrated_overlap(exposed, span, measured)
     nbytes, buckets = _bytes_and_buckets(m, gradient_bytes, buckets)
+    exposed_b = _exposed(exposed, span, measured, overlap) if window["world_size"] > 1 else 0.0
     base = Base(
         world_size=int(window["world_size"]),
         step_s=float(window["wall_step_s"]),
         samples_per_step=float(window["samples"] / window["steps"]),
-        exposed_comm_s=_exposed(exposed, span, measured, overlap)
-        if window["world_size"] > 1
-        else 0.0,
+        exposed_comm_s=exposed_b,
         gradient_bytes=nbytes,
         buckets=buckets,
         scaling=scaling,
+        backward_compute_s=_backward_compute(m, exposed_b),
     )
     out = model_curve(base, net, world_sizes, overlap)
     return out.assign(
@@ -232,6 +259,7 @@ def _curve_base(
     base_n = int(curve["world_size"].min())
     repeats = curve[curve["world_size"] == base_n]
     cols = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
+    cols += ["backward_s", "backward_compute_s"]
     multi = measured_steps(
         steps[steps["run_id"].isin(curve["run_id"]) & (steps["world_size"] > 1)], cols
     )
@@ -269,6 +297,7 @@ def _curve_base(
         gradient_bytes=float(multi["comm_bytes"].median()),
         buckets=max(1, int(multi["comm_buckets"].median())) if has else 1,
         scaling=scaling,
+        backward_compute_s=_backward_compute(base_steps, exposed_b),
     )
     note = f"{scaling} scaling from {len(repeats)} run(s) at N={base_n}"
     if unknown:
