@@ -23,6 +23,12 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.model_base import (
+    backward_compute,
+    calibrated_overlap,
+    exposed_at_base,
+    sampled_medians,
+)
 from workbench.analysis.network import (
     MIN_FIT_WORLD_SIZES,
     NETWORK_PRESETS,
@@ -36,7 +42,7 @@ from workbench.analysis.network import (
     ring_allreduce_time,
 )
 from workbench.analysis.scaling import run_table
-from workbench.analysis.windows import check_columns, measured_steps, measured_window, sampled_comm
+from workbench.analysis.windows import check_columns, measured_steps, measured_window
 
 __all__ = [
     "MIN_FIT_WORLD_SIZES",
@@ -128,51 +134,6 @@ def model_curve(
     return out
 
 
-def _sampled(m: pd.DataFrame) -> tuple[float, float, bool]:
-    """The multi-rank runs of ``m`` (measured steps), on their sampled steps alone (never
-    carried to the steps between samples): per run the medians over sampled steps of the
-    smallest exposed communication and span over ranks, then the mean over the runs;
-    ``(exposed_s, span_s, exposed measured)``. NaN where no step was sampled."""
-    if "comm_s" not in m.columns:
-        return float("nan"), float("nan"), False
-    sampled = sampled_comm(m)
-    sampled = sampled[sampled["world_size"] > 1]
-    if sampled.empty:
-        return float("nan"), float("nan"), False
-    per_run = sampled.groupby("run_id")[["comm_s", "comm_exposed_s"]].median()
-    exposed = per_run["comm_exposed_s"]
-    measured = bool(exposed.notna().any())
-    mean_exposed = float(exposed.mean()) if measured else float("nan")
-    return mean_exposed, float(per_run["comm_s"].mean()), measured
-
-
-def _backward_compute(m: pd.DataFrame, exposed_s: float) -> float:
-    """Seconds of backward compute per step in ``m`` (measured steps): DDP's timer on its
-    sampled steps (median), else the backward less the exposed communication; NaN without
-    either."""
-    timer = m["backward_compute_s"].dropna() if "backward_compute_s" in m.columns else None
-    if timer is not None and len(timer):
-        return float(timer.median())
-    if "backward_s" not in m.columns or m["backward_s"].dropna().empty:
-        return float("nan")
-    exposed = exposed_s if np.isfinite(exposed_s) else 0.0
-    return max(float(m["backward_s"].median()) - exposed, 0.0)
-
-
-def calibrated_overlap(exposed_s: float, span_s: float, measured: bool) -> float:
-    """The share of the allreduce span hidden behind backward, from the run's own sampled
-    steps: ``1 - exposed / span`` within [0, 1]; 0 (no overlap, the pessimistic bound) when the
-    trace has no exposed timer or no span."""
-    if not measured or not (np.isfinite(span_s) and span_s > 0) or not np.isfinite(exposed_s):
-        return 0.0
-    return float(min(max(1 - exposed_s / span_s, 0.0), 1.0))
-
-
-def _exposed(exposed_s: float, span_s: float, measured: bool, overlap: float) -> float:
-    """The base's exposed communication per step: measured, else ``(1 - overlap) x span``."""
-    return exposed_s if measured else (1 - overlap) * span_s
-
-
 def _bytes_and_buckets(
     m: pd.DataFrame, gradient_bytes: float | None, buckets: int | None
 ) -> tuple[float, int]:
@@ -222,11 +183,13 @@ def predict_scaling(
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
     window = measured_window(steps).iloc[0]
-    exposed, span, measured = _sampled(m)
+    exposed, span, measured = sampled_medians(m)
     if overlap is None:
         overlap = calibrated_overlap(exposed, span, measured)
     nbytes, buckets = _bytes_and_buckets(m, gradient_bytes, buckets)
-    exposed_b = _exposed(exposed, span, measured, overlap) if window["world_size"] > 1 else 0.0
+    exposed_b = (
+        exposed_at_base(exposed, span, measured, overlap) if window["world_size"] > 1 else 0.0
+    )
     base = Base(
         world_size=int(window["world_size"]),
         step_s=float(window["wall_step_s"]),
@@ -235,7 +198,7 @@ def predict_scaling(
         gradient_bytes=nbytes,
         buckets=buckets,
         scaling=scaling,
-        backward_compute_s=_backward_compute(m, exposed_b),
+        backward_compute_s=backward_compute(m, exposed_b),
     )
     out = model_curve(base, net, world_sizes, overlap)
     return out.assign(
@@ -267,13 +230,13 @@ def _curve_base(
         return None, "no gradient bytes: the curve has no multi-rank run, no prediction", 0.0
     base_steps = measured_steps(steps[steps["run_id"].isin(repeats["run_id"])], cols)
     if base_n > 1:
-        exposed, span, measured = _sampled(base_steps)
+        exposed, span, measured = sampled_medians(base_steps)
     else:
         smallest = multi[multi["world_size"] == multi["world_size"].min()]
-        exposed, span, measured = _sampled(smallest)
+        exposed, span, measured = sampled_medians(smallest)
     if overlap is None:
         overlap = calibrated_overlap(exposed, span, measured)
-    exposed_b = _exposed(exposed, span, measured, overlap) if base_n > 1 else 0.0
+    exposed_b = exposed_at_base(exposed, span, measured, overlap) if base_n > 1 else 0.0
     samples_per_step = float((repeats["samples"] / repeats["steps"]).mean())
     throughput = float(repeats["samples_per_s"].mean())
     if not (np.isfinite(throughput) and throughput > 0 and samples_per_step > 0):
@@ -297,7 +260,7 @@ def _curve_base(
         gradient_bytes=float(multi["comm_bytes"].median()),
         buckets=max(1, int(multi["comm_buckets"].median())) if has else 1,
         scaling=scaling,
-        backward_compute_s=_backward_compute(base_steps, exposed_b),
+        backward_compute_s=backward_compute(base_steps, exposed_b),
     )
     note = f"{scaling} scaling from {len(repeats)} run(s) at N={base_n}"
     if unknown:
