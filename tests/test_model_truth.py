@@ -21,10 +21,13 @@ from .frames import make_runs, make_steps
 SLOW_NET = NetworkModel(name="slow", bandwidth_bytes_per_s=1e6, latency_s=0.0)
 
 
-def planted(run_id: str, n: int, compute: float, span: float, exposed: float) -> pd.DataFrame:
-    """A run whose every step is ``compute + exposed`` seconds, DDP's timers on every step."""
+def planted(
+    run_id: str, n: int, compute: float, span: float, exposed: float, backward: float = 0.5
+) -> pd.DataFrame:
+    """A run whose every step is ``compute + exposed`` seconds, DDP's timers on every step
+    (``backward`` seconds of backward compute)."""
     steps = make_steps(run_id, world_size=n, step_s=compute + exposed, comm_s=span)
-    return steps.assign(comm_exposed_s=exposed)
+    return steps.assign(comm_exposed_s=exposed, backward_compute_s=backward)
 
 
 def test_compute_is_the_step_less_the_measured_exposed_communication() -> None:
@@ -32,13 +35,25 @@ def test_compute_is_the_step_less_the_measured_exposed_communication() -> None:
     # the run's own overlap 1 - 0.1 / 0.6 = 5/6. A network whose ring at N=2 is the span
     # (1e6 B at 1e6/0.6 B/s: 0.6 s) takes 1.5 x 0.6 = 0.9 s at N=4, of which 1/6 exposed:
     # 0.9 + 0.15 = 1.05 s. (Before: compute = 1.0 - 0.6 = 0.4 s, no overlap: 1.3 s at N=4.)
-    steps = planted("two", 2, compute=0.9, span=0.6, exposed=0.1)
+    # Backward compute is 0.8 s, enough to hide 5/6 of 0.9 s.
+    steps = planted("two", 2, compute=0.9, span=0.6, exposed=0.1, backward=0.8)
     net = NetworkModel(name="n", bandwidth_bytes_per_s=1e6 / 0.6, latency_s=0.0)
     pred = predict_scaling(steps, net, [2, 4]).set_index("world_size")
     assert pred["compute_s"].tolist() == pytest.approx([0.9, 0.9])
     assert pred["overlap"].iloc[0] == pytest.approx(5 / 6)
     assert pred["step_s"].tolist() == pytest.approx([1.0, 1.05])
     assert pred.loc[4, "exposed_comm_s"] == pytest.approx(0.15)
+
+
+def test_no_overlap_hides_more_than_the_backward_compute() -> None:
+    # The same base; at N=64 the ring is 2 x 63/64 x 0.6 = 1.18125 s. 5/6 of it hidden would
+    # be 0.984 s, more than the 0.8 s of backward compute it runs behind: exposed is at least
+    # 1.18125 - 0.8 = 0.38125 s (not 1.18125 / 6 = 0.197 s), the step 0.9 + 0.38125 s.
+    steps = planted("two", 2, compute=0.9, span=0.6, exposed=0.1, backward=0.8)
+    net = NetworkModel(name="n", bandwidth_bytes_per_s=1e6 / 0.6, latency_s=0.0)
+    pred = predict_scaling(steps, net, [64]).set_index("world_size")
+    assert pred.loc[64, "exposed_comm_s"] == pytest.approx(1.18125 - 0.8)
+    assert pred.loc[64, "step_s"] == pytest.approx(0.9 + 0.38125)
 
 
 def test_sampled_timers_count_on_their_own_steps_only() -> None:

@@ -32,20 +32,22 @@ def _sweep() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_predict_by_hand() -> None:
-    # Base: 1 rank, compute 1.0 s. Overlap from the 2-rank run: 1 - 0.15 / 0.3 = 0.5. On a
-    # 1e6 B/s bus: ring 2 (N-1)/N x 1e6 / 1e6 = 1 s at N=2, 1.75 s at N=8, half exposed:
-    # steps 1.5 and 1.875 s, 16 / 1.5 and 64 / 1.875 samples/s, speedups 4/3 and 4.2667
-    # over 8/s. The model's error on the sweep: with its own network (2e6 B/s: ring 0.5 s,
-    # 0.25 s exposed) it predicts 1.25 s at N=2, as measured: 0, so low = high = predicted.
+    # Base: 1 rank, compute 1.0 s of which backward 0.5 s. Overlap from the 2-rank run:
+    # 1 - 0.15 / 0.3 = 0.5. On a 1e6 B/s bus: ring 2 (N-1)/N x 1e6 / 1e6 = 1 s at N=2, half
+    # exposed (0.5 s, what 0.5 s of backward can hide); 1.75 s at N=8, of which at most 0.5 s
+    # hidden: 1.25 s exposed. Steps 1.5 and 2.25 s, 16 / 1.5 and 64 / 2.25 samples/s,
+    # speedups 4/3 and 32/9 over 8/s. The model's error on the sweep: with its own network
+    # (2e6 B/s: ring 0.5 s, 0.25 s exposed) it predicts 1.25 s at N=2, as measured: 0, so
+    # low = high = predicted.
     runs, steps = _sweep()
     net = target_network(busbw_bytes_per_s=1e6)
     out = predict(runs, steps, [2, 8], net).set_index("world_size")
-    assert out["step_s"].tolist() == pytest.approx([1.5, 1.875])
+    assert out["step_s"].tolist() == pytest.approx([1.5, 2.25])
     assert out["compute_s"].tolist() == pytest.approx([1.0, 1.0])
-    assert out["exposed_comm_s"].tolist() == pytest.approx([0.5, 0.875])
-    assert out["samples_per_s"].tolist() == pytest.approx([16 / 1.5, 64 / 1.875])
-    assert out["speedup"].tolist() == pytest.approx([4 / 3, 8 / 1.875])
-    assert out["efficiency"].tolist() == pytest.approx([2 / 3, 1 / 1.875])
+    assert out["exposed_comm_s"].tolist() == pytest.approx([0.5, 1.25])
+    assert out["samples_per_s"].tolist() == pytest.approx([16 / 1.5, 64 / 2.25])
+    assert out["speedup"].tolist() == pytest.approx([4 / 3, 32 / 9])
+    assert out["efficiency"].tolist() == pytest.approx([2 / 3, 4 / 9])
     assert out["model_error"].tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
     assert out["low"].tolist() == pytest.approx(out["samples_per_s"].tolist())
 
@@ -78,10 +80,10 @@ def test_the_command_prints_json_and_text(tmp_path: Path, capsys: pytest.Capture
     assert [r["world_size"] for r in rows] == [2, 8]
     keys = {"world_size", "samples_per_s", "step_s", "compute_s", "exposed_comm_s", "low", "high"}
     assert keys <= set(rows[0])
-    assert rows[1]["step_s"] == pytest.approx(1.875)
+    assert rows[1]["step_s"] == pytest.approx(2.25)
     assert main([*argv, "--bandwidth", "8Mbit/s"]) == 0  # 1e6 B/s again: the same numbers
     text = capsys.readouterr().out
-    assert "2 ranks: 10.7/s" in text and "step 1.88 s" in text, text
+    assert "2 ranks: 10.7/s" in text and "step 2.25 s" in text, text
 
 
 def test_no_multi_rank_run_says_what_to_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -23,6 +23,12 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.model_base import (
+    backward_compute,
+    calibrated_overlap,
+    exposed_at_base,
+    sampled_medians,
+)
 from workbench.analysis.network import (
     MIN_FIT_WORLD_SIZES,
     NETWORK_PRESETS,
@@ -36,7 +42,7 @@ from workbench.analysis.network import (
     ring_allreduce_time,
 )
 from workbench.analysis.scaling import run_table
-from workbench.analysis.windows import check_columns, measured_steps, measured_window, sampled_comm
+from workbench.analysis.windows import check_columns, measured_steps, measured_window
 
 __all__ = [
     "MIN_FIT_WORLD_SIZES",
@@ -64,6 +70,9 @@ class Base:
     gradient_bytes: float
     buckets: int
     scaling: str = "weak"
+    #: Seconds of backward compute per step at the base: the most communication any overlap
+    #: can hide (NaN: not measured, no bound). Scales with the per-device work like compute.
+    backward_compute_s: float = float("nan")
 
 
 def model_curve(
@@ -71,7 +80,10 @@ def model_curve(
 ) -> pd.DataFrame:
     """The model at ``world_sizes`` from ``base``: ``world_size, compute_s, comm_s`` (ring time),
     ``exposed_comm_s, step_s, samples_per_s, samples_per_s_per_device``, ``speedup`` (over one
-    device running compute only) and ``efficiency``. The base's compute is its step less its
+    device running compute only) and ``efficiency``. Exposed communication is ``(1 - overlap)``
+    of the ring time, but never less than the ring time less the backward compute it can hide
+    behind (``base.backward_compute_s``, scaled with compute; no bound when NaN). The base's
+    compute is its step less its
     exposed communication; when that is not positive (nothing left to scale: the step was all
     communication, or not measured) compute and every rate are NaN, never a division by 0."""
     if not 0 <= overlap <= 1:
@@ -94,7 +106,15 @@ def model_curve(
             base.gradient_bytes, n, network.bandwidth_bytes_per_s, network.latency_s, base.buckets
         )
     )
-    step = compute + (1 - overlap) * comm
+    exposed = (1 - overlap) * comm
+    hideable = base.backward_compute_s * compute / compute_b if compute_b > 0 else np.nan
+    bounded = np.isfinite(hideable)
+    # no overlap hides more than the backward compute it runs behind: a long allreduce on a
+    # slow link is exposed beyond that, whatever share of a short one was hidden
+    exposed = np.where(
+        bounded, np.maximum(exposed, comm - np.where(bounded, hideable, 0.0)), exposed
+    )
+    step = compute + exposed
     with np.errstate(divide="ignore", invalid="ignore"):
         one_device = np.float64(base.samples_per_step) / (compute_b * base.world_size)
         rate = np.where(step > 0, samples / np.where(step > 0, step, 1.0), np.nan)
@@ -103,7 +123,7 @@ def model_curve(
             "world_size": n,
             "compute_s": compute,
             "comm_s": comm,
-            "exposed_comm_s": (1 - overlap) * comm,
+            "exposed_comm_s": exposed,
             "step_s": step,
             "samples_per_s": rate,
             "samples_per_s_per_device": rate / n,
@@ -112,38 +132,6 @@ def model_curve(
     out["speedup"] = out["samples_per_s"] / one_device
     out["efficiency"] = out["speedup"] / out["world_size"]
     return out
-
-
-def _sampled(m: pd.DataFrame) -> tuple[float, float, bool]:
-    """The multi-rank runs of ``m`` (measured steps), on their sampled steps alone (never
-    carried to the steps between samples): per run the medians over sampled steps of the
-    smallest exposed communication and span over ranks, then the mean over the runs;
-    ``(exposed_s, span_s, exposed measured)``. NaN where no step was sampled."""
-    if "comm_s" not in m.columns:
-        return float("nan"), float("nan"), False
-    sampled = sampled_comm(m)
-    sampled = sampled[sampled["world_size"] > 1]
-    if sampled.empty:
-        return float("nan"), float("nan"), False
-    per_run = sampled.groupby("run_id")[["comm_s", "comm_exposed_s"]].median()
-    exposed = per_run["comm_exposed_s"]
-    measured = bool(exposed.notna().any())
-    mean_exposed = float(exposed.mean()) if measured else float("nan")
-    return mean_exposed, float(per_run["comm_s"].mean()), measured
-
-
-def calibrated_overlap(exposed_s: float, span_s: float, measured: bool) -> float:
-    """The share of the allreduce span hidden behind backward, from the run's own sampled
-    steps: ``1 - exposed / span`` within [0, 1]; 0 (no overlap, the pessimistic bound) when the
-    trace has no exposed timer or no span."""
-    if not measured or not (np.isfinite(span_s) and span_s > 0) or not np.isfinite(exposed_s):
-        return 0.0
-    return float(min(max(1 - exposed_s / span_s, 0.0), 1.0))
-
-
-def _exposed(exposed_s: float, span_s: float, measured: bool, overlap: float) -> float:
-    """The base's exposed communication per step: measured, else ``(1 - overlap) x span``."""
-    return exposed_s if measured else (1 - overlap) * span_s
 
 
 def _bytes_and_buckets(
@@ -191,24 +179,26 @@ def predict_scaling(
     if len(run_ids) != 1:
         raise ValueError(f"predict_scaling needs the steps of one run, got runs {list(run_ids)}")
     cols = ["world_size", "step_s", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    m = measured_steps(steps, cols)
+    m = measured_steps(steps, [*cols, "backward_s", "backward_compute_s"])
     if m.empty:
         raise ValueError(f"run {run_ids[0]!r} has no measured (non-warm-up) steps")
     window = measured_window(steps).iloc[0]
-    exposed, span, measured = _sampled(m)
+    exposed, span, measured = sampled_medians(m)
     if overlap is None:
         overlap = calibrated_overlap(exposed, span, measured)
     nbytes, buckets = _bytes_and_buckets(m, gradient_bytes, buckets)
+    exposed_b = (
+        exposed_at_base(exposed, span, measured, overlap) if window["world_size"] > 1 else 0.0
+    )
     base = Base(
         world_size=int(window["world_size"]),
         step_s=float(window["wall_step_s"]),
         samples_per_step=float(window["samples"] / window["steps"]),
-        exposed_comm_s=_exposed(exposed, span, measured, overlap)
-        if window["world_size"] > 1
-        else 0.0,
+        exposed_comm_s=exposed_b,
         gradient_bytes=nbytes,
         buckets=buckets,
         scaling=scaling,
+        backward_compute_s=backward_compute(m, exposed_b),
     )
     out = model_curve(base, net, world_sizes, overlap)
     return out.assign(
@@ -232,6 +222,7 @@ def _curve_base(
     base_n = int(curve["world_size"].min())
     repeats = curve[curve["world_size"] == base_n]
     cols = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
+    cols += ["backward_s", "backward_compute_s"]
     multi = measured_steps(
         steps[steps["run_id"].isin(curve["run_id"]) & (steps["world_size"] > 1)], cols
     )
@@ -239,13 +230,13 @@ def _curve_base(
         return None, "no gradient bytes: the curve has no multi-rank run, no prediction", 0.0
     base_steps = measured_steps(steps[steps["run_id"].isin(repeats["run_id"])], cols)
     if base_n > 1:
-        exposed, span, measured = _sampled(base_steps)
+        exposed, span, measured = sampled_medians(base_steps)
     else:
         smallest = multi[multi["world_size"] == multi["world_size"].min()]
-        exposed, span, measured = _sampled(smallest)
+        exposed, span, measured = sampled_medians(smallest)
     if overlap is None:
         overlap = calibrated_overlap(exposed, span, measured)
-    exposed_b = _exposed(exposed, span, measured, overlap) if base_n > 1 else 0.0
+    exposed_b = exposed_at_base(exposed, span, measured, overlap) if base_n > 1 else 0.0
     samples_per_step = float((repeats["samples"] / repeats["steps"]).mean())
     throughput = float(repeats["samples_per_s"].mean())
     if not (np.isfinite(throughput) and throughput > 0 and samples_per_step > 0):
@@ -269,6 +260,7 @@ def _curve_base(
         gradient_bytes=float(multi["comm_bytes"].median()),
         buckets=max(1, int(multi["comm_buckets"].median())) if has else 1,
         scaling=scaling,
+        backward_compute_s=backward_compute(base_steps, exposed_b),
     )
     note = f"{scaling} scaling from {len(repeats)} run(s) at N={base_n}"
     if unknown:

@@ -23,10 +23,14 @@ the runs of a point (ddof 1; empty from one run). <b>speedup_std</b> = speedup &
 &radic;((s<sub>N</sub>/m<sub>N</sub>)&sup2; + (s<sub>B</sub>/m<sub>B</sub>)&sup2;) with the means m
 and standard deviations s of both ends' throughputs; empty when either end is one run, and at the
 base. An empty spread draws no error bar.</li>
-<li><b>scaling model</b>: step time at N = compute + (1 - overlap) &times; ring allreduce time of
-the gradient bytes at N. Compute is the base's wall step time (the one that gives the mean
-throughput of its repeats) less (1 - overlap) &times; its traced communication (none at one
-rank); weak curves keep it, strong curves divide it by N / base N. The network is a preset, or
+<li><b>scaling model</b>: step time at N = compute + exposed communication, exposed = (1 -
+overlap) &times; ring allreduce time of the gradient bytes at N, but at least the ring time less
+the backward compute it can hide behind. Compute is the base's training step time (the one that
+gives the mean throughput of its repeats) less its measured exposed communication (DDP's timer
+on its sampled steps; none at one rank), and overlap = 1 - exposed / span from the same steps
+(from the curve's smallest multi-rank runs for a 1-rank base); weak curves keep compute, strong
+curves divide it by N / base N. The network, measured per link class (one node, across nodes),
+is a preset, or
 the runs' own allreduce micro-benchmark (run before the first step at the run's bucket sizes:
 bus bandwidth = bytes / time &times; 2(n-1)/n, as nccl-tests define it; the median over the
 runs), or, without one, fitted over runs at three or more world sizes (its RMS residual in the

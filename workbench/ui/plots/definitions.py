@@ -84,10 +84,13 @@ LOSS = (
 )
 METRIC = "The evaluation metric, rank 0's, at the step after which it was evaluated."
 PREDICTED = (
-    "Markers: measured speedup. Dashed: the scaling model, step time at N = compute + "
-    "(1 - overlap) x ring allreduce time of the gradient bytes at N; compute is the base's wall "
-    "step time less (1 - overlap) x its traced communication; weak curves keep it, strong "
-    "curves divide it by N / base N."
+    "Markers: measured speedup. Dashed: the scaling model, step time at N = compute + exposed "
+    "communication, exposed = (1 - overlap) x ring allreduce time of the gradient bytes at N, "
+    "but at least the ring time less the backward compute it can hide behind; compute is the "
+    "base's training step time less its measured exposed communication (DDP's timer on sampled "
+    "steps), overlap = 1 - exposed / span from the same steps; weak curves keep compute, strong "
+    "curves divide it by N / base N. The network is measured per link class (one node, "
+    "across nodes)."
 )
 
 
