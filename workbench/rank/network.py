@@ -21,8 +21,8 @@ from torch import nn
 
 from workbench.rank import distributed
 
-#: Wall-time budget of the whole benchmark (seconds), warm-up included; the timed loops of each
-#: bucket size gets an equal share.
+#: Wall-time budget of the whole benchmark (seconds), warm-up included; each bucket size
+#: gets an equal share for its timed loops.
 BUDGET_S = 0.3
 #: Timed allreduces per loop, at least and at most.
 MIN_ITERATIONS, MAX_ITERATIONS = 3, 1000
