@@ -97,3 +97,14 @@ def test_two_ranks_on_two_gpus_with_nccl(tmp_path: Path) -> None:
 @pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
 def test_data_parallel_over_two_gpus(tmp_path: Path) -> None:
     _completed(_cuda(tmp_path, world_size=2, strategy="dp", run_name="dp2"))
+
+
+def test_a_cuda_runs_steps_follow_one_clock(tmp_path: Path) -> None:
+    """Starts, phases and gaps all on the device's clock: a step never starts before the
+    previous one ended (no negative gap beyond the events' resolution), however far the host
+    queued ahead."""
+    steps = load_traces(_completed(_cuda(tmp_path, run_name="clock", max_steps=30)).path)
+    steps = steps.sort_values("step")
+    assert (steps["gap_s"].dropna() > -1e-4).all(), steps["gap_s"].describe()
+    ends = (steps["t_start_s"] + steps["step_s"]).to_numpy()
+    assert (steps["t_start_s"].to_numpy()[1:] >= ends[:-1] - 1e-4).all()

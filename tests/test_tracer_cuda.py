@@ -179,3 +179,27 @@ def test_memory_is_read_on_its_time_budget(tmp_path: Path, fake_cuda: FakeCuda) 
     assert fake_cuda.calls["memory_stats"] == 10
     tracer.close()
     assert tracer.memory(fresh=True)["mem_peak_bytes"] == 120 * MIB
+
+
+def test_a_cuda_window_is_on_the_devices_clock_though_the_host_runs_ahead(
+    tmp_path: Path, fake_cuda: FakeCuda
+) -> None:
+    """The host queues a step's five events in microseconds; the pretend device runs 1 ms per
+    event, so each step's start is 5 ms after the previous one's on the device, its phases take
+    4 ms and the device waits 1 ms between steps. Host starts with device durations would put
+    the steps microseconds apart and every gap near -4 ms."""
+    with _tracer(tmp_path) as tracer:
+        clock = PhaseClock(torch.device("cuda", 0))
+        tracer.set_t0()
+        clock.anchor(tracer.t0)
+        anchored = fake_cuda.calls["synchronize"]
+        _run(tracer, clock, 20)
+        assert fake_cuda.calls["synchronize"] == anchored, "no synchronisation per step"
+    steps = load_traces(tmp_path)
+    assert steps["step_s"].tolist() == pytest.approx([0.004] * 20)
+    starts = steps["t_start_s"].to_numpy()
+    assert list(starts[1:] - starts[:-1]) == pytest.approx([0.005] * 19, abs=1e-9)
+    assert steps["gap_s"].iloc[:-1].tolist() == pytest.approx([0.001] * 19, abs=1e-9)
+    # The first step's first event is the one after the reference: 1 ms from it on the device,
+    # plus the host's microseconds between t0 and recording the reference.
+    assert 0.001 <= starts[0] < 0.002

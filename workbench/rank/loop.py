@@ -118,6 +118,7 @@ def train(
         step_flops = measure_step_flops(trainer, env.rank, state.epoch)  # rank 0, before t0
         distributed.barrier()
         tracer.set_t0()
+        clock.anchor(tracer.t0)
         run_epochs(loop, state)
         finish(loop, state)
     summary = summarize(trainer.module, env, device, state.step, tracer)

@@ -54,26 +54,45 @@ def split_phases(d: list[float]) -> tuple[float, float, float, float, float]:
 
 
 class CudaStep:
-    """The CUDA events of one step, read when first needed (``phases``)."""
+    """The CUDA events of one step, read when first needed (``phases``). ``anchor``: the
+    reference event recorded at t0 and its offset from t0 (``PhaseClock.anchor``), so that the
+    step's start is read on the device's clock too."""
 
-    __slots__ = ("host_start", "events", "_phases")
+    __slots__ = ("host_start", "events", "anchor", "_phases", "_start")
 
-    def __init__(self, host_start: float) -> None:
+    def __init__(self, host_start: float, anchor: tuple[Any, float] | None = None) -> None:
         self.host_start = host_start
         self.events: list[Any] = []
+        self.anchor = anchor
         self._phases: tuple[Any, ...] | None = None
+        self._start: float | None = None
 
     @property
     def done(self) -> bool:
         return self._phases is not None
 
+    def device_start(self) -> float | None:
+        """Seconds from t0 to the step's first event on the device's clock; None without an
+        anchor (or after a CUDA error). Waits for that first event only if it is not done."""
+        if self._start is None and self.anchor is not None and self.events:
+            reference, offset_s = self.anchor
+            first = self.events[0]
+            try:
+                if not first.query():
+                    first.synchronize()
+                self._start = offset_s + reference.elapsed_time(first) / 1000.0
+            except Exception:  # a CUDA error elsewhere: the row keeps its host start
+                self.anchor = None
+        return self._start
+
     def phases(self) -> tuple[Any, ...]:
         """The step's phase durations; waits for its last event only if it is not done yet."""
         if self._phases is None:
-            events, self.events = self.events, []
             try:
-                if not events[-1].query():
-                    events[-1].synchronize()
+                if not self.events[-1].query():
+                    self.events[-1].synchronize()
+                self.device_start()  # before the ring may hand its events to another step
+                events, self.events = self.events, []
                 d = [a.elapsed_time(b) / 1000.0 for a, b in pairwise(events)]
                 self._phases = split_phases(d)
             except Exception:  # a CUDA error elsewhere: the row keeps its other columns
@@ -95,10 +114,27 @@ class PhaseClock:
         self._owners: list[CudaStep] = []
         self._pos = 0
         self._stream: Any = None  # the step's stream, looked up once: ~10 us a call on an H100 host
+        self._anchor: tuple[Any, float] | None = None
+
+    def anchor(self, t0: float) -> None:
+        """On CUDA, put every later step's start on the device's clock: wait for the device,
+        then record one reference event on it, idle, so the event runs when it is recorded;
+        a step's ``t_start_s`` is then that moment (from ``t0``, host ``perf_counter``) plus
+        the device's time from the reference to the step's first event. Its ``step_s`` and
+        the ``gap_s`` between steps are then on one clock, the device's, though the host runs
+        ahead of it. Call once, right after ``Tracer.set_t0``; a no-op on CPU."""
+        if not self.cuda:
+            return
+        torch.cuda.synchronize()
+        reference = torch.cuda.Event(enable_timing=True)
+        recorded_at = time.perf_counter()
+        reference.record()
+        reference.synchronize()
+        self._anchor = (reference, recorded_at - t0)
 
     def start(self) -> None:
         if self.cuda:
-            self._step = CudaStep(time.perf_counter())
+            self._step = CudaStep(time.perf_counter(), self._anchor)
             self._record()
         else:
             self._marks = [time.perf_counter()]
@@ -197,6 +233,16 @@ _ROW: tuple[str, ...] = ("epoch", "step", "warmup", "t_start_s", "phases", "comm
 _ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
 _ROW += ("tokens", "save_s")
 _SAVE = _ROW.index("save_s")
+_PHASES = _ROW.index("phases")
+
+
+def _start_s(host_start_s: float, phases: Any) -> float:
+    """A row's ``t_start_s``: on the device's clock where its phases are (an anchored
+    ``CudaStep``), else the host's."""
+    device = phases.device_start() if isinstance(phases, CudaStep) else None
+    return host_start_s if device is None else device
+
+
 _MEMORY: tuple[str, ...] = (
     "mem_alloc_bytes",
     "mem_reserved_bytes",
@@ -340,7 +386,7 @@ class Tracer:
             self._sample_memory(now)  # the last row carries a fresh sample (and the peak so far)
             self._rows = held
             rows[-1] = (*rows[-1][:-1], self._mem)
-            next_start = held[0][3] if held else None
+            next_start = _start_s(held[0][3], held[0][_PHASES]) if held else None
             error = self._write_steps(rows, next_start)
         if self._eval_rows:
             evals, self._eval_rows = self._eval_rows, []
@@ -365,7 +411,10 @@ class Tracer:
                 return error
         *buffered, memory = zip(*rows, strict=True)
         columns: dict[str, Any] = dict(zip(_ROW, buffered, strict=True))
-        columns.update(zip(Phases._fields, phase_columns(columns.pop("phases")), strict=True))
+        phases = columns.pop("phases")
+        columns.update(zip(Phases._fields, phase_columns(phases), strict=True))
+        if isinstance(phases[0], CudaStep):  # one clock: starts on the device's, as the phases
+            columns["t_start_s"] = list(map(_start_s, columns["t_start_s"], phases))
         columns["gap_s"] = gaps(columns["t_start_s"], columns["step_s"], next_start)
         columns.update(zip(_MEMORY, zip(*memory, strict=True), strict=True))
         columns["loss"] = losses
