@@ -115,17 +115,13 @@ def _hidden_seconds_model(base: pd.DataFrame) -> Any:
     return predicted
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="2 rates, 30 steps")
-    parser.add_argument("--model", default="mlp")
-    parser.add_argument("--steps", type=int)
-    args = parser.parse_args(argv)
-    plan = SMOKE if args.smoke else FULL
-    steps_per_run = args.steps or (30 if args.smoke else 60)
+def held_out_table(plan: dict[str, list[int]], steps_per_run: int, model: str) -> pd.DataFrame:
+    """Run every rate of ``plan`` (``fit``: the base, ``check``: held out), fit on the base and
+    predict each rate from its own measured bus bandwidth: one row per rate with predicted and
+    measured training samples/s and the relative error (predicted / measured - 1)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        names = {r: run_at(r, out, steps_per_run, args.model) for r in plan["fit"] + plan["check"]}
+        names = {r: run_at(r, out, steps_per_run, model) for r in plan["fit"] + plan["check"]}
         points, steps = measure(names, out)
     base_rate = max(plan["fit"])
     base = steps[steps["run_id"] == points.loc[base_rate, "run_id"]]
@@ -150,7 +146,18 @@ def main(argv: list[str] | None = None) -> int:
                 "error_hidden_s": hidden_model(busbw) / measured - 1,
             }
         )
-    table = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="2 rates, 30 steps")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--steps", type=int)
+    args = parser.parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    table = held_out_table(plan, args.steps or (30 if args.smoke else 60), args.model)
+    base_rate = max(plan["fit"])
     print(f"base: the {base_rate} Mbit/s run; each point's network: its own micro-benchmark")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for column, model in (("error", "overlap fraction"), ("error_hidden_s", "hidden seconds")):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Debian packages the slow tests need: Chromium (browser checks), Slurm and munge (local cluster).
+# Debian packages the slow tests need: Chromium (browser checks), Slurm and munge (local cluster),
+# iproute2 (network namespaces and tc, for the emulated links).
 # Idempotent; installs only what is missing. Without root it says what is missing: a note on a
 # developer's machine (those tests are skipped), an error in CI (CI=true), where they must run.
 set -euo pipefail
@@ -7,6 +8,7 @@ need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need+=(munge)
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
