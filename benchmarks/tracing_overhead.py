@@ -77,7 +77,8 @@ from workbench.rank.trainer import (  # noqa: E402
     training_loss,
 )
 from workbench.trace.comm_timing import DDPCommSampler  # noqa: E402
-from workbench.trace.tracer import PhaseClock, Tracer, rss_bytes  # noqa: E402
+from workbench.trace.phase_clock import PhaseClock  # noqa: E402
+from workbench.trace.tracer import Tracer, rss_bytes  # noqa: E402
 
 VARIANTS = ("untraced", "hook_only", "traced", "profiler")
 

@@ -232,9 +232,11 @@ def write_run(
     steps: pd.DataFrame,
     evals: pd.DataFrame,
     status: str = "completed",
+    network: dict[str, object] | None = None,
     **config: object,
 ) -> Path:
-    """A run folder as the launcher and the ranks leave it, from hand-built frames."""
+    """A run folder as the launcher and the ranks leave it, from hand-built frames;
+    ``network``: run.json's allreduce micro-benchmark record, where the run measured one."""
     cfg = RunConfig(output_dir=str(store), sweep=sweep, run_name=run_id, **config)  # type: ignore[arg-type]
     path = store / sweep / run_id
     write_json(path / schema.CONFIG_FILE, cfg.to_dict())
@@ -246,6 +248,7 @@ def write_run(
             "status": status,
             "config": cfg.to_dict(),
             "ended_at": 1.0,
+            "network": network,
         },
     )
     traces = path / schema.TRACES_DIR

@@ -69,7 +69,17 @@ def _store(tmp_path: Path, multi: bool = True) -> None:
             continue
         rows = steps[steps["run_id"] == run_id]
         evals = make_evals(run_id, n).iloc[0:0]
-        write_run(tmp_path, "s", run_id, rows, evals, world_size=n, per_device_batch_size=8)
+        network = {"busbw_bytes_per_s": 2e6} if n > 1 else None
+        write_run(
+            tmp_path,
+            "s",
+            run_id,
+            rows,
+            evals,
+            network=network,
+            world_size=n,
+            per_device_batch_size=8,
+        )
 
 
 def test_the_command_prints_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -92,3 +102,31 @@ def test_no_multi_rank_run_says_what_to_run(tmp_path: Path, capsys: pytest.Captu
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "no completed multi-rank run" in err and "--world-sizes 1,2" in err
+
+
+def test_the_dashboards_what_if_control_gives_the_commands_numbers(tmp_path: Path) -> None:
+    """The same hand-worked sweep in the dashboard: the control starts at the runs' own measured
+    bus bandwidth (2e6 B/s: at 2 ranks the measured 1.25 s step again), and a 1e6 B/s bus at 8
+    ranks gives the 2.25 s step worked out above."""
+    from workbench.ui.dashboard import Dashboard
+
+    _store(tmp_path)
+    board = Dashboard(tmp_path, sweeps=["s"])
+    what_if = board.what_if
+    assert what_if.rate.value == "2MB/s"
+    assert "2 ranks: 12.8/s" in what_if.output.value and "step 1.25 s" in what_if.output.value
+    what_if.world_sizes.value, what_if.rate.value = "8", "1MB/s"
+    shown = what_if.predict()
+    assert "8 ranks: 28.4/s" in shown and "step 2.25 s" in shown, shown
+    what_if.network_kind.value, what_if.rate.value = "link", "8Mbit/s"  # 1e6 B/s again
+    assert "step 2.25 s" in what_if.predict()
+    what_if.world_sizes.value = "8, x"
+    assert "No prediction" in what_if.predict() and "world sizes" in what_if.output.value
+
+
+def test_the_what_if_control_says_what_to_run_without_a_multi_rank_run(tmp_path: Path) -> None:
+    from workbench.ui.dashboard import Dashboard
+
+    _store(tmp_path, multi=False)
+    shown = Dashboard(tmp_path, sweeps=["s"]).what_if.output.value
+    assert "No prediction" in shown and "--world-sizes 1,2" in shown, shown

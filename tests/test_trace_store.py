@@ -17,7 +17,8 @@ from workbench.store.arrow_stream import StreamWriter, read_messages, read_strea
 from workbench.store.files import atomic_write_bytes, read_json, write_json
 from workbench.store.load import load_traces
 from workbench.store.trace_files import consolidate, trim_for_resume
-from workbench.trace.tracer import PhaseClock, Phases, Tracer
+from workbench.trace.phase_clock import PhaseClock, Phases
+from workbench.trace.tracer import Tracer
 
 
 def _tracer(tmp_path: Path, rank: int = 0, flush_s: float = 60.0) -> Tracer:

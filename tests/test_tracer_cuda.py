@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from workbench.store.load import load_traces
-from workbench.trace.tracer import PhaseClock, Tracer
+from workbench.trace.phase_clock import PhaseClock
+from workbench.trace.tracer import Tracer
 
 #: Records the pretend GPU is behind the host: an event counts as done once this many more
 #: were recorded after it (or after a synchronisation).

@@ -80,7 +80,7 @@ def predict_command(args: argparse.Namespace) -> int:
         predict,
         target_network,
     )
-    from workbench.analysis.units import percent, rate, ratio, seconds
+    from workbench.ui.what_if import prediction_lines
 
     try:
         network = target_network(
@@ -101,23 +101,5 @@ def predict_command(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"network: {network.description}")
-    keys = list(table.columns[: list(table.columns).index("world_size")])
-    for _, row in table.iterrows():
-        label = ", ".join(f"{k}={row[k]}" for k in keys)
-        interval = ""
-        if math.isfinite(row["low"]):
-            interval = f" ({rate(row['low'])} to {rate(row['high'])})"
-        print(
-            f"{label + ': ' if label else ''}{int(row['world_size'])} ranks: "
-            f"{rate(row['samples_per_s'])}{interval}, step {seconds(row['step_s'])} = compute "
-            f"{seconds(row['compute_s'])} + exposed communication "
-            f"{seconds(row['exposed_comm_s'])}; {ratio(row['speedup'])} of "
-            f"{_ranks(int(row['base_world_size']))}, {percent(row['efficiency'])} of ideal"
-        )
-    notes = dict.fromkeys(str(n) for n in table["note"])
-    print("model: " + "; ".join(notes))
+    print("\n".join(prediction_lines(table)))
     return 0
-
-
-def _ranks(n: int) -> str:
-    return f"{n} rank" if n == 1 else f"{n} ranks"

@@ -39,7 +39,8 @@ from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
 from workbench.rank.trainer import Trainer
 from workbench.store.trace_files import consolidate, trim_for_resume
-from workbench.trace.tracer import PhaseClock, Tracer
+from workbench.trace.phase_clock import PhaseClock
+from workbench.trace.tracer import Tracer
 
 
 @dataclass

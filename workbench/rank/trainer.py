@@ -29,7 +29,8 @@ from workbench.rank.models import (
     takes_dict_batch,
 )
 from workbench.trace.comm_timing import DDPCommSampler, warn
-from workbench.trace.tracer import PhaseClock, Tracer
+from workbench.trace.phase_clock import PhaseClock
+from workbench.trace.tracer import Tracer
 
 
 def seed_everything(seed: int) -> None:

@@ -48,6 +48,7 @@ from torch.utils.data import dataloader
 import workbench.trace as trace_api
 from workbench.errors import ScriptError
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
+from workbench.trace.phase_clock import Phases
 from workbench.trace.step_counts import StepCounts, output_loss
 from workbench.trace.step_events import (
     BACKWARD,
@@ -61,7 +62,7 @@ from workbench.trace.step_events import (
     Event,
     step_phases,
 )
-from workbench.trace.tracer import Phases, Tracer
+from workbench.trace.tracer import Tracer
 
 _clock = time.perf_counter
 _NO_COMM = CommFields(None, None, None)

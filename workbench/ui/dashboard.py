@@ -37,6 +37,7 @@ from workbench.ui.catalogue import (
 )
 from workbench.ui.plots import message_figure
 from workbench.ui.tables import scaling_table_html
+from workbench.ui.what_if import WhatIf
 
 #: Dashboard figures: label shown in the dropdown -> key (from the figure catalogue).
 FIGURES: dict[str, str] = dashboard_figures()
@@ -113,7 +114,9 @@ def baseline_html(notes: list[str]) -> str:
 
 
 class Dashboard(widgets.VBox):
-    """Pick sweeps and runs, a grouping and a figure; the figure and the scaling table follow.
+    """Pick sweeps and runs, a grouping and a figure; the figure and the scaling table follow,
+    and under them ``what_if`` (:class:`workbench.ui.what_if.WhatIf`): the model's prediction for
+    the selected runs at other world sizes on another network.
 
     ``figure`` is one ``plotly.graph_objects.FigureWidget`` updated in place when a control
     changes; ``table`` an HTML widget with the scaling table. :meth:`refresh` reloads the store.
@@ -145,6 +148,7 @@ class Dashboard(widgets.VBox):
         self.table = widgets.HTML(
             layout=widgets.Layout(display="block", max_width="100%", overflow="auto")
         )
+        self.what_if = WhatIf(lambda: self.selection()[:2])
         self._fill_sweeps(list(sweeps) if sweeps is not None else None)
         self._fill_runs(redraw=False)
         # Created with the first figure's data and layout: a widget's later updates travel as
@@ -165,7 +169,7 @@ class Dashboard(widgets.VBox):
         # The grouping's label names its columns: a row of its own, so it is not cut off.
         controls = widgets.VBox([columns, self.group_by], layout=widgets.Layout(width="100%"))
         parts = [self.finding, controls, self.message, self.baseline, self.definition]
-        parts += [self.figure, self.table]
+        parts += [self.figure, self.table, self.what_if]
         super().__init__(parts, layout=widgets.Layout(width="100%"))
         self.sweeps.observe(self._on_sweeps, "value")
         for control in (self.runs, self.group_by, self.figure_kind, self.focus_run):
@@ -328,6 +332,8 @@ class Dashboard(widgets.VBox):
                 self._said = findings(
                     runs, steps, keys, evals
                 )  # the report's words for the same runs
+            self.what_if.follow(runs)
+            self.what_if.predict()  # for this selection, not the last one
             self._built = (key, ctx)
         return self._built[1]
 
