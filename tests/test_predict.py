@@ -130,3 +130,22 @@ def test_the_what_if_control_says_what_to_run_without_a_multi_rank_run(tmp_path:
     _store(tmp_path, multi=False)
     shown = Dashboard(tmp_path, sweeps=["s"]).what_if.output.value
     assert "No prediction" in shown and "--world-sizes 1,2" in shown, shown
+
+
+def test_the_reports_model_section_states_the_models_error_on_its_own_fit(tmp_path: Path) -> None:
+    """By hand: errors +10 % and -20 % beyond the base give RMS sqrt((0.01 + 0.04) / 2) = 15.8 %
+    and worst 20 %; the base's 0 is left out (it agrees by construction)."""
+    from workbench.ui.report import report_from_store
+    from workbench.ui.what_if import fit_error_note
+
+    frame = pd.DataFrame(
+        {"world_size": [1, 2, 4], "base_world_size": [1, 1, 1], "relative_error": [0, 0.1, -0.2]}
+    )
+    note = fit_error_note(frame)
+    assert "RMS 16 %" in note and "worst 20 %" in note and "2 points" in note, note
+    alone = fit_error_note(frame.iloc[:1])
+    assert "not known" in alone, alone
+    _store(tmp_path)  # the 2-rank run measured its own network: the model checks itself there
+    page = Path(report_from_store(tmp_path / "s", tmp_path / "r.html")).read_text()
+    section = page.split('id="table-predicted"', 1)[1].split("</section>", 1)[0]
+    assert "The model&#x27;s error on this study&#x27;s measured points" in section, section[:400]

@@ -30,6 +30,7 @@ from workbench.ui.catalogue import available_figures, figure_context, focus_run
 from workbench.ui.glossary import glossary_html
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
+from workbench.ui.what_if import fit_error_note
 
 #: Where plotly.js comes from: inside the report, or a ``plotly.min.js`` beside it.
 PlotlyJs = Literal["inline", "directory"]
@@ -122,7 +123,8 @@ def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> li
         heading = "Communication (mean over ranks)"
         parts.append(_section("table-communication", heading, shown))
     if "predicted" in tables:
-        shown = model_table_html(tables["predicted"], group_by)
+        note = f'<p class="note">{html.escape(fit_error_note(tables["predicted"]))}</p>'
+        shown = note + model_table_html(tables["predicted"], group_by)
         parts.append(_section("table-predicted", "Scaling model", shown))
     return parts
 
