@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from workbench.analysis.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.study import scaling_configs
 
@@ -65,13 +66,15 @@ def check_progress(stderr: str, desc: str, steps: int) -> None:
 
 def check_per_rank_table(text: str, run: Path) -> None:
     """The per-rank table: a header row, then one row per rank, its times in ms (the mean of
-    the rank's measured steps, read here from the traces, to the 3 digits printed)."""
+    the rank's measured steps, read here from the traces, to the 3 digits printed). Measured:
+    after the traced warm-up and the slow steps detected after it (``measured_steps``, whose
+    rule tests/test_warmup_truth.py plants)."""
     lines = [x for x in text.splitlines()[1:] if x.strip()]
     header = lines[0].split()
     assert header[:7] == ["rank", "data", "forward", "backward", "optimizer", "comm", "step"]
     assert [x.split()[0] for x in lines[1:]] == ["0", "1"], "no index row, one row per rank"
     steps = pd.concat(pd.read_parquet(p) for p in (run / "traces").glob("steps-rank*.parquet"))
-    measured = steps[~steps["warmup"]]
+    measured = measured_steps(steps)
     for line in lines[1:]:
         cells = line.split()
         mean_ms = measured.loc[measured["rank"] == int(cells[0]), "step_s"].mean() * 1000

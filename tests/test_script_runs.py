@@ -201,11 +201,11 @@ def test_training_on_several_ranks_without_a_process_group_is_an_error(tmp_path:
 
 
 def test_one_process_without_ddp_gets_its_steps_from_the_optimizer(tmp_path: Path) -> None:
-    args = ("--no-init", "--no-ddp", "--steps", "6", "--forward-sleep-ms", str(FORWARD_MS))
+    args = ("--no-init", "--no-ddp", "--steps", "12", "--forward-sleep-ms", str(FORWARD_MS))
     handle = launch(_config(tmp_path, 1, *args))
     assert handle.wait(timeout_s=180) == "completed"
     steps = handle.traces()
-    assert steps["step"].tolist() == list(range(1, 7)) and (steps["samples"] == 16).all()
+    assert steps["step"].tolist() == list(range(1, 13)) and (steps["samples"] == 16).all()
     assert steps["comm_s"].isna().all() and steps["comm_bytes"].isna().all()
     forward_ms = steps["forward_s"].iloc[2:].median() * 1000
     assert forward_ms == pytest.approx(FORWARD_MS, rel=0.05)
