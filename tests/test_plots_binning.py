@@ -10,8 +10,9 @@ import pytest
 from workbench.analysis import memory_by_rank, phase_breakdown
 from workbench.ui import plots
 from workbench.ui.plots import binning
+from workbench.ui.report import write_report
 
-from .frames import ddp_steps, make_steps
+from .frames import ddp_steps, make_runs, make_steps
 
 
 def grid_frame(ranks: int, steps: int, hosts_of: int | None = None) -> pd.DataFrame:
@@ -140,3 +141,16 @@ def test_memory_bars_past_32_ranks_are_the_ranks_at_the_quantiles() -> None:
     ]
     assert list(fig.data[0].y) == pytest.approx([1 + r / 1024 for r in (0, 6, 32, 57, 63)])
     assert "more than 32" in fig.layout.title.subtitle.text
+
+
+def test_the_report_of_1024_ranks_stays_small(tmp_path) -> None:
+    # 1,024 ranks on 128 hosts of 8, rank 683 planted slow from step 20: the rank x step
+    # figures have a row per host, the per-rank bars name the slowest rank
+    steps = ddp_steps(world_size=1024, n_steps=60, slow_rank=683, slow_from=20, noise=0.02)
+    runs = make_runs([{"run_id": "d", "world_size": 1024}])
+    page = write_report(runs, steps, None, tmp_path / "report.html")
+    assert page.stat().st_size <= 20 * 10**6
+    text = page.read_text(encoding="utf-8")
+    assert "node85 (ranks 680-687)" in text  # a heatmap row
+    assert "max (rank 683)" in text  # the phase bars' slowest rank
+    assert "one row per host (128 hosts of 8 ranks), its slowest rank" in text
