@@ -101,8 +101,8 @@ def test_heatmap_of_many_ranks_is_binned_and_says_how() -> None:
     assert np.asarray(heat.z).shape == (25, 5)  # 25 hosts; 10 measured steps in bins of 2
     assert list(heat.y)[:2] == ["node0 (ranks 0-7)", "node1 (ranks 8-15)"]
     assert list(heat.x) == [3, 5, 7, 9, 11]
-    title = fig.layout.title.text
-    assert "median per bin of 2 steps" in title and "one row per host" in title
+    said = fig.layout.title.subtitle.text
+    assert "Median per bin of 2 steps" in said and "one row per host" in said
     assert "%{y}" in heat.hovertemplate and "bin of 2 steps" in heat.hovertemplate
 
 
@@ -145,12 +145,56 @@ def test_memory_bars_past_32_ranks_are_the_ranks_at_the_quantiles() -> None:
 
 def test_the_report_of_1024_ranks_stays_small(tmp_path) -> None:
     # 1,024 ranks on 128 hosts of 8, rank 683 planted slow from step 20: the rank x step
-    # figures have a row per host, the per-rank bars name the slowest rank
+    # figures have a row per host, the per-rank bars and the bands name the slowest rank
     steps = ddp_steps(world_size=1024, n_steps=60, slow_rank=683, slow_from=20, noise=0.02)
     runs = make_runs([{"run_id": "d", "world_size": 1024}])
     page = write_report(runs, steps, None, tmp_path / "report.html")
     assert page.stat().st_size <= 20 * 10**6
-    text = page.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8").replace("<br>", " ")  # subtitles wrap
     assert "node85 (ranks 680-687)" in text  # a heatmap row
     assert "max (rank 683)" in text  # the phase bars' slowest rank
-    assert "one row per host (128 hosts of 8 ranks), its slowest rank" in text
+    assert "One row per host (128 hosts of 8 ranks), its slowest rank" in text
+    assert "slowest: rank 683" in text  # its own line over the bands across ranks
+
+
+def test_quantile_bands_across_ranks_per_bin() -> None:
+    # 100 ranks, value = rank in the bin of step 1 and 2 x rank in the bin of step 11; rank 100
+    # has no value (left out): positions 0, 10 (9.9), 50 (49.5 rounds to even), 89 (89.1), 99
+    rank = np.tile(np.arange(101), 2)
+    step = np.repeat([1, 11], 101)
+    v = np.where(step == 1, rank, 2.0 * rank).astype("float64")
+    v[rank == 100] = np.nan
+    binned = pd.DataFrame({"rank": rank, "step": step, "v": v})
+    bands = binning.rank_bands(binned, "v")
+    assert list(bands["step"]) == [1, 11]
+    assert list(bands.iloc[0, 1:]) == [0.0, 10.0, 50.0, 89.0, 99.0]
+    assert list(bands.iloc[1, 1:]) == [0.0, 20.0, 100.0, 178.0, 198.0]
+    assert list(bands.columns[1:]) == [name for name, _ in binning.QUANTILES]
+    assert binning.slowest_rank(binned, "v") == 99
+    assert binning.slowest_rank(binned.assign(v=np.nan), "v") is None
+
+
+def test_compute_across_ranks_a_line_each_up_to_32_then_bands() -> None:
+    few = plots.rank_spread_figure(ddp_steps(world_size=4, n_steps=60, slow_rank=2))
+    assert [t.name for t in few.data] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    # 40 ranks computing 0.6 s a step, rank 21 0.9 s from step 10 on: the bands are 600 ms
+    # but the max (900 ms), and the slowest rank is named
+    many = plots.rank_spread_figure(
+        ddp_steps(world_size=40, n_steps=60, slow_rank=21, slow_from=10)
+    )
+    names = [t.name for t in many.data]
+    assert names == ["max", "p90", "p10", "min", "median", "slowest: rank 21"]
+    at = list(many.data[0].x).index(30)
+    ys = {t.name: list(t.y)[at] for t in many.data}
+    assert ys == pytest.approx(
+        {
+            "max": 900.0,
+            "p90": 600.0,
+            "p10": 600.0,
+            "min": 600.0,
+            "median": 600.0,
+            "slowest: rank 21": 900.0,
+        }
+    )
+    assert many.data[2].fill == "tonexty"
+    assert "40 ranks (more than 32)" in many.layout.title.subtitle.text

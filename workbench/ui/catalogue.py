@@ -275,6 +275,14 @@ CATALOGUE: tuple[FigureSpec, ...] = (
         one_run=True,
     ),
     FigureSpec(
+        "compute_spread",
+        "Compute time across ranks",
+        (*_FOCUS, FOCUS_MULTI_RANK),
+        lambda c: plots.rank_spread_figure(c.steps, c.focus),
+        d.definition(d.COMPUTE, d.RANK_BANDS, d.WINDOW, d.COMM_SAMPLING),
+        one_run=True,
+    ),
+    FigureSpec(
         "memory",
         "Peak memory per rank",
         (FOCUS_TRACED,),

@@ -185,15 +185,42 @@ def quantile_ranks(per_rank: pd.Series) -> list[tuple[str, int]]:
     return sorted(((name, r) for r, name in picked.items()), key=lambda nr: order[nr[1]])
 
 
+def rank_bands(binned: pd.DataFrame, value: str, x: str = "step") -> pd.DataFrame:
+    """Across ranks, per ``x`` (a step bin of :func:`bin_steps`), the :data:`QUANTILES` of
+    ``value``: columns ``x`` and one per quantile name, each the value at position
+    round(q x (n - 1)) of the bin's n ranks in order (missing values left out), as
+    :func:`quantile_ranks` picks ranks. Ranks 0..99 with value = rank in every bin: min 0,
+    p10 10, median 50, p90 89, max 99."""
+    check_columns(binned, ["rank", x, value], "binned")
+    grid = binned.pivot_table(index="rank", columns=x, values=value, aggfunc="first", dropna=False)
+    ordered = np.sort(grid.to_numpy(dtype="float64"), axis=0)  # NaN last
+    n = np.sum(~np.isnan(ordered), axis=0)
+    cols = np.arange(ordered.shape[1])
+    out = pd.DataFrame({x: grid.columns.to_numpy()})
+    for name, q in QUANTILES:
+        at = np.rint(q * np.maximum(n - 1, 0)).astype("int64")
+        out[name] = np.where(n > 0, ordered[at, cols], np.nan)
+    return out
+
+
+def slowest_rank(binned: pd.DataFrame, value: str) -> int | None:
+    """The rank whose median of ``value`` over its bins is the largest (the lowest rank on a
+    tie), or None when no value is known."""
+    check_columns(binned, ["rank", value], "binned")
+    medians = binned.groupby("rank", sort=True)[value].median().dropna()
+    return None if medians.empty else int(medians.idxmax())
+
+
 def quantile_label(name: str, rank: int) -> str:
     """A bar's label for the rank at a quantile: ``p90 (rank 812)``."""
     return f"{name} (rank {rank})"
 
 
-def many_ranks_note(n_ranks: int, by: str) -> str:
-    """The subtitle line of a per-rank chart that shows the ranks at the quantiles."""
+def many_ranks_note(n_ranks: int, by: str, top: str = "the slowest") -> str:
+    """The subtitle line of a per-rank chart that shows the ranks at the quantiles (``top``:
+    what the rank at the max is, in words)."""
     names = ", ".join(name for name, _ in QUANTILES)
     return (
         f"{n_ranks:,} ranks (more than {BAND_RANKS}): the ranks at the {names} of {by} across "
-        "ranks are shown, each named; max is the slowest."
+        f"ranks are shown, each named; max is {top}."
     )

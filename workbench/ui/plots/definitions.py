@@ -70,11 +70,19 @@ BINNED = (
     f"more than {MAX_ROWS}, a block of consecutive ranks), its cell the largest of its ranks' "
     "medians, so a slow rank is not averaged away; the hover names the row's ranks."
 )
+#: What a value across ranks over the steps shows.
+RANK_BANDS = (
+    f"Each rank's steps binned to at most {MAX_COLUMNS} points (the median per bin of "
+    f"consecutive steps). Up to {BAND_RANKS} ranks: a line per rank; past {BAND_RANKS}: per bin "
+    "the min, p10, median, p90 and max across ranks (the value at position round(q x (n - 1)) "
+    "of the ranks in order; p10-p90 shaded darker) and the slowest rank's own line, named (the "
+    "largest median over its bins)."
+)
 #: What a per-rank bar chart shows past BAND_RANKS ranks.
 RANK_QUANTILES = (
     f"Past {BAND_RANKS} ranks, the ranks at the min, p10, median, p90 and max of the ranks' "
     "values (position round(q x (n - 1)) of the ranks in order) are drawn instead of every "
-    "rank, each named: max is the slowest."
+    "rank, each named: max is the slowest (the largest, for memory)."
 )
 COMPUTE = (
     "compute = data_s + forward_s + optimizer_s + backward compute per rank and measured step, "

@@ -40,7 +40,7 @@ def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
     note = ""
     if most > BAND_RANKS:
         memory, x = _at_quantiles(memory)
-        note = many_ranks_note(most, "the process RSS peak")
+        note = many_ranks_note(most, "the process RSS peak", top="the largest")
     else:
         x = (
             memory["rank"].astype(str)

@@ -210,6 +210,29 @@ def _distinct(values: pd.Series) -> str:
     return ", ".join(sorted({str(v) for v in values.dropna()}))
 
 
+def rank_step_values(steps: pd.DataFrame, run_id: str, value: str) -> tuple[pd.DataFrame, str]:
+    """One run's measured steps as ``rank, step, v`` (and ``host`` where traced): ``value`` in
+    seconds, or with ``compute_s`` what each rank computes itself
+    (:func:`workbench.analysis.slow_ranks.rank_compute`); and the value's name for people."""
+    if value != "compute_s":
+        check_columns(steps, [value], "steps")
+    cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
+    keep = ["run_id", "rank", "step", "warmup", "host", *cols]
+    m = measured_steps(steps.loc[steps["run_id"] == run_id, [c for c in keep if c in steps]])
+    v = rank_compute(m)["compute_s"] if value == "compute_s" else m[value]
+    frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
+    if "host" in m.columns:
+        frame["host"] = m["host"]
+    label = (
+        "compute time (own phases)"
+        if value == "compute_s"
+        else "step time"
+        if value == "step_s"
+        else value.removesuffix("_s")
+    )
+    return frame, label
+
+
 def step_time_heatmap(
     steps: pd.DataFrame,
     run_id: str | None = None,
@@ -224,27 +247,12 @@ def step_time_heatmap(
     At most ``max_steps`` columns and ``max_rows`` rows (:func:`workbench.ui.plots.binning.
     heat_grid`): each cell the median over a bin of consecutive steps (labelled by its first
     step); past ``max_rows`` ranks a row is a host (or a block of consecutive ranks), its
-    slowest rank's median. The title states the binning. In DDP ``step_s`` is nearly equal
+    slowest rank's median. The subtitle states the binning. In DDP ``step_s`` is nearly equal
     across ranks; a straggler stands out in ``compute_s``.
     """
     run_id = one_run(steps, run_id)
-    if value != "compute_s":
-        check_columns(steps, [value], "steps")
-    cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
-    keep = ["run_id", "rank", "step", "warmup", "host", *cols]
-    m = measured_steps(steps.loc[steps["run_id"] == run_id, [c for c in keep if c in steps]])
-    v = rank_compute(m)["compute_s"] if value == "compute_s" else m[value]
-    frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
-    if "host" in m.columns:
-        frame["host"] = m["host"]
+    frame, label = rank_step_values(steps, run_id, value)
     grid = heat_grid(frame, "v", max_steps, max_rows)
-    label = (
-        "compute time (own phases)"
-        if value == "compute_s"
-        else "step time"
-        if value == "step_s"
-        else value.removesuffix("_s")
-    )
     who = "%{y}" if grid.rows.grouped else "rank %{y}"
     span = "" if grid.steps_per_bin == 1 else f" (bin of {grid.steps_per_bin} steps)"
     y: object = grid.rows.labels if grid.rows.grouped else [int(r) for r in grid.rows.row.index]
@@ -260,8 +268,7 @@ def step_time_heatmap(
         )
     )
     fig.update_layout(
-        title=f"{label.capitalize()} per rank and step, run {run_id}"
-        + (f" ({grid.statistic})" if grid.statistic else ""),
+        title=f"{label.capitalize()} per rank and step, run {run_id}",
         xaxis_title="step" + (" (bin start)" if grid.steps_per_bin > 1 else ""),
         **LAYOUT,
     )
@@ -269,4 +276,6 @@ def step_time_heatmap(
         fig.update_yaxes(title_text="ranks", type="category")
     else:  # ranks are whole numbers: one tick each, never -0.5 or 0.5
         fig.update_yaxes(title_text="rank", dtick=1, tickformat="d", tick0=0)
-    return fig
+    return subtitle(
+        fig, grid.statistic[:1].upper() + grid.statistic[1:] + "." if grid.statistic else ""
+    )
