@@ -44,7 +44,7 @@ BACKWARD_COMPUTE = "backward compute"
 EXPOSED_COMM = "exposed communication"
 
 
-def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame | None) -> pd.DataFrame:
+def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
     """``phases`` with ``exposed_comm_s``, ``hidden_comm_s`` and ``backward_compute_s`` (backward
     less exposed communication) per run and rank from ``comm``
     (:func:`workbench.analysis.communication`); a rank with no communication timed
