@@ -7,7 +7,8 @@ step on each rank is the rank's ``t0_unix`` (its summary) plus the first step's 
 trace); the result includes what ``wait()`` does after the ranks end (the run summary). The two
 launchers alternate, order swapped every repeat; figures are medians of per-repeat ratios.
 
-Usage: ``python benchmarks/launch_latency.py [--repeats 6] [--quick] [--json out.json]``.
+Usage: ``python benchmarks/launch_latency.py [--repeats 6] [--smoke] [--json out.json]``;
+``--smoke`` (alias ``--quick``): one repeat at 1 rank, a check of the harness.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="one repeat")
+    parser.add_argument(
+        "--smoke", "--quick", dest="smoke", action="store_true", help="one repeat at 1 rank"
+    )
     parser.add_argument("--json", help="write the result here")
     a = parser.parse_args(argv)
-    repeats = 1 if a.quick else a.repeats
-    job = dict(
-        model="mlp", world_size=a.world_size, batch=32, steps=5, warmup=2, train_samples=4096
-    )
+    repeats = 1 if a.smoke else a.repeats
+    world_size = 1 if a.smoke else a.world_size
+    job = dict(model="mlp", world_size=world_size, batch=32, steps=5, warmup=2, train_samples=4096)
     got: dict[str, list[dict[str, Any]]] = {"workbench": [], "torchrun": []}
     for r in range(repeats):
         order = ("workbench", "torchrun") if r % 2 == 0 else ("torchrun", "workbench")

@@ -17,7 +17,9 @@ run of the same config does.
 
 Usage: ``torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --model transformer
 --batch 32 --steps 100 --warmup 5 --out /tmp/plain [--device cuda --model-size distilbert
---precision fp16]``; writes ``<out>/rank-N.json``.
+--precision fp16]``; writes ``<out>/rank-N.json``. ``python benchmarks/plain_ddp.py --smoke``
+(outside torchrun) launches itself under torchrun at 2 ranks for 8 mlp steps and prints the
+throughput and latencies the benchmarks read: a check of the harness.
 """
 
 from __future__ import annotations
@@ -62,8 +64,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--train-samples", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="folder for rank-N.json")
-    return parser.parse_args(argv)
+    parser.add_argument("--out", help="folder for rank-N.json (required under torchrun)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="launch itself under torchrun: 2 ranks, 8 mlp steps"
+    )
+    a = parser.parse_args(argv)
+    if not a.smoke and a.out is None:
+        parser.error("--out is required (a folder for rank-N.json), or pass --smoke")
+    return a
+
+
+def smoke() -> None:
+    """2 ranks x 8 mlp steps under torchrun, the way the benchmarks launch this script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _jobs import run_torchrun
+
+    out = run_torchrun("mlp", 2, batch=32, steps=8, warmup=2, train_samples=4096)
+    print(
+        f"plain DDP under torchrun, 2 ranks x 8 mlp steps: {out['samples_per_s']:,.0f} samples/s, "
+        f"first step on all ranks {out['to_first_step_all_s']:.2f} s, "
+        f"result {out['to_result_s']:.2f} s"
+    )
 
 
 def setup(a: argparse.Namespace, rank: int, world_size: int) -> tuple[torch.device, RunConfig]:
@@ -142,6 +163,9 @@ def train(a: argparse.Namespace, rank: int, world_size: int) -> dict[str, Any]:
 
 def main() -> None:
     a = parse_args()
+    if a.smoke:
+        smoke()
+        return
     torch.set_num_threads(a.threads)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     result = train(a, rank, world_size)

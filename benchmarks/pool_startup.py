@@ -10,7 +10,9 @@ each pool launch the pool's workers are waited for until each sits idle, blocked
 (``/proc/PID/wchan``): the figure is a warm start, which is what the pool is for. One untimed
 launch per executor first imports, in this process, what ``launch()`` itself imports.
 
-Usage: ``python benchmarks/pool_startup.py [--repeats 5] [--quick] [--json out.json]``.
+Usage: ``python benchmarks/pool_startup.py [--repeats 5] [--smoke] [--json out.json]``;
+``--smoke`` (alias ``--quick``): one repeat at 1 rank, no untimed launches (a check of the
+harness: the first launches carry this process's imports).
 """
 
 from __future__ import annotations
@@ -106,17 +108,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--world-sizes", default="1,2")
-    parser.add_argument("--quick", action="store_true", help="one repeat, untimed launches kept")
+    parser.add_argument(
+        "--smoke",
+        "--quick",
+        dest="smoke",
+        action="store_true",
+        help="one repeat at 1 rank, no untimed launches",
+    )
     parser.add_argument("--json", help="write the result here")
     a = parser.parse_args(argv)
     from workbench import WarmPool
 
-    repeats = 1 if a.quick else a.repeats
-    sizes = [int(w) for w in a.world_sizes.split(",")]
+    repeats = 1 if a.smoke else a.repeats
+    sizes = [1] if a.smoke else [int(w) for w in a.world_sizes.split(",")]
     base = dict(model="mlp", batch=32, steps=5, warmup=2, train_samples=4096)
     rows: list[tuple[int, str, dict[str, Any]]] = []
     with WarmPool(size=max(sizes), idle_s=3600) as pool:
-        for variant in ("pool", "local"):  # untimed: this process's own imports
+        for variant in () if a.smoke else ("pool", "local"):  # untimed: this process's imports
             measure(variant, {**base, "world_size": 1}, pool)
         for r in range(repeats):
             for ws in sizes:

@@ -14,9 +14,10 @@ On a GPU machine, ``--device cuda`` runs both on CUDA (NCCL, one GPU per rank; 2
 GPUs, ``--world-sizes 1`` is the 1-GPU form), with ``--model-size distilbert`` for seed 002's size
 and ``--precision fp16``. Without them the jobs are the CPU ones (gloo, one thread per rank).
 
-Usage: ``python benchmarks/scaling_fidelity.py [--models transformer] [--repeats 4] [--quick]
+Usage: ``python benchmarks/scaling_fidelity.py [--models transformer] [--repeats 4] [--smoke]
 [--device cuda] [--model-size distilbert] [--precision fp16] [--world-sizes 1,2]
-[--json out.json]``.
+[--json out.json]``; ``--smoke`` (alias ``--quick``): one repeat of 10 mlp steps at 1 rank, a
+check of the harness.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=32, help="per-device batch size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="one repeat of short runs")
+    parser.add_argument(
+        "--smoke",
+        "--quick",
+        dest="smoke",
+        action="store_true",
+        help="one repeat of 10 mlp steps at 1 rank",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model-size", help="a size preset of the model, e.g. distilbert")
     parser.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
@@ -63,7 +70,7 @@ def measure(
     a: argparse.Namespace, model: str, steps: int, world_sizes: list[int]
 ) -> dict[tuple[str, int], list[float]]:
     """samples/s per (variant, world size), one entry per repeat."""
-    repeats = 1 if a.quick else a.repeats
+    repeats = 1 if a.smoke else a.repeats
     # Enough samples that 2 ranks never cross an epoch boundary (none at 1 rank either).
     samples = max(4096, 2 * a.batch * (steps + 1))
     runs: dict[tuple[str, int], list[float]] = {}
@@ -117,16 +124,16 @@ def report(model: str, row: dict[str, Any], world_sizes: list[int]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse_args(argv)
-    world_sizes = [int(n) for n in a.world_sizes.split(",")]
+    world_sizes = [1] if a.smoke else [int(n) for n in a.world_sizes.split(",")]
     rows = []
-    for model in a.models.split(","):
-        steps = 20 if a.quick else STEPS.get(model, 100)
+    for model in ["mlp"] if a.smoke else a.models.split(","):
+        steps = 10 if a.smoke else STEPS.get(model, 100)
         runs = measure(a, model, steps, world_sizes)
         row = {
             "model": model,
             "batch": a.batch,
             "steps": steps,
-            "repeats": 1 if a.quick else a.repeats,
+            "repeats": 1 if a.smoke else a.repeats,
             "device": a.device,
             "model_size": a.model_size,
             "precision": a.precision,

@@ -35,7 +35,8 @@ PhaseClock + ``Tracer.step`` + the timer read spread over its sampling interval,
 step time, is the direct overhead estimate of the default tracing.
 
 Usage: ``python benchmarks/tracing_overhead.py [--models mlp,transformer] [--world-sizes 1,2]
-[--device cpu|cuda] [--quick] [--json out.json]``.
+[--device cpu|cuda] [--smoke] [--json out.json]``; ``--smoke`` (alias ``--quick``): the mlp at
+1 rank, few rounds and calls, a check of the harness.
 """
 
 from __future__ import annotations
@@ -583,10 +584,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--direct-only", action="store_true", help="only the tracer's own costs, no end to end"
     )
-    parser.add_argument("--quick", action="store_true", help="a smoke run (few rounds)")
+    parser.add_argument(
+        "--smoke",
+        "--quick",
+        dest="smoke",
+        action="store_true",
+        help="the mlp at 1 rank, few rounds (seconds)",
+    )
     parser.add_argument("--json", help="write the result here")
     a = parser.parse_args(argv)
     world_sizes = [] if a.direct_only else [int(x) for x in a.world_sizes.split(",")]
+    if a.smoke:
+        world_sizes, a.models = ([] if a.direct_only else [1]), "mlp"
     gpus, needed = torch.cuda.device_count(), max(world_sizes, default=1)
     if a.device == "cuda" and gpus < needed:
         parser.error(
@@ -600,9 +609,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds": a.seconds,
         "calls": 20_000,
         "hook_rounds": 40,
-        "quick": a.quick,
+        "quick": a.smoke,
     }
-    if a.quick:
+    if a.smoke:
         args.update(calls=2000, hook_rounds=4)
     rows: list[dict[str, Any]] = []
     direct: dict[str, float] = {}

@@ -5,8 +5,9 @@ the tables of :mod:`workbench.analysis` and :mod:`workbench.analysis.scaling_mod
 trace frames for curves and heatmaps); scaling figures take the ``group_by`` list the table was
 computed with. Units are in axis titles and hover text. No torch.
 
-``scaling`` (against devices), ``timing`` (phases, heatmap), ``memory``, ``curves`` (loss, metric,
-evaluation parts) and ``style`` (what they share).
+``scaling`` (against devices), ``timing`` (phases, heatmap), ``spread`` (a value across ranks over
+the steps), ``memory``, ``curves`` (loss, metric, evaluation parts), ``binning`` (how figures of
+many ranks and steps are binned) and ``style`` (what they share).
 """
 
 from workbench.ui.plots.curves import (
@@ -24,6 +25,7 @@ from workbench.ui.plots.scaling import (
     throughput_per_device_figure,
     tradeoff_figure,
 )
+from workbench.ui.plots.spread import rank_spread_figure
 from workbench.ui.plots.style import GIB, group_labels, message_figure, subtitle
 from workbench.ui.plots.timing import PHASE_NAMES, phase_breakdown_figure, step_time_heatmap
 
@@ -41,6 +43,7 @@ __all__ = [
     "phase_breakdown_figure",
     "predicted_vs_measured_figure",
     "quality_vs_devices_figure",
+    "rank_spread_figure",
     "speedup_figure",
     "step_time_heatmap",
     "subtitle",

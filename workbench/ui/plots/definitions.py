@@ -6,6 +6,8 @@ the catalogue, so the report and the dashboard say the same. The wording follows
 
 from __future__ import annotations
 
+from workbench.ui.plots.binning import BAND_RANKS, MAX_COLUMNS, MAX_ROWS
+
 #: The window every per-step number is taken over.
 WINDOW = (
     "Measured window: per attempt, from the first measured step's start to the last step's end, "
@@ -59,14 +61,34 @@ PHASES = (
 )
 HEATMAP = (
     "step_s per rank and measured step (first stamp to last), ms; in DDP every rank waits for "
-    "the slowest, so the rows look alike. At most 400 columns: bins of consecutive steps "
-    "averaged, labelled by their first step."
+    "the slowest, so the rows look alike."
+)
+#: How a rank x step heatmap is binned (the title states the bin size and the grouping).
+BINNED = (
+    f"At most {MAX_COLUMNS} columns: each cell the median of a bin of consecutive steps, "
+    f"labelled by its first step. Past {MAX_ROWS} ranks a row is a host (or, with one host or "
+    f"more than {MAX_ROWS}, a block of consecutive ranks), its cell the largest of its ranks' "
+    "medians, so a slow rank is not averaged away; the hover names the row's ranks."
+)
+#: What a value across ranks over the steps shows.
+RANK_BANDS = (
+    f"Each rank's steps binned to at most {MAX_COLUMNS} points (the median per bin of "
+    f"consecutive steps). Up to {BAND_RANKS} ranks: a line per rank; past {BAND_RANKS}: per bin "
+    "the min, p10, median, p90 and max across ranks (the value at position round(q x (n - 1)) "
+    "of the ranks in order; p10-p90 shaded darker) and the slowest rank's own line, named (the "
+    "largest median over its bins)."
+)
+#: What a per-rank bar chart shows past BAND_RANKS ranks.
+RANK_QUANTILES = (
+    f"Past {BAND_RANKS} ranks, the ranks at the min, p10, median, p90 and max of the ranks' "
+    "values (position round(q x (n - 1)) of the ranks in order) are drawn instead of every "
+    "rank, each named: max is the slowest (the largest, for memory)."
 )
 COMPUTE = (
     "compute = data_s + forward_s + optimizer_s + backward compute per rank and measured step, "
     "ms: what the rank computes itself, its waits for the others left out; a straggler stands "
     "out here. Backward compute is DDP's timer on the steps it sampled (blank between them, "
-    "never carried over). At most 400 columns: bins of consecutive steps averaged."
+    "never carried over)."
 )
 MEMORY = (
     "Peak over every step, warm-up included, per rank: process RSS, the CUDA allocator's peak "

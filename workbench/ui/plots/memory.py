@@ -6,21 +6,47 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.windows import check_columns
-from workbench.ui.plots.style import GIB, LAYOUT, check_run
+from workbench.ui.plots.binning import (
+    BAND_RANKS,
+    many_ranks_note,
+    quantile_label,
+    quantile_ranks,
+)
+from workbench.ui.plots.style import GIB, LAYOUT, check_run, subtitle
+
+
+def _at_quantiles(memory: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """Per run, the rows of the ranks at the quantiles of their RSS peak, and their labels."""
+    several = memory["run_id"].nunique() > 1
+    parts, labels = [], []
+    for run, rows in memory.groupby("run_id", sort=False):
+        by_rank = rows.set_index("rank")
+        picked = quantile_ranks(by_rank["rss_peak_bytes"])
+        parts.append(by_rank.loc[[r for _, r in picked]].reset_index())
+        labels += [(f"{run}/" if several else "") + quantile_label(n, r) for n, r in picked]
+    frame = pd.concat(parts, ignore_index=True)
+    return frame, pd.Series(labels, index=frame.index)
 
 
 def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
-    """Peak process RSS and CUDA peak per rank (GiB), grouped bars."""
+    """Peak process RSS and CUDA peak per rank (GiB), grouped bars; past ``BAND_RANKS`` ranks in
+    a run, the ranks at the quantiles of the RSS peak, each named."""
     check_columns(memory, ["run_id", "rank", "rss_peak_bytes"], "memory")
     if run_id is not None:
         check_run(memory, run_id)
         memory = memory[memory["run_id"] == run_id]
     one_run = memory["run_id"].nunique() == 1
-    x = (
-        memory["rank"].astype(str)
-        if one_run
-        else memory["run_id"] + "/r" + memory["rank"].astype(str)
-    )
+    most = int(memory.groupby("run_id")["rank"].nunique().max()) if len(memory) else 0
+    note = ""
+    if most > BAND_RANKS:
+        memory, x = _at_quantiles(memory)
+        note = many_ranks_note(most, "the process RSS peak", top="the largest")
+    else:
+        x = (
+            memory["rank"].astype(str)
+            if one_run
+            else memory["run_id"] + "/r" + memory["rank"].astype(str)
+        )
     fig = go.Figure()
     series = {
         "process RSS peak": "rss_peak_bytes",
@@ -40,9 +66,10 @@ def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
     fig.update_layout(
         barmode="group",
         title="Peak memory per rank" + (f", run {memory['run_id'].iloc[0]}" if one_run else ""),
-        xaxis_title="rank" if one_run else "run / rank",
+        xaxis_title=("rank" if one_run else "run / rank")
+        + (" at a quantile of RSS peak" if note else ""),
         yaxis_title="peak memory (GiB)",
         **LAYOUT,
     )
     fig.update_xaxes(type="category")
-    return fig
+    return subtitle(fig, note)

@@ -107,7 +107,8 @@ def short_name(label: str, limit: int = LEGEND_CHARS) -> str:
 
 def wrap(text: str, width: int = SUBTITLE_CHARS) -> str:
     """``text`` in lines of at most ``width`` characters, joined by ``<br>``."""
-    return "<br>".join(textwrap.wrap(text, width, break_long_words=False))
+    # never at a hyphen: "warm-up" split over two lines reads as "warm- up"
+    return "<br>".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
 
 
 def subtitle(fig: go.Figure, *texts: str) -> go.Figure:

@@ -6,10 +6,18 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.display import downsample_for_display
 from workbench.analysis.slow_ranks import rank_compute
 from workbench.analysis.windows import check_columns, measured_steps
-from workbench.ui.plots.style import LAYOUT, MS, check_run, one_run
+from workbench.ui.plots.binning import (
+    BAND_RANKS,
+    MAX_COLUMNS,
+    MAX_ROWS,
+    heat_grid,
+    many_ranks_note,
+    quantile_label,
+    quantile_ranks,
+)
+from workbench.ui.plots.style import LAYOUT, MS, check_run, one_run, subtitle
 
 #: The step columns a rank's own compute is made of.
 COMPUTE_INPUTS = (
@@ -36,7 +44,7 @@ BACKWARD_COMPUTE = "backward compute"
 EXPOSED_COMM = "exposed communication"
 
 
-def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame | None) -> pd.DataFrame:
+def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
     """``phases`` with ``exposed_comm_s``, ``hidden_comm_s`` and ``backward_compute_s`` (backward
     less exposed communication) per run and rank from ``comm``
     (:func:`workbench.analysis.communication`); a rank with no communication timed
@@ -97,7 +105,9 @@ def phase_breakdown_figure(
 ) -> go.Figure:
     """Stacked mean milliseconds per step: the phases, then what follows each step (between
     steps, checkpoint, evaluation), so a bar is the rank's wall time per step (``wall_step_s``):
-    per rank of one run, or per run (mean of ranks).
+    per rank of one run, or per run (mean of ranks). Past ``BAND_RANKS`` ranks in a run, its
+    bars are the ranks at the quantiles of their own compute
+    (:func:`workbench.ui.plots.binning.quantile_ranks`), each named, and the subtitle says so.
 
     With ``comm`` (:func:`workbench.analysis.communication` of the same steps) backward is split
     into backward compute and exposed communication (not hidden behind backward); the hidden
@@ -115,7 +125,7 @@ def phase_breakdown_figure(
     if comm is not None:
         phases = _with_comm(phases, comm)
     segments = _segments(comm is not None)
-    frame, x, x_title = _bars(phases, by)
+    frame, x, x_title, note = _bars(phases, by)
     fig = go.Figure()
     for col, name in segments.items():
         custom, extra = _hover_extra(col, frame)
@@ -137,12 +147,40 @@ def phase_breakdown_figure(
     )
     if by == "rank" and x and not isinstance(x[0], str):
         fig.update_xaxes(type="category")
-    return fig
+    return subtitle(fig, note)
 
 
-def _bars(phases: pd.DataFrame, by: str) -> tuple[pd.DataFrame, list[object], str]:
-    """The rows drawn as bars (per rank, or per run averaged over its ranks), their x labels
-    and the x axis title."""
+def _own_compute(phases: pd.DataFrame) -> pd.Series:
+    """Per row, what the rank computes itself (data, forward, backward compute, optimizer):
+    the value that orders ranks when only those at the quantiles are drawn. Backward compute is
+    backward less exposed communication where known, else backward less the allreduce span
+    (``comm_s``: a rank that waits for the others holds its allreduce longer)."""
+    if "backward_compute_s" in phases.columns:
+        backward = phases["backward_compute_s"]
+    elif "comm_s" in phases.columns:
+        backward = (phases["backward_s"] - phases["comm_s"].fillna(0.0)).clip(lower=0.0)
+    else:
+        backward = phases["backward_s"]
+    return phases["data_s"] + phases["forward_s"] + backward + phases["optimizer_s"]
+
+
+def _quantile_rows(phases: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Per run, the rows of the ranks at the quantiles of their own compute, and their labels
+    (``p90 (rank 812)``, after ``run/`` when there are several runs)."""
+    several = phases["run_id"].nunique() > 1
+    parts, labels = [], []
+    for run, rows in phases.groupby("run_id", sort=False):
+        by_rank = rows.set_index("rank")
+        picked = quantile_ranks(_own_compute(by_rank))
+        parts.append(by_rank.loc[[r for _, r in picked]].reset_index())
+        prefix = f"{run}/" if several else ""
+        labels += [prefix + quantile_label(name, r) for name, r in picked]
+    return pd.concat(parts, ignore_index=True), labels
+
+
+def _bars(phases: pd.DataFrame, by: str) -> tuple[pd.DataFrame, list[object], str, str]:
+    """The rows drawn as bars (per rank, or per run averaged over its ranks), their x labels,
+    the x axis title and a note when only the ranks at the quantiles are drawn."""
     if by == "run":
         numeric = [c for c in phases.columns if c not in ("run_id", "rank", "method", "host")]
         frame = phases.groupby("run_id", sort=False)[numeric].mean().reset_index()
@@ -150,42 +188,41 @@ def _bars(phases: pd.DataFrame, by: str) -> tuple[pd.DataFrame, list[object], st
             methods = phases.groupby("run_id", sort=False)["method"].agg(_distinct)
             frame["method"] = frame["run_id"].map(methods)
         x = frame["run_id"].astype(str).tolist()
-        return frame, x, "run"
+        return frame, x, "run", ""
+    most = int(phases.groupby("run_id")["rank"].nunique().max()) if len(phases) else 0
+    if most > BAND_RANKS:
+        frame, labels = _quantile_rows(phases)
+        note = many_ranks_note(
+            most, "their own compute (data + forward + backward compute + optimizer)"
+        )
+        return frame, list(labels), "rank at a quantile of own compute", note
     if phases["run_id"].nunique() == 1:
-        return phases, phases["rank"].tolist(), "rank"
-    return phases, (phases["run_id"] + "/r" + phases["rank"].astype(str)).tolist(), "run / rank"
+        return phases, phases["rank"].tolist(), "rank", ""
+    return (
+        phases,
+        (phases["run_id"] + "/r" + phases["rank"].astype(str)).tolist(),
+        "run / rank",
+        "",
+    )
 
 
 def _distinct(values: pd.Series) -> str:
     return ", ".join(sorted({str(v) for v in values.dropna()}))
 
 
-def step_time_heatmap(
-    steps: pd.DataFrame,
-    run_id: str | None = None,
-    value: str = "step_s",
-    max_steps: int = 400,
-) -> go.Figure:
-    """Rank x step heatmap of one run's measured step time (or ``compute_s``, what each rank
-    computes itself: data, forward, optimizer and DDP's backward compute timer, see
-    :func:`workbench.analysis.slow_ranks.rank_compute`; blank on steps DDP did not sample).
-
-    Steps are averaged into at most ``max_steps`` columns for display (bins of consecutive steps,
-    labelled by their first step). In DDP ``step_s`` is nearly equal across ranks; a straggler
-    stands out in ``compute_s``.
-    """
-    run_id = one_run(steps, run_id)
+def rank_step_values(steps: pd.DataFrame, run_id: str, value: str) -> tuple[pd.DataFrame, str]:
+    """One run's measured steps as ``rank, step, v`` (and ``host`` where traced): ``value`` in
+    seconds, or with ``compute_s`` what each rank computes itself
+    (:func:`workbench.analysis.slow_ranks.rank_compute`); and the value's name for people."""
     if value != "compute_s":
         check_columns(steps, [value], "steps")
     cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
-    keep = ["run_id", "rank", "step", "warmup", *(c for c in cols if c in steps.columns)]
-    m = measured_steps(steps.loc[steps["run_id"] == run_id, keep])
+    keep = ["run_id", "rank", "step", "warmup", "host", *cols]
+    m = measured_steps(steps.loc[steps["run_id"] == run_id, [c for c in keep if c in steps]])
     v = rank_compute(m)["compute_s"] if value == "compute_s" else m[value]
     frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
-    frame = frame.groupby(["rank", "step"], as_index=False)["v"].mean()
-    ranks = frame["rank"].nunique()
-    frame = downsample_for_display(frame, max_steps * max(ranks, 1), x="step", by=["rank"])
-    grid = frame.pivot(index="rank", columns="step", values="v").sort_index()
+    if "host" in m.columns:
+        frame["host"] = m["host"]
     label = (
         "compute time (own phases)"
         if value == "compute_s"
@@ -193,22 +230,52 @@ def step_time_heatmap(
         if value == "step_s"
         else value.removesuffix("_s")
     )
+    return frame, label
+
+
+def step_time_heatmap(
+    steps: pd.DataFrame,
+    run_id: str | None = None,
+    value: str = "step_s",
+    max_steps: int = MAX_COLUMNS,
+    max_rows: int = MAX_ROWS,
+) -> go.Figure:
+    """Rank x step heatmap of one run's measured step time (or ``compute_s``, what each rank
+    computes itself: data, forward, optimizer and DDP's backward compute timer, see
+    :func:`workbench.analysis.slow_ranks.rank_compute`; blank on steps DDP did not sample).
+
+    At most ``max_steps`` columns and ``max_rows`` rows (:func:`workbench.ui.plots.binning.
+    heat_grid`): each cell the median over a bin of consecutive steps (labelled by its first
+    step); past ``max_rows`` ranks a row is a host (or a block of consecutive ranks), its
+    slowest rank's median. The subtitle states the binning. In DDP ``step_s`` is nearly equal
+    across ranks; a straggler stands out in ``compute_s``.
+    """
+    run_id = one_run(steps, run_id)
+    frame, label = rank_step_values(steps, run_id, value)
+    grid = heat_grid(frame, "v", max_steps, max_rows)
+    who = "%{y}" if grid.rows.grouped else "rank %{y}"
+    span = "" if grid.steps_per_bin == 1 else f" (bin of {grid.steps_per_bin} steps)"
+    y: object = grid.rows.labels if grid.rows.grouped else [int(r) for r in grid.rows.row.index]
     fig = go.Figure(
         go.Heatmap(
-            z=grid.to_numpy() * MS,
-            x=grid.columns.to_numpy(),
-            y=grid.index.to_numpy(),
+            z=grid.z * MS,
+            x=grid.steps,
+            y=y,
             colorscale="Viridis",
             colorbar={"title": {"text": "ms"}},
             name=label,
-            hovertemplate=f"rank %{{y}}<br>step %{{x}}<br>{label}: %{{z:.3g}} ms<extra></extra>",
+            hovertemplate=f"{who}<br>step %{{x}}{span}<br>{label}: %{{z:.3g}} ms<extra></extra>",
         )
     )
     fig.update_layout(
         title=f"{label.capitalize()} per rank and step, run {run_id}",
-        xaxis_title="step" + (" (bin start)" if grid.shape[1] < m["step"].nunique() else ""),
+        xaxis_title="step" + (" (bin start)" if grid.steps_per_bin > 1 else ""),
         **LAYOUT,
     )
-    # ranks are whole numbers: one tick each, never -0.5 or 0.5
-    fig.update_yaxes(title_text="rank", dtick=1, tickformat="d", tick0=0)
-    return fig
+    if grid.rows.grouped:
+        fig.update_yaxes(title_text="ranks", type="category")
+    else:  # ranks are whole numbers: one tick each, never -0.5 or 0.5
+        fig.update_yaxes(title_text="rank", dtick=1, tickformat="d", tick0=0)
+    return subtitle(
+        fig, grid.statistic[:1].upper() + grid.statistic[1:] + "." if grid.statistic else ""
+    )
