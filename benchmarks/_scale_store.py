@@ -30,8 +30,15 @@ SLOW_RANK = 7
 
 
 def _rank_table(
-    run_id: str, ranks: int, rank: int, steps: int, every: int, compute: np.ndarray,
-    step_s: np.ndarray, warmup: int, rng: np.random.Generator,
+    run_id: str,
+    ranks: int,
+    rank: int,
+    steps: int,
+    every: int,
+    compute: np.ndarray,
+    step_s: np.ndarray,
+    warmup: int,
+    rng: np.random.Generator,
 ) -> pa.Table:
     """One rank's step rows: compute split into data 10 %, forward 30 %, backward compute 50 %
     and optimizer 10 %; the step's rest is the wait plus the transfer."""
@@ -86,8 +93,12 @@ def _rank_table(
 
 
 def write_sweep(
-    root: Path, rank_counts: list[int], steps: int, every: int = 50,
-    slow_factor: float = 1.35, warmup: int = 5,
+    root: Path,
+    rank_counts: list[int],
+    steps: int,
+    every: int = 50,
+    slow_factor: float = 1.35,
+    warmup: int = 5,
 ) -> list[Path]:
     """Write the sweep under ``root/scale/``; return the run folders. The largest run's rank
     ``SLOW_RANK`` (or its last rank, when it has fewer) is the planted straggler."""
@@ -101,16 +112,28 @@ def write_sweep(
             compute[min(SLOW_RANK, ranks - 1), steps // 3 :] *= slow_factor
         step_s = compute.max(axis=0) + (0.004 if ranks > 1 else 0.0)
         cfg = RunConfig(
-            output_dir=str(root), sweep=SWEEP, run_name=run_id, world_size=ranks,
-            per_device_batch_size=32, max_steps=steps, warmup_steps=warmup,
-            trace_comm="sampled", trace_comm_every_steps=every, train_samples=10**9,
+            output_dir=str(root),
+            sweep=SWEEP,
+            run_name=run_id,
+            world_size=ranks,
+            per_device_batch_size=32,
+            max_steps=steps,
+            warmup_steps=warmup,
+            trace_comm="sampled",
+            trace_comm_every_steps=every,
+            train_samples=10**9,
         )
         path = root / SWEEP / run_id
         traces = path / schema.TRACES_DIR
         traces.mkdir(parents=True, exist_ok=True)
         write_json(path / schema.CONFIG_FILE, cfg.to_dict())
-        run = {"run_id": run_id, "sweep": SWEEP, "status": "completed",
-               "config": cfg.to_dict(), "ended_at": 1.0}
+        run = {
+            "run_id": run_id,
+            "sweep": SWEEP,
+            "status": "completed",
+            "config": cfg.to_dict(),
+            "ended_at": 1.0,
+        }
         write_json(path / schema.RUN_FILE, run)
         for rank in range(ranks):
             table = _rank_table(run_id, ranks, rank, steps, every, compute, step_s, warmup, rng)

@@ -6,13 +6,22 @@ the submodule's own name would shadow the submodule.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import check_columns, measured_steps
+from workbench.analysis.windows import (
+    WARMUP_MIN_STEPS,
+    WARMUP_TOLERANCE,
+    check_columns,
+    measured_steps,
+)
 from workbench.schema import STEP_COLUMNS
+from workbench.store.measured_query import BACKWARD_COMPUTE, measured_rows
 
 STRAGGLER_COLUMNS = [
     "run_id",
@@ -36,7 +45,21 @@ STRAGGLER_COLUMNS = [
 SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
 
 
+#: Rows per block of :func:`_median_of_others` (bounds its working memory on a large run).
+_BLOCK_ROWS = 1024
+
+
 def _median_of_others(a: np.ndarray) -> np.ndarray:
+    """:func:`_median_of_others_block` over blocks of rows (each row's median is its own)."""
+    if a.shape[0] <= _BLOCK_ROWS:
+        return _median_of_others_block(a)
+    out = np.empty_like(a, dtype="float64")
+    for i in range(0, a.shape[0], _BLOCK_ROWS):
+        out[i : i + _BLOCK_ROWS] = _median_of_others_block(a[i : i + _BLOCK_ROWS])
+    return out
+
+
+def _median_of_others_block(a: np.ndarray) -> np.ndarray:
     """Row-wise median of the other columns for each cell of ``a`` (steps x ranks; NaN = absent).
 
     Sorting once per row and skipping the cell's own sorted position keeps this O(S n log n)
@@ -98,40 +121,110 @@ def _measure(steps: pd.DataFrame, measure: str) -> pd.DataFrame:
     return m.assign(_value=m[measure].astype("float64"))
 
 
-def _slow_phase(g: pd.DataFrame, steps: pd.Index, rank: object) -> tuple[str, float]:
-    """The traced phase in which ``rank`` exceeds the median of the other ranks the most over
-    ``steps`` (median excess, seconds); ``("", nan)`` when no phase exceeds it."""
-    best, best_extra = "", float("nan")
+@dataclass
+class RankCells:
+    """One run attempt's measured steps as step x rank matrices (NaN where a rank has no row or
+    no value): ``values`` by name (``_value``, ``_host_s`` and the phases of
+    :data:`SLOW_PHASES`), ``present`` (the cell has a row), ``step_world`` (the largest
+    world size of each step's rows) and each rank's host (its first row's that has one)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    present: np.ndarray
+    values: dict[str, np.ndarray]
+    step_world: np.ndarray
+    hosts: dict[int, object]
+
+
+def rank_cells(
+    step: np.ndarray,
+    rank: np.ndarray,
+    columns: dict[str, np.ndarray],
+    step_world: pd.Series,
+    hosts: dict[int, object],
+) -> RankCells:
+    """The matrices of one run attempt's measured rows (``step``, ``rank`` and one array per
+    column, aligned), each cell the mean of its rows' values (NaN ignored), built in one pass
+    over the rows. ``step_world``: the largest world size by step; ``hosts``: by rank."""
+    steps, si = np.unique(step, return_inverse=True)
+    ranks, ri = np.unique(rank, return_inverse=True)
+    shape = (len(steps), len(ranks))
+    flat = si * len(ranks) + ri
+    counts = np.bincount(flat, minlength=shape[0] * shape[1])
+    unique = not len(counts) or counts.max() <= 1
+    values = {}
+    for name in list(columns):
+        col = np.asarray(columns.pop(name), dtype="float64")  # the rows go as the matrix comes
+        if unique:
+            mat = np.full(shape[0] * shape[1], np.nan)
+            mat[flat] = col
+        else:  # a cell of several rows: their mean, as pandas' groupby mean
+            ok = ~np.isnan(col)
+            total = np.bincount(flat[ok], weights=col[ok], minlength=len(counts))
+            n = np.bincount(flat[ok], minlength=len(counts))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mat = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        values[name] = mat.reshape(shape)
+    world = step_world.reindex(steps).to_numpy(dtype="int64")
+    return RankCells(steps, ranks, (counts > 0).reshape(shape), values, world, hosts)
+
+
+def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
+    """:func:`rank_cells` of one run attempt's rows of a frame (``_measure``'s columns)."""
+    hosts = g.groupby("rank")["host"].first().dropna() if "host" in g.columns else {}
+    return rank_cells(
+        g["step"].to_numpy(dtype="int64"),
+        g["rank"].to_numpy(dtype="int64"),
+        {n: g[n].to_numpy(dtype="float64") for n in names if n in g.columns},
+        g.groupby("step")["world_size"].max(),
+        {int(r): h for r, h in dict(hosts).items()},
+    )
+
+
+def _slow_phases(
+    cells: RankCells, rows: np.ndarray, cols: np.ndarray, candidates: list[tuple[int, np.ndarray]]
+) -> list[tuple[str, float]]:
+    """For each candidate (column ``j``, its slow rows ``idx``): the traced phase in which it
+    exceeds the median of the other ranks the most over those rows (median excess, seconds);
+    ``("", nan)`` when no phase exceeds it. Each phase's medians are computed once, for all
+    candidates, over the rows any of them needs."""
+    best: list[tuple[str, float]] = [("", float("nan"))] * len(candidates)
+    if not candidates:
+        return best
+    needed = np.unique(np.concatenate([idx for _, idx in candidates]))
     for phase in SLOW_PHASES:
         column = "_backward_compute_s" if phase == "backward_compute_s" else phase
-        if column not in g.columns:
+        if column not in cells.values:
             continue
-        mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").reindex(steps)
-        a = mat.to_numpy(dtype="float64")
-        j = list(mat.columns).index(rank)
-        excess = a[:, j] - _median_of_others(a)[:, j]
-        if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
-            continue
-        extra = float(np.nanmedian(excess))
-        if extra > 0 and not extra <= best_extra:
-            best, best_extra = phase, extra
-    return best, best_extra
+        a = cells.values[column][rows][:, cols][needed]
+        med = _median_of_others(a)
+        for k, (j, idx) in enumerate(candidates):
+            at = np.searchsorted(needed, idx)
+            excess = a[at, j] - med[at, j]
+            if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
+                continue
+            extra = float(np.nanmedian(excess))
+            if extra > 0 and not extra <= best[k][1]:
+                best[k] = (phase, extra)
+    return best
 
 
 def _attempt_stragglers(
-    g: pd.DataFrame, threshold: float, min_steps: int, persistence: float, measure: str
+    cells: RankCells, threshold: float, min_steps: int, persistence: float, measure: str
 ) -> list[dict[str, Any]]:
-    """The stragglers of one run attempt's measured steps (``_value`` holds the measure).
+    """The stragglers of one run attempt's measured cells (``_value`` holds the measure).
 
     ``compute_s`` with backward compute on some steps only (DDP's sampled timer): the host
-    phases over every step, and the whole compute over the sampled steps alone (a rank slow
-    in backward shows nowhere else); a rank found by both is reported from its earlier
-    start."""
-    if measure != "compute_s" or g["_value"].notna().all():
-        return _found(g, "_value", threshold, min_steps, persistence)
-    host = _found(g, "_host_s", threshold, min_steps, persistence)
-    sampled = g.groupby("step")["_value"].transform(lambda v: v.notna().all())
-    full = _found(g[sampled.astype(bool)], "_value", threshold, min_steps, persistence)
+    phases over every step, and the whole compute over the sampled steps alone (those where
+    every rank's row has it: a rank slow in backward shows nowhere else); a rank found by both
+    is reported from its earlier start."""
+    value, present = cells.values["_value"], cells.present
+    every = np.ones(len(cells.steps), dtype=bool)
+    if measure != "compute_s" or not np.isnan(value[present]).any():
+        return _found(cells, every, "_value", threshold, min_steps, persistence)
+    host = _found(cells, every, "_host_s", threshold, min_steps, persistence)
+    sampled = ~(np.isnan(value) & present).any(axis=1)
+    full = _found(cells, sampled, "_value", threshold, min_steps, persistence)
     best: dict[int, dict[str, Any]] = {}
     for row in (*host, *full):
         kept = best.get(row["rank"])
@@ -141,15 +234,20 @@ def _attempt_stragglers(
 
 
 def _found(
-    g: pd.DataFrame, column: str, threshold: float, min_steps: int, persistence: float
+    cells: RankCells,
+    rows: np.ndarray,
+    column: str,
+    threshold: float,
+    min_steps: int,
+    persistence: float,
 ) -> list[dict[str, Any]]:
-    """The ranks whose ``column`` is persistently above the median of the other ranks'."""
-    if g.empty:
+    """The ranks whose ``column`` is persistently above the median of the other ranks', over
+    the steps ``rows`` selects (the ranks with a row on them)."""
+    cols = cells.present[rows].any(axis=0)
+    if not rows.any() or cols.sum() < 2 or rows.sum() < min_steps:
         return []
-    mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").sort_index()
-    if mat.shape[1] < 2 or mat.shape[0] < min_steps:
-        return []
-    a = mat.to_numpy(dtype="float64")
+    a = cells.values[column][rows][:, cols]
+    steps, ranks = cells.steps[rows], cells.ranks[cols]
     ref = _median_of_others(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(ref > 0, a / ref, np.nan)
@@ -157,21 +255,21 @@ def _found(
     csum = np.vstack([np.zeros((1, a.shape[1])), np.cumsum(slow, axis=0)])
     window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
     qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
-    hosts = g.groupby("rank")["host"].first() if "host" in g.columns else None
+    world = int(cells.step_world[rows].max())
+    starts = [(int(j), int(np.argmax(qualifies[:, j]))) for j in np.flatnonzero(qualifies.any(0))]
+    tails = [(j, i + np.flatnonzero(slow[i:, j])) for j, i in starts]
+    phases = _slow_phases(cells, rows, cols, tails)
     found = []
-    for j in np.flatnonzero(qualifies.any(axis=0)):
-        i = int(np.argmax(qualifies[:, j]))
+    for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases):
         tail = slow[i:, j]
-        idx = i + np.flatnonzero(tail)
-        rank = int(mat.columns[j])
-        phase, phase_extra = _slow_phase(g, mat.index[idx], rank)
+        rank = int(ranks[j])
         found.append(
             {
                 "rank": rank,
-                "host": hosts.get(rank) if hosts is not None else None,
-                "world_size": int(g["world_size"].max()),
-                "start_step": int(mat.index[i]),
-                "end_step": int(mat.index[idx[-1]]),
+                "host": cells.hosts.get(rank),
+                "world_size": world,
+                "start_step": int(steps[i]),
+                "end_step": int(steps[idx[-1]]),
                 "slow_steps": int(tail.sum()),
                 "slow_fraction": float(tail.mean()),
                 "ratio": float(np.median(ratio[idx, j])),
@@ -214,14 +312,55 @@ def stragglers(
     exceeds the others' median the most over those steps, by ``slow_phase_extra_s`` (median
     seconds per step); empty when no traced phase is slower (the time is outside them).
     """
+    _check_rule(threshold, min_steps, persistence)
+    m = _measure(steps, measure)
+    names = ("_value", "_host_s", *HOST_PHASES, "_backward_compute_s")
+    found: list[dict[str, Any]] = []
+    for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
+        cells = _cells_of_frame(g, names)
+        for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
+            found.append({"run_id": run_id, "attempt": int(attempt), **row})
+    return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+
+
+def _check_rule(threshold: float, min_steps: int, persistence: float) -> None:
     if min_steps < 1 or not 0 < persistence <= 1 or threshold < 0:
         raise ValueError(
             f"need min_steps >= 1, 0 < persistence <= 1, threshold >= 0; got "
             f"min_steps={min_steps}, persistence={persistence}, threshold={threshold}"
         )
-    m = _measure(steps, measure)
+
+
+def stragglers_in_store(
+    run_dirs: Iterable[str | Path],
+    threshold: float = 0.1,
+    min_steps: int = 10,
+    persistence: float = 0.8,
+    measure: str = "compute_s",
+) -> pd.DataFrame:
+    """:func:`stragglers` of the runs in ``run_dirs`` (run folders), read through the engine:
+    each run's measured rows come out of its files with only the columns the rule needs (warm-up
+    filtered in the engine), one run at a time, and are laid out as step x rank matrices once.
+    The same rule and columns as :func:`stragglers` of ``load_traces(run_dirs)``, in a fraction
+    of its time and memory on a large sweep."""
+    _check_rule(threshold, min_steps, persistence)
+    float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64"]
+    if measure != "compute_s" and measure not in float_cols:
+        valid = ", ".join(["compute_s", *float_cols])
+        raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
+    columns = {**{p: p for p in HOST_PHASES}, "_backward_compute_s": BACKWARD_COMPUTE}
+    if measure != "compute_s":
+        columns["_value"] = measure
     found: list[dict[str, Any]] = []
-    for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
-        for row in _attempt_stragglers(g, threshold, min_steps, persistence, measure):
-            found.append({"run_id": run_id, "attempt": int(attempt), **row})
-    return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+    for run_dir in run_dirs:
+        for part in measured_rows(run_dir, columns, WARMUP_TOLERANCE, WARMUP_MIN_STEPS):
+            run_id, attempt, c = part.run_id, part.attempt, part.columns
+            c["_host_s"] = 0.0 + c["data_s"] + c["forward_s"] + c["optimizer_s"]  # as rank_compute
+            if measure == "compute_s":
+                c["_value"] = c["_host_s"] + c["_backward_compute_s"]
+            cells = rank_cells(part.step, part.rank, c, part.step_world, part.hosts)
+            del c, part
+            for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
+                found.append({"run_id": run_id, "attempt": attempt, **row})
+    frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+    return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 #: The engine's memory ceiling: it spills to disk beyond it rather than growing.
-MEMORY_LIMIT = os.environ.get("WORKBENCH_ENGINE_MEMORY", "512MB")
+MEMORY_LIMIT = os.environ.get("WORKBENCH_ENGINE_MEMORY", "256MB")
 #: Threads: the machine's cores, at most 4 (more buys little on a few hundred MB of Parquet and
 #: costs memory per thread).
 THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -91,9 +91,7 @@ def _live_table(paths: list[Path], kind: str) -> pa.Table | None:
     return pa.concat_tables(tables) if tables else None
 
 
-def steps_view(
-    run_dirs: Iterable[str | Path], kind: str = "steps"
-) -> duckdb.DuckDBPyConnection:
+def steps_view(run_dirs: Iterable[str | Path], kind: str = "steps") -> duckdb.DuckDBPyConnection:
     """A connection whose view ``steps`` (or ``eval`` for ``kind="eval"``) holds every rank's
     rows of ``run_dirs`` in the schema's columns; an empty view when the runs have no traces."""
     columns = schema.trace_columns(kind)
