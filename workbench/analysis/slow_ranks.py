@@ -260,7 +260,7 @@ def _found(
     tails = [(j, i + np.flatnonzero(slow[i:, j])) for j, i in starts]
     phases = _slow_phases(cells, rows, cols, tails)
     found = []
-    for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases):
+    for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases, strict=True):
         tail = slow[i:, j]
         rank = int(ranks[j])
         found.append(

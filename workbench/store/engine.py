@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench import schema
-
 from workbench.store.arrow_stream import arrow_schema, read_stream
 from workbench.store.jsonl import read_jsonl
 from workbench.store.trace_files import conform
