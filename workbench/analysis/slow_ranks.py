@@ -62,22 +62,33 @@ def _median_of_others(a: np.ndarray) -> np.ndarray:
 def _median_of_others_block(a: np.ndarray) -> np.ndarray:
     """Row-wise median of the other columns for each cell of ``a`` (steps x ranks; NaN = absent).
 
-    Sorting once per row and skipping the cell's own sorted position keeps this O(S n log n)
-    instead of one median per rank.
+    With a row's ``c`` values sorted as ``v``, the others' median of a cell ``x`` is the mean of
+    ``pick((c - 2) // 2)`` and ``pick((c - 1) // 2)``, where ``pick(i)`` is ``v[i]`` when
+    ``v[i] < x`` and ``v[i + 1]`` otherwise (``x`` removed from the sorted row; which of several
+    equal values is removed does not change the rest). So three order statistics per row serve
+    every cell: one partial sort (``np.partition``, linear) per row, no full sort.
     """
-    rows, n = a.shape
-    order = np.argsort(a, axis=1, kind="stable")  # NaN sorts last
-    srt = np.take_along_axis(a, order, axis=1)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.broadcast_to(np.arange(n), (rows, n)), axis=1)
-    others = np.sum(~np.isnan(a), axis=1, keepdims=True) - 1
-
-    def pick(i: np.ndarray) -> np.ndarray:
-        idx = np.clip(np.where(i < pos, i, i + 1), 0, n - 1)
-        return np.take_along_axis(srt, idx, axis=1)
-
-    med = (pick((others - 1) // 2) + pick(others // 2)) / 2
-    med[np.broadcast_to(others < 1, med.shape) | np.isnan(a)] = np.nan
+    count = np.sum(~np.isnan(a), axis=1)
+    med = np.full(a.shape, np.nan)
+    for c in np.unique(count):
+        if c < 2:
+            continue
+        at = None if bool((count == c).all()) else np.flatnonzero(count == c)
+        sub = a if at is None else a[at]
+        lo, hi = (int(c) - 2) // 2, (int(c) - 1) // 2
+        kth = sorted({lo, lo + 1, min(lo + 2, int(c) - 1)})
+        part = np.partition(sub, kth, axis=1)  # NaN sorts last: the c values come first
+        v0, v1 = part[:, lo : lo + 1], part[:, lo + 1 : lo + 2]
+        low = np.where(v0 < sub, v0, v1)
+        if hi == lo:
+            high = low
+        else:
+            high = np.where(v1 < sub, v1, part[:, lo + 2 : lo + 3])
+        got = (low + high) / 2
+        got[np.isnan(sub)] = np.nan
+        if at is None:
+            return got
+        med[at] = got
     return med
 
 
@@ -146,8 +157,8 @@ def rank_cells(
     """The matrices of one run attempt's measured rows (``step``, ``rank`` and one array per
     column, aligned), each cell the mean of its rows' values (NaN ignored), built in one pass
     over the rows. ``step_world``: the largest world size by step; ``hosts``: by rank."""
-    steps, si = np.unique(step, return_inverse=True)
-    ranks, ri = np.unique(rank, return_inverse=True)
+    steps, si = dense_index(step)
+    ranks, ri = dense_index(rank)
     shape = (len(steps), len(ranks))
     flat = si * len(ranks) + ri
     counts = np.bincount(flat, minlength=shape[0] * shape[1])
@@ -169,6 +180,57 @@ def rank_cells(
     return RankCells(steps, ranks, (counts > 0).reshape(shape), values, world, hosts)
 
 
+def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct integers of ``values`` and each value's position among them
+    (``np.unique(values, return_inverse=True)``), in linear time when they span a range not
+    much larger than their count (steps and ranks do)."""
+    values = np.asarray(values, dtype="int64")
+    if not len(values):
+        return values, values
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        return np.unique(values, return_inverse=True)
+    seen = np.zeros(high - low + 1, dtype=bool)
+    seen[values - low] = True
+    where = np.cumsum(seen) - 1
+    return np.flatnonzero(seen) + low, where[values - low]
+
+
+def scattered_cells(
+    steps: np.ndarray,
+    ranks: np.ndarray,
+    batches: Iterable[dict[str, np.ndarray]],
+    step_world: pd.Series,
+    hosts: dict[int, object],
+) -> RankCells:
+    """:class:`RankCells` built from batches of rows (``step``, ``rank``, ``data_s``,
+    ``forward_s``, ``optimizer_s``, ``_backward_compute_s`` and, for another measure than
+    ``compute_s``, ``_value``), each batch scattered into the matrices as it comes, so only one
+    batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted.
+    One row per cell (the store writes one row per rank and step of an attempt)."""
+    shape = (len(steps), len(ranks))
+    step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if len(steps) else 0, -1)
+    step_at[steps - steps.min()] = np.arange(len(steps))
+    rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if len(ranks) else 0, -1)
+    rank_at[ranks - ranks.min()] = np.arange(len(ranks))
+    values: dict[str, np.ndarray] = {}
+    present = np.zeros(shape, dtype=bool)
+    for batch in batches:
+        flat = step_at[batch.pop("step") - steps.min()] * shape[1]
+        flat += rank_at[batch.pop("rank") - ranks.min()]
+        present.flat[flat] = True
+        host = 0.0 + batch["data_s"] + batch["forward_s"] + batch["optimizer_s"]  # rank_compute
+        batch["_host_s"] = host
+        if "_value" not in batch:
+            batch["_value"] = host + batch["_backward_compute_s"]
+        for name, col in batch.items():
+            if name not in values:
+                values[name] = np.full(shape, np.nan)
+            values[name].flat[flat] = col
+    world = step_world.reindex(steps).to_numpy(dtype="int64")
+    return RankCells(steps, ranks, present, values, world, hosts)
+
+
 def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
     """:func:`rank_cells` of one run attempt's rows of a frame (``_measure``'s columns)."""
     hosts = g.groupby("rank")["host"].first().dropna() if "host" in g.columns else {}
@@ -179,6 +241,13 @@ def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
         g.groupby("step")["world_size"].max(),
         {int(r): h for r, h in dict(hosts).items()},
     )
+
+
+def _select(mat: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``mat[rows][:, cols]``, without a copy when they select everything."""
+    if rows.all():
+        return mat if cols.all() else mat[:, cols]
+    return mat[rows][:, cols] if not cols.all() else mat[rows]
 
 
 def _slow_phases(
@@ -196,7 +265,7 @@ def _slow_phases(
         column = "_backward_compute_s" if phase == "backward_compute_s" else phase
         if column not in cells.values:
             continue
-        a = cells.values[column][rows][:, cols][needed]
+        a = _select(cells.values[column], rows, cols)[needed]
         med = _median_of_others(a)
         for k, (j, idx) in enumerate(candidates):
             at = np.searchsorted(needed, idx)
@@ -246,13 +315,13 @@ def _found(
     cols = cells.present[rows].any(axis=0)
     if not rows.any() or cols.sum() < 2 or rows.sum() < min_steps:
         return []
-    a = cells.values[column][rows][:, cols]
+    a = _select(cells.values[column], rows, cols)
     steps, ranks = cells.steps[rows], cells.ranks[cols]
     ref = _median_of_others(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(ref > 0, a / ref, np.nan)
     slow = np.nan_to_num(ratio, nan=0.0) > 1 + threshold
-    csum = np.vstack([np.zeros((1, a.shape[1])), np.cumsum(slow, axis=0)])
+    csum = np.vstack([np.zeros((1, a.shape[1]), "int32"), np.cumsum(slow, axis=0, dtype="int32")])
     window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
     qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
     world = int(cells.step_world[rows].max())
@@ -354,12 +423,11 @@ def stragglers_in_store(
     found: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         for part in measured_rows(run_dir, columns, WARMUP_TOLERANCE, WARMUP_MIN_STEPS):
-            run_id, attempt, c = part.run_id, part.attempt, part.columns
-            c["_host_s"] = 0.0 + c["data_s"] + c["forward_s"] + c["optimizer_s"]  # as rank_compute
-            if measure == "compute_s":
-                c["_value"] = c["_host_s"] + c["_backward_compute_s"]
-            cells = rank_cells(part.step, part.rank, c, part.step_world, part.hosts)
-            del c, part
+            cells = scattered_cells(
+                part.steps, part.ranks, part.batches, part.step_world, part.hosts
+            )
+            run_id, attempt = part.run_id, part.attempt
+            del part
             for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
                 found.append({"run_id": run_id, "attempt": attempt, **row})
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)

@@ -56,16 +56,22 @@ def _measured_sql(tolerance: float, min_warmup_steps: int) -> str:
 
 @dataclass
 class AttemptRows:
-    """One run attempt's measured rows: ``step`` and ``rank`` (aligned with every array of
-    ``columns``), the largest world size by step, and each rank's host (its first step's)."""
+    """One run attempt's measured rows: every ``steps`` and ``ranks`` they hold (sorted), the
+    largest world size by step, each rank's host (its first step's), and the rows themselves as
+    ``batches`` (dicts of NumPy arrays: ``step``, ``rank`` and the asked columns, NaN where
+    null), read from the engine as they are consumed: take them before the next attempt."""
 
     run_id: str
     attempt: int
-    step: np.ndarray
-    rank: np.ndarray
-    columns: dict[str, np.ndarray]
+    steps: np.ndarray
+    ranks: np.ndarray
     step_world: pd.Series
     hosts: dict[int, object]
+    batches: Iterator[dict[str, np.ndarray]]
+
+
+#: Rows per batch handed out of the engine (a batch of six columns is about 50 MB).
+BATCH_ROWS = 1 << 20
 
 
 def measured_rows(
@@ -76,6 +82,8 @@ def measured_rows(
 ) -> Iterator[AttemptRows]:
     """The measured rows of the run folder, per run and attempt: ``columns`` maps each name to
     its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine."""
+    import numpy as np
+
     con = steps_view([run_dir])
     try:
         measured = _measured_sql(warmup_tolerance, warmup_min_steps)
@@ -87,44 +95,35 @@ def measured_rows(
             "USING (run_id, attempt) WHERE NOT s.warmup AND "
             "(b.last_warmup_step IS NULL OR s.step > b.last_warmup_step)"
         )
-        sql = ""
         keys = con.execute("SELECT DISTINCT run_id, attempt FROM m ORDER BY ALL").fetchall()
+        select = ", ".join(  # NaN, not NULL: plain arrays, no masks
+            f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
+        )
         for run_id, attempt in keys:
             where = "WHERE run_id = $run AND attempt = $attempt"
             args = {"run": run_id, "attempt": attempt}
-            select = ", ".join(  # NaN, not NULL: plain arrays, no masks
-                f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}"
-                for name, expr in columns.items()
-            )
-            arrays = con.execute(
-                f"{sql} SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM m {where}",
-                args,
-            ).fetchnumpy()
             world = con.execute(
-                f"{sql} SELECT step, max(world_size) AS world FROM m {where} GROUP BY step", args
+                f"SELECT step::BIGINT AS step, max(world_size) AS world FROM m {where} "
+                "GROUP BY step ORDER BY step",
+                args,
             ).df()
             hosts = con.execute(
-                f"{sql} SELECT rank, arg_min(host, step) FILTER (WHERE host IS NOT NULL) AS host "
-                f"FROM m {where} GROUP BY rank",
+                "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
+                f"FROM m {where} GROUP BY rank ORDER BY rank",
                 args,
             ).fetchall()
+            reader = con.sql(  # a relation streams its rows (no copy of the whole result)
+                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM m {where}",
+                params=args,
+            ).to_arrow_reader(BATCH_ROWS)
             yield AttemptRows(
                 run_id,
                 int(attempt),
-                _plain(arrays.pop("step")),
-                _plain(arrays.pop("rank")),
-                {name: _plain(a, float) for name, a in arrays.items()},
+                world["step"].to_numpy(dtype="int64"),
+                np.array([r for r, _ in hosts], dtype="int64"),
                 world.set_index("step")["world"],
                 {int(r): h for r, h in hosts if h is not None},
+                ({c: batch.column(c).to_numpy() for c in batch.schema.names} for batch in reader),
             )
     finally:
         con.close()
-
-
-def _plain(a: object, kind: type = int) -> np.ndarray:
-    """A NumPy array of ``a`` (DuckDB hands NULLs back as a masked array): NaN where masked."""
-    import numpy as np
-
-    if isinstance(a, np.ma.MaskedArray):
-        return a.astype("float64").filled(np.nan) if kind is float else a.filled(0)
-    return np.asarray(a, dtype="float64" if kind is float else None)
