@@ -14,12 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import (
-    WARMUP_MIN_STEPS,
-    WARMUP_TOLERANCE,
-    check_columns,
-    measured_steps,
-)
+from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
 from workbench.store.measured_query import BACKWARD_COMPUTE, measured_rows
 
@@ -422,7 +417,7 @@ def stragglers_in_store(
         columns["_value"] = measure
     found: list[dict[str, Any]] = []
     for run_dir in run_dirs:
-        for part in measured_rows(run_dir, columns, WARMUP_TOLERANCE, WARMUP_MIN_STEPS):
+        for part in measured_rows(run_dir, columns, detected_warmup):
             cells = scattered_cells(
                 part.steps, part.ranks, part.batches, part.step_world, part.hosts
             )

@@ -43,6 +43,7 @@ def connect() -> duckdb.DuckDBPyConnection:
     con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
     con.execute(f"SET threads = {THREADS}")
     con.execute("SET preserve_insertion_order = false")
+    con.execute("SET enable_progress_bar = false")
     return con
 
 

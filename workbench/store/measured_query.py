@@ -7,7 +7,7 @@ matrices once per run (``workbench.analysis.slow_ranks``). No torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,35 +23,6 @@ BACKWARD_COMPUTE = (
     "coalesce(backward_compute_s, CASE WHEN backward_s - comm_s < 0 THEN 0 "
     "ELSE backward_s - comm_s END)"
 )
-
-
-def _measured_sql(tolerance: float, min_warmup_steps: int) -> str:
-    """SQL of the measured rows (the traced warm-up and the detected one left out: the rule of
-    :func:`workbench.analysis.windows.detected_warmup`), each with ``attempt`` 0 when null."""
-    return f"""
-    s AS (SELECT * REPLACE (coalesce(attempt, 0) AS attempt, coalesce(warmup, false) AS warmup)
-          FROM steps),
-    ps AS (SELECT run_id, attempt, step, max(step_s) AS t FROM s WHERE NOT warmup
-           GROUP BY ALL),
-    psi AS (SELECT *, row_number() OVER (PARTITION BY run_id, attempt ORDER BY step) - 1 AS i,
-                   count(*) OVER (PARTITION BY run_id, attempt) AS n FROM ps),
-    steady AS (SELECT run_id, attempt, any_value(n) AS n,
-                      quantile_cont(t, 0.5) FILTER (WHERE i >= n // 2) AS steady,
-                      count(t) AS timed
-               FROM psi GROUP BY ALL),
-    cut AS (SELECT p.run_id, p.attempt,
-                   least(coalesce(min(p.i) FILTER (WHERE NOT coalesce(
-                       p.t > st.steady * (1 + {tolerance!r}), false)), any_value(st.n)),
-                         any_value(st.n) // 2) AS dropped
-            FROM psi p JOIN steady st USING (run_id, attempt)
-            WHERE st.n >= {int(min_warmup_steps)} AND st.timed > 0 AND st.steady > 0
-            GROUP BY ALL),
-    bound AS (SELECT c.run_id, c.attempt, p.step AS last_warmup_step
-              FROM cut c JOIN psi p ON p.run_id = c.run_id AND p.attempt = c.attempt
-                   AND p.i = c.dropped - 1
-              WHERE c.dropped > 0),
-    m AS (SELECT s.* FROM s LEFT JOIN bound b USING (run_id, attempt)
-          WHERE NOT s.warmup AND (b.last_warmup_step IS NULL OR s.step > b.last_warmup_step))"""
 
 
 @dataclass
@@ -77,51 +48,54 @@ BATCH_ROWS = 1 << 20
 def measured_rows(
     run_dir: str | Path,
     columns: dict[str, str],
-    warmup_tolerance: float,
-    warmup_min_steps: int,
+    warmup: Callable[[pd.DataFrame], pd.DataFrame],
 ) -> Iterator[AttemptRows]:
     """The measured rows of the run folder, per run and attempt: ``columns`` maps each name to
-    its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine."""
+    its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine.
+
+    Three passes over the files: each step's slowest ``step_s`` and largest ``world_size`` over
+    the rows that are not traced warm-up (a small frame, handed to ``warmup``: the analysis's
+    rule, :func:`workbench.analysis.windows.detected_warmup`, which returns ``run_id, attempt,
+    last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
+    rank's host, then the rows, streamed."""
     import numpy as np
 
     con = steps_view([run_dir])
     try:
-        measured = _measured_sql(warmup_tolerance, warmup_min_steps)
-        bound = measured[: measured.index("    m AS")].rstrip().rstrip(",")
-        con.execute(f"CREATE TEMP TABLE bound AS WITH {bound} SELECT * FROM bound")
-        con.execute(
-            "CREATE TEMP VIEW m AS SELECT s.* FROM (SELECT * REPLACE (coalesce(attempt, 0) AS "
-            "attempt, coalesce(warmup, false) AS warmup) FROM steps) s LEFT JOIN bound b "
-            "USING (run_id, attempt) WHERE NOT s.warmup AND "
-            "(b.last_warmup_step IS NULL OR s.step > b.last_warmup_step)"
-        )
-        keys = con.execute("SELECT DISTINCT run_id, attempt FROM m ORDER BY ALL").fetchall()
+        per_step = con.execute(
+            "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
+            "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
+            "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
+        ).df()
+        cut = warmup(per_step).set_index(["run_id", "attempt"])["last_warmup_step"]
         select = ", ".join(  # NaN, not NULL: plain arrays, no masks
             f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
         )
-        for run_id, attempt in keys:
-            where = "WHERE run_id = $run AND attempt = $attempt"
-            args = {"run": run_id, "attempt": attempt}
-            world = con.execute(
-                f"SELECT step::BIGINT AS step, max(world_size) AS world FROM m {where} "
-                "GROUP BY step ORDER BY step",
-                args,
-            ).df()
+        for (run_id, attempt), part in per_step.groupby(["run_id", "attempt"], sort=True):
+            bound = int(cut.get((run_id, attempt), np.iinfo("int64").min))
+            part = part[part["step"] > bound]
+            if part.empty:
+                continue
+            where = (
+                "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
+                "AND NOT coalesce(warmup, false) AND step > $bound"
+            )
+            args = {"run": run_id, "attempt": int(attempt), "bound": bound}
             hosts = con.execute(
                 "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
-                f"FROM m {where} GROUP BY rank ORDER BY rank",
+                f"FROM steps {where} GROUP BY rank ORDER BY rank",
                 args,
             ).fetchall()
             reader = con.sql(  # a relation streams its rows (no copy of the whole result)
-                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM m {where}",
+                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
                 params=args,
             ).to_arrow_reader(BATCH_ROWS)
             yield AttemptRows(
-                run_id,
+                str(run_id),
                 int(attempt),
-                world["step"].to_numpy(dtype="int64"),
+                part["step"].to_numpy(dtype="int64"),
                 np.array([r for r, _ in hosts], dtype="int64"),
-                world.set_index("step")["world"],
+                part.set_index("step")["world_size"].astype("int64"),
                 {int(r): h for r, h in hosts if h is not None},
                 ({c: batch.column(c).to_numpy() for c in batch.schema.names} for batch in reader),
             )
