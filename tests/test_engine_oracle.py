@@ -14,10 +14,11 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.frames import make_steps
+from tests.frames import make_evals, make_steps
 from tests.oracle.slow_ranks import stragglers as oracle_stragglers
 from workbench import schema
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.windows import measured_window, measured_window_in_store
 from workbench.store.load import load_traces
 
 
@@ -49,6 +50,12 @@ def stores(draw: st.DrawFn) -> list[pd.DataFrame]:
         nan_share = draw(st.sampled_from([0.0, 0.1]))
         for phase in ("data_s", "forward_s", "backward_compute_s"):
             steps.loc[rng.random(len(steps)) < nan_share, phase] = np.nan
+        saves = steps["step"] % draw(st.integers(2, 7)) == 0
+        steps["save_s"] = np.where(saves & draw(st.booleans()), 0.3, np.nan)
+        if draw(st.booleans()) and n > 4:  # resumed: a second attempt from a later step on
+            again = steps["step"] > draw(st.integers(2, n - 1))
+            steps.loc[again, "attempt"] = 1
+            steps.loc[again, "warmup"] = steps.loc[again, "step"] == steps.loc[again, "step"].min()
         if draw(st.booleans()) and ranks > 1:  # a failed rank: its rows stop early
             last = draw(st.integers(0, n))
             steps = steps[~((steps["rank"] == ranks - 1) & (steps["step"] > last))]
@@ -56,13 +63,22 @@ def stores(draw: st.DrawFn) -> list[pd.DataFrame]:
     return runs
 
 
-def _write(root: Path, runs: list[pd.DataFrame]) -> list[Path]:
+def _write(root: Path, runs: list[pd.DataFrame], evals: bool = False) -> list[Path]:
+    """Each run's rows as the ranks leave them: one Parquet file per rank and kind; with
+    ``evals``, an evaluation after every 4th step (rank r's lasting 0.4 + 0.1 r s)."""
     dirs = []
     for steps in runs:
-        traces = root / "sweep" / str(steps["run_id"].iloc[0]) / schema.TRACES_DIR
+        run_id = str(steps["run_id"].iloc[0])
+        traces = root / "sweep" / run_id / schema.TRACES_DIR
         traces.mkdir(parents=True)
         for rank, rows in steps.groupby("rank"):
             rows.to_parquet(traces / schema.steps_file(int(rank)))
+        if evals:
+            ranks = int(steps["rank"].max()) + 1
+            at = [int(k) for k in steps["step"].unique() if k % 4 == 0]
+            ev = make_evals(run_id, ranks, at, [0.5] * len(at)) if at else None
+            for rank, rows in ev.groupby("rank") if ev is not None else ():
+                rows.to_parquet(traces / schema.eval_file(int(rank)))
         dirs.append(traces.parent)
     return dirs
 
@@ -101,3 +117,12 @@ def test_a_planted_straggler_is_found_by_every_path(tmp_path: Path) -> None:
     assert want[["rank", "start_step"]].values.tolist() == [[2, 11]]
     assert_same(stragglers(load_traces(dirs)), want)
     assert_same(stragglers_in_store(dirs), want)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stores(), st.booleans())
+def test_measured_window_equals_the_oracle(runs: list[pd.DataFrame], evals: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = _write(Path(tmp), runs, evals)
+        want = measured_window(load_traces(dirs), load_traces(dirs, "eval"))
+        assert_same(measured_window_in_store(dirs), want)
