@@ -191,6 +191,19 @@ def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(seen) + low, where[values - low]
 
 
+class _DerivedCompute(dict):  # type: ignore[type-arg]
+    """The matrices by name, with ``_host_s`` and (unless given) ``_value`` (``compute_s``)
+    derived from the phases when asked for, not held: the same sums as :func:`rank_compute`'s
+    per row, since each cell holds one row."""
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name == "_host_s":
+            return 0.0 + self["data_s"] + self["forward_s"] + self["optimizer_s"]
+        if name == "_value":
+            return self["_host_s"] + self["_backward_compute_s"]
+        raise KeyError(name)
+
+
 def scattered_cells(
     steps: np.ndarray,
     ranks: np.ndarray,
@@ -208,16 +221,12 @@ def scattered_cells(
     step_at[steps - steps.min()] = np.arange(len(steps))
     rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if len(ranks) else 0, -1)
     rank_at[ranks - ranks.min()] = np.arange(len(ranks))
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = _DerivedCompute()
     present = np.zeros(shape, dtype=bool)
     for batch in batches:
         flat = step_at[batch.pop("step") - steps.min()] * shape[1]
         flat += rank_at[batch.pop("rank") - ranks.min()]
         present.flat[flat] = True
-        host = 0.0 + batch["data_s"] + batch["forward_s"] + batch["optimizer_s"]  # rank_compute
-        batch["_host_s"] = host
-        if "_value" not in batch:
-            batch["_value"] = host + batch["_backward_compute_s"]
         for name, col in batch.items():
             if name not in values:
                 values[name] = np.full(shape, np.nan)
