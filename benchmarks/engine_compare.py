@@ -60,28 +60,31 @@ def main() -> None:
     parser.add_argument("--max-ranks", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--store", type=Path)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, the engines alternating")
     args = parser.parse_args()
     if args.smoke:
-        args.max_ranks, args.steps = 8, 300
+        args.max_ranks, args.steps, args.repeat = 8, 300, 1
     counts = [2**i for i in range(args.max_ranks.bit_length())]
     with tempfile.TemporaryDirectory() as tmp:
         root = args.store or Path(tmp)
         if not (root / SWEEP).exists():
             write_sweep(root, counts, args.steps)
-        for name, body in ENGINES.items():
-            done = subprocess.run(
-                [sys.executable, "-c", _HEAD + body + _TAIL, str(root)],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode:
-                print(f"{name}: failed ({done.stderr.strip().splitlines()[-1]})")
-                continue
-            got = json.loads(done.stdout)
-            print(
-                f"{name:<7} {got['seconds']:7.2f} s  peak RSS {got['peak_rss_mib']:6.0f} MiB  "
-                f"({got['rows']} rank rows, {got['runs']} runs)"
-            )
+        for round_ in range(max(1, args.repeat)):
+            order = list(ENGINES) if round_ % 2 == 0 else list(ENGINES)[::-1]
+            for name in order:
+                done = subprocess.run(
+                    [sys.executable, "-c", _HEAD + ENGINES[name] + _TAIL, str(root)],
+                    capture_output=True,
+                    text=True,
+                )
+                if done.returncode:
+                    print(f"{name}: failed ({done.stderr.strip().splitlines()[-1]})")
+                    continue
+                got = json.loads(done.stdout)
+                print(
+                    f"round {round_ + 1}: {name:<7} {got['seconds']:7.2f} s  peak RSS "
+                    f"{got['peak_rss_mib']:6.0f} MiB  ({got['rows']} rank rows, {got['runs']} runs)"
+                )
 
 
 if __name__ == "__main__":
