@@ -5,9 +5,10 @@ Imports store, config (RunConfig's field names, for the scaling groups), schema 
 (per-run and scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm``
 (exposed communication), ``slow_ranks`` (stragglers, on ``rank_cells``' step x rank matrices),
 ``display`` (down-sampling for figures), ``network`` (the ring cost, presets and a fitted
-network), ``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline figures). Resolve the grouping once with
-:func:`resolve_group_by` and pass it to every table and figure. ``stragglers_in_store`` and
-``measured_window_in_store`` read a large sweep through the store's columnar engine.
+network), ``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline
+figures). Resolve the grouping once with :func:`resolve_group_by` and pass it to every table and
+figure. ``stragglers_in_store`` and ``measured_window_in_store`` read a large sweep through the
+store's columnar engine.
 """
 
 from workbench.analysis.breakdown import (
