@@ -6,7 +6,8 @@ planted slow rank at 1.35x in the largest run), then measures, each in a fresh p
 and peak RSS):
 
 1. pyarrow alone: read every file of the store (the floor for any loader);
-2. the straggler ranking through the engine (``stragglers_in_store``);
+2. the straggler ranking through the engine (``stragglers_in_store``), and each run's measured
+   window and throughput (``measured_window_in_store``);
 3. the straggler ranking the frames way (``load_traces`` then ``stragglers``), with ``--frames``;
 4. ``workbench report`` end to end (with ``--report``): time, peak RSS, HTML size, and whether
    the finding names the planted straggler.
@@ -58,6 +59,11 @@ from workbench.analysis.slow_ranks import stragglers_in_store
 found = stragglers_in_store(dirs)
 out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
 """,
+    "window (engine)": """
+from workbench.analysis.windows import measured_window_in_store
+window = measured_window_in_store(dirs)
+out["samples_per_s"] = window[["run_id", "samples_per_s"]].values.tolist()
+""",
     "stragglers (frames)": """
 from workbench.analysis.slow_ranks import stragglers
 from workbench.store.load import load_traces
@@ -103,7 +109,7 @@ def main() -> None:
         root = args.store or Path(tmp)
         if not (root / SWEEP).exists():
             write_sweep(root, counts, args.steps)
-        names = ["pyarrow read", "stragglers (engine)"]
+        names = ["pyarrow read", "stragglers (engine)", "window (engine)"]
         names += ["stragglers (frames)"] * args.frames + ["workbench report"] * args.report
         stage("pyarrow read", root)  # warm the page cache: untimed
         run_id, rank = planted(counts)
