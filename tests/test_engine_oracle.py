@@ -126,3 +126,34 @@ def test_measured_window_equals_the_oracle(runs: list[pd.DataFrame], evals: bool
         dirs = _write(Path(tmp), runs, evals)
         want = measured_window(load_traces(dirs), load_traces(dirs, "eval"))
         assert_same(measured_window_in_store(dirs), want)
+
+
+def test_a_running_run_is_read_from_its_live_files_too(tmp_path: Path) -> None:
+    """A run still running: rank 1's rows are in its live Arrow stream, the first half also in
+    a Parquet file already (the moment of consolidation); rank 0 is consolidated. The engine
+    reads each row once, as ``load_traces`` does, and its results equal the frames'."""
+    from tests.frames import ddp_steps
+    from workbench.store.arrow_stream import StreamWriter
+
+    steps = ddp_steps(world_size=3, n_steps=40, slow_rank=1, slow_from=11, factor=1.5)
+    steps["run_id"] = "live"
+    traces = tmp_path / "sweep" / "live" / schema.TRACES_DIR
+    traces.mkdir(parents=True)
+    for rank, rows in steps.groupby("rank"):
+        rows = rows.reset_index(drop=True)
+        if rank != 1:
+            rows.to_parquet(traces / schema.steps_file(int(rank)))
+            continue
+        rows.iloc[:20].to_parquet(traces / schema.steps_file(1))
+        writer = StreamWriter(traces / schema.live_steps_file(1), schema.STEP_COLUMNS)
+        for start in (0, 25):  # two flushes
+            part = rows.iloc[start : start + 25]
+            writer.write({c: part[c].tolist() for c in schema.STEP_COLUMNS}, len(part))
+        writer.close()
+    dirs = [traces.parent]
+    frame = load_traces(dirs)
+    assert len(frame) == 3 * 40
+    want = oracle_stragglers(frame)
+    assert want[["rank", "start_step"]].values.tolist() == [[1, 11]]
+    assert_same(stragglers_in_store(dirs), want)
+    assert_same(measured_window_in_store(dirs), measured_window(frame))
