@@ -46,7 +46,9 @@ def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     columns = ["run_id", "attempt", "last_warmup_step", "dropped"]
     if "step_s" not in steps.columns or steps.empty:
         return pd.DataFrame(columns=columns)
-    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    keys = ["run_id", "attempt", "step"] if "attempt" in steps.columns else ["run_id", "step"]
+    s = steps[[*keys, "step_s", "warmup"]]  # only what the rule reads: a wide frame copies slowly
+    s = s if "attempt" in s.columns else s.assign(attempt=0)
     s = s[~s["warmup"].fillna(False).astype(bool).to_numpy()]
     slowest = s.groupby(["run_id", "attempt", "step"], sort=True)["step_s"].max()
     rows = []
