@@ -1,183 +1,141 @@
 """How long analysing a large sweep takes, against reading its Parquet files with pyarrow alone.
 
-Builds synthetic step traces (default 8 runs x 64 ranks x 2,000 steps, about 1M rows, one file per
-rank as the store writes them) in a temporary folder, then times:
+Builds a sweep in the store's own layout (``_scale_store``: runs at 1, 2, 4 ... ``--max-ranks``
+ranks x ``--steps`` steps, DDP's timers sampled every 50 steps as the tracer writes them, one
+planted slow rank at 1.35x in the largest run), then measures, each in a fresh process (wall time
+and peak RSS):
 
-1. pyarrow alone: read every file and concatenate (the floor for any loader);
-2. the workbench path: the same read into one pandas frame, then scaling_table, phase_breakdown,
-   stragglers and the figures (throughput, speedup, phase breakdown, a rank x step heatmap of one
-   64-rank run, loss curves);
+1. pyarrow alone: read every file of the store (the floor for any loader);
+2. the straggler ranking through the engine (``stragglers_in_store``), and each run's measured
+   window and throughput (``measured_window_in_store``);
+3. the straggler ranking the frames way (``load_traces`` then ``stragglers``), with ``--frames``;
+4. ``workbench report`` end to end (with ``--report``): time, peak RSS, HTML size, and whether
+   the finding names the planted straggler.
 
-and prints each stage and the ratio of (2) to (1). One run carries a planted straggler, which the
-analysis must find. Each stage is timed ``--repeat`` times and the best kept (timings on a shared
-machine vary). Usage: ``python benchmarks/analysis_scale.py [--runs 8 --ranks 64 --steps 2000]``.
+Prints each figure and the ratios to (1). ``--smoke``: a small sweep (seconds). Usage:
+``python benchmarks/analysis_scale.py [--smoke] [--max-ranks 512 --steps 10000] [--store DIR]
+[--report] [--frames]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _scale_store import SWEEP, planted, write_sweep  # noqa: E402
+
+#: Each measured stage, run as ``python -c`` in a fresh process: it prints one JSON line with
+#: its wall time (s) and peak RSS (MiB).
+_STAGE = """
+import json, resource, sys, time
+from pathlib import Path
+root = Path(sys.argv[1])
+dirs = sorted(p for p in (root / {sweep!r}).iterdir() if p.is_dir())
+start = time.perf_counter()
+out = {{}}
+{body}
+out["seconds"] = time.perf_counter() - start
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out, default=str))
+"""
+
+STAGES = {
+    "pyarrow read": """
 import pyarrow.parquet as pq
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from workbench import analysis
-from workbench.schema import STEP_COLUMNS, steps_file
-from workbench.ui import plots
-
-ARROW_TYPES = {
-    "string": pa.string(),
-    "int64": pa.int64(),
-    "float64": pa.float64(),
-    "bool": pa.bool_(),
+files = sorted(root.glob("*/*/traces/steps-rank*.parquet"))
+out["rows"] = sum(pq.read_table(f).num_rows for f in files)
+out["files"] = len(files)
+""",
+    "stragglers (engine)": """
+from workbench.analysis.slow_ranks import stragglers_in_store
+found = stragglers_in_store(dirs)
+out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
+""",
+    "window (engine)": """
+from workbench.analysis.windows import measured_window_in_store
+window = measured_window_in_store(dirs)
+out["samples_per_s"] = window[["run_id", "samples_per_s"]].values.tolist()
+""",
+    "stragglers (frames)": """
+from workbench.analysis.slow_ranks import stragglers
+from workbench.store.load import load_traces
+found = stragglers(load_traces(dirs))
+out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
+""",
+    "workbench report": """
+from workbench.ui.report import report_from_store
+html = report_from_store(root / {sweep!r}, root / "report.html")
+out["html_mb"] = html.stat().st_size / 1e6
+out["straggler_named"] = {expect!r} in html.read_text()
+""",
 }
-SCHEMA = pa.schema([(name, ARROW_TYPES[t]) for name, t in STEP_COLUMNS.items()])
 
 
-def write_run(folder: Path, run_id: str, ranks: int, steps: int, straggler: int | None) -> None:
-    """One run's per-rank step files: DDP-like times (all ranks wait for the slowest)."""
-    rng = np.random.default_rng(abs(hash(run_id)) % 2**32)
-    step = np.arange(1, steps + 1)
-    compute = 0.05 * (1 + 0.05 * rng.standard_normal((ranks, steps)))
-    if straggler is not None:
-        compute[straggler, steps // 3 :] *= 1.4
-    step_s = compute.max(axis=0) + 0.01
-    folder.mkdir(parents=True, exist_ok=True)
-    for rank in range(ranks):
-        comm = step_s - compute[rank]
-        cols = {
-            "run_id": np.full(steps, run_id, dtype=object),
-            "rank": np.full(steps, rank),
-            "local_rank": np.full(steps, rank % 8),
-            "host": np.full(steps, f"node{rank // 8}", dtype=object),
-            "world_size": np.full(steps, ranks),
-            "attempt": np.zeros(steps, dtype="int64"),
-            "epoch": (step - 1) // 500,
-            "step": step,
-            "warmup": step <= 5,
-            "t_start_s": np.concatenate([[0.0], np.cumsum(step_s)[:-1]]),
-            "data_s": np.full(steps, 0.005),
-            "forward_s": compute[rank] * 0.3,
-            "backward_s": compute[rank] * 0.5 + comm,
-            "optimizer_s": compute[rank] * 0.1,
-            "step_s": step_s,
-            "comm_s": comm,
-            "comm_bytes": np.full(steps, 250_000_000),
-            "comm_buckets": np.full(steps, 10),
-            "samples": np.full(steps, 32),
-            "loss": 2.0 * np.exp(-step / 800) + 0.01 * rng.standard_normal(steps),
-            "lr": np.full(steps, 1e-3),
-            "mem_alloc_bytes": np.full(steps, 2e9),
-            "mem_reserved_bytes": np.full(steps, 3e9),
-            "mem_peak_bytes": np.full(steps, 2.5e9),
-            "mem_device_bytes": np.full(steps, 4e9),
-            "rss_bytes": np.full(steps, 3 << 30),
-        }
-        table = pa.Table.from_pydict({c: cols.get(c) for c in SCHEMA.names}, schema=SCHEMA)
-        pq.write_table(table, folder / steps_file(rank))
-
-
-REPEAT = 3
-T = TypeVar("T")
-
-
-def timed(
-    label: str, results: dict[str, float], fn: Callable[..., T], *args: Any, **kwargs: Any
-) -> T:
-    """Call ``fn`` REPEAT times; keep the best time and the last result."""
-    best = float("inf")
-    for _ in range(REPEAT):
-        start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    results[label] = best
-    return out
+def stage(name: str, root: Path, expect: str = "") -> dict[str, object]:
+    """Run one stage in a fresh process; its figures. ``expect``: what the finding must say."""
+    code = _STAGE.format(sweep=SWEEP, body=STAGES[name].format(sweep=SWEEP, expect=expect))
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    if done.returncode:
+        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=8)
-    parser.add_argument("--ranks", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a small sweep: seconds")
+    parser.add_argument("--max-ranks", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--store", type=Path, help="build (or reuse) the store here")
+    parser.add_argument("--report", action="store_true", help="also time `workbench report`")
+    parser.add_argument("--frames", action="store_true", help="also time the frames path")
     args = parser.parse_args()
-    global REPEAT
-    REPEAT = max(1, args.repeat)
+    if args.smoke:
+        args.max_ranks, args.steps, args.report, args.frames = 8, 300, True, True
+    counts = [2**i for i in range(args.max_ranks.bit_length()) if 2**i <= args.max_ranks]
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        runs = []
-        start = time.perf_counter()
-        for i in range(args.runs):
-            run_id = f"run{i}"
-            write_run(root / run_id, run_id, args.ranks, args.steps, 7 if i == 0 else None)
-            runs.append(
-                {
-                    "run_id": run_id,
-                    "status": "completed",
-                    "model": "transformer",
-                    "precision": ("fp32", "fp16")[i % 2],
-                    "per_device_batch_size": 32 * (1 + i // 2),
-                    "world_size": args.ranks,
-                    "train_samples": 1_000_000,
-                }
-            )
-        files = sorted(root.glob("*/steps-rank*.parquet"))
-        print(f"wrote {len(files)} files in {time.perf_counter() - start:.1f} s")
-        runs_frame = pd.DataFrame(runs)
-
-        pa.concat_tables([pq.read_table(f) for f in files])  # warm the page cache: untimed
-        arrow: dict[str, float] = {}
-        table = timed(
-            "pyarrow read + concat",
-            arrow,
-            lambda: pa.concat_tables([pq.read_table(f) for f in files]),
-        )
-        rows = table.num_rows
-        del table
-
-        wb: dict[str, float] = {}
-        table = timed(
-            "pyarrow read + concat", wb, lambda: pa.concat_tables([pq.read_table(f) for f in files])
-        )
-        steps = timed("to pandas", wb, table.to_pandas)
-        del table
-        scaling = timed("scaling_table", wb, analysis.scaling_table, runs_frame, steps)
-        phases = timed("phase_breakdown", wb, analysis.phase_breakdown, steps)
-        found = timed("stragglers", wb, analysis.stragglers, steps)
-
-        def figures() -> list[object]:
-            return [
-                plots.throughput_per_device_figure(scaling),
-                plots.speedup_figure(scaling),
-                plots.phase_breakdown_figure(phases, by="run"),
-                plots.phase_breakdown_figure(phases, "run0"),
-                plots.step_time_heatmap(steps, "run0", value="compute_s"),
-                plots.loss_curves_figure(steps),
-            ]
-
-        timed("figures (6)", wb, figures)
-
-    print(f"{rows:,} step rows ({args.runs} runs x {args.ranks} ranks x {args.steps} steps)")
-    for label, seconds in wb.items():
-        print(f"  {label:<24} {seconds:7.3f} s")
-    total = sum(wb.values())
+        root = args.store or Path(tmp)
+        if not (root / SWEEP).exists():
+            write_sweep(root, counts, args.steps)
+        names = ["pyarrow read", "stragglers (engine)", "window (engine)"]
+        names += ["stragglers (frames)"] * args.frames + ["workbench report"] * args.report
+        stage("pyarrow read", root)  # warm the page cache: untimed
+        run_id, rank = planted(counts)
+        expect = f"rank {rank} of run {run_id} is a straggler"
+        got = {name: stage(name, root, expect) for name in names}
+    floor = float(got["pyarrow read"]["seconds"])  # type: ignore[arg-type]
+    rows = got["pyarrow read"]["rows"]
     print(
-        f"pyarrow alone: {arrow['pyarrow read + concat']:.3f} s; workbench total: {total:.3f} s; "
-        f"ratio {total / arrow['pyarrow read + concat']:.1f}x"
+        f"{rows:,} step rows in {got['pyarrow read']['files']} files "
+        f"({len(counts)} runs, 1 to {max(counts)} ranks x {args.steps:,} steps)"
     )
-    straggler = found[["run_id", "rank", "start_step", "ratio"]].to_dict("records")
-    print(f"stragglers found: {straggler}")
-    expected = {("run0", 7)}
-    assert {(r["run_id"], r["rank"]) for r in straggler} == expected, "planted straggler not found"
+    for name, figures in got.items():
+        extra = ""
+        if "html_mb" in figures:
+            extra = f", HTML {figures['html_mb']:.1f} MB"
+        print(
+            f"  {name:<22} {figures['seconds']:8.2f} s  {figures['seconds'] / floor:6.2f}x "
+            f"pyarrow  peak RSS {figures['peak_rss_mib']:7.0f} MiB{extra}"
+        )
+    found = got["stragglers (engine)"]["found"]
+    print(f"stragglers found: {found}")
+    assert [r[:2] for r in found] == [[run_id, rank]], "planted straggler not found"
+    if args.report:
+        named = got["workbench report"]["straggler_named"]
+        print(f"the report's finding names the planted straggler: {named}")
+        assert named, "the report's finding does not name the planted straggler"
 
 
 if __name__ == "__main__":

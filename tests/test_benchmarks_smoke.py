@@ -35,6 +35,7 @@ NEEDS = {
 }
 #: The figures each script prints (a number with its unit or word); any other script: a number.
 FIGURES = {
+    "analysis_scale.py": r"workbench report\s+[\d.]+ s",
     "launch_latency.py": r"to_result_s: workbench [\d.]+ s, torchrun [\d.]+ s, ratio",
     "network_emulation.py": r"held out, overlap fraction model: median \|error\| [\d.]+%",
     "plain_ddp.py": r"[\d,]+ samples/s",
@@ -46,8 +47,8 @@ FIGURES = {
     "tracer_memory.py": r"rss: growth [+-]?\d+ KiB",
     "tracing_overhead.py": r"tracer host cost per step \(cpu\): [\d.]+ us",
 }
-#: Scripts known to fail on this branch, and why.
-KNOWN = {"analysis_scale.py": "fixed on the engine branch"}
+#: Scripts known to fail, and why (none).
+KNOWN: dict[str, str] = {}
 
 pytestmark = pytest.mark.slow
 

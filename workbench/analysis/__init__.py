@@ -3,10 +3,12 @@ Imports store, config (RunConfig's field names, for the scaling groups), schema 
 
 ``windows`` (measured steps and windows), ``groups`` (scaling groups and families), ``scaling``
 (per-run and scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm``
-(exposed communication), ``slow_ranks`` (stragglers), ``display`` (down-sampling for figures),
-``network`` (the ring cost, presets and a fitted network), ``scaling_model`` (the ring-allreduce
-model) and ``summary`` (one run's headline figures). Resolve the grouping once with
-:func:`resolve_group_by` and pass it to every table and figure.
+(exposed communication), ``slow_ranks`` (stragglers, on ``rank_cells``' step x rank matrices),
+``display`` (down-sampling for figures), ``network`` (the ring cost, presets and a fitted
+network), ``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline
+figures). Resolve the grouping once with :func:`resolve_group_by` and pass it to every table and
+figure. ``stragglers_in_store`` and ``measured_window_in_store`` read a large sweep through the
+store's columnar engine.
 """
 
 from workbench.analysis.breakdown import (
@@ -29,7 +31,7 @@ from workbench.analysis.groups import (
 )
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import run_table, scaling_table
-from workbench.analysis.slow_ranks import STRAGGLER_COLUMNS, stragglers
+from workbench.analysis.slow_ranks import STRAGGLER_COLUMNS, stragglers, stragglers_in_store
 from workbench.analysis.windows import (
     check_columns,
     comm_filled,
@@ -38,6 +40,7 @@ from workbench.analysis.windows import (
     lower_is_better,
     measured_steps,
     measured_window,
+    measured_window_in_store,
 )
 
 __all__ = [
@@ -61,10 +64,12 @@ __all__ = [
     "lower_is_better",
     "measured_steps",
     "measured_window",
+    "measured_window_in_store",
     "memory_by_rank",
     "phase_breakdown",
     "resolve_group_by",
     "run_table",
     "scaling_table",
     "stragglers",
+    "stragglers_in_store",
 ]

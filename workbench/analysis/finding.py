@@ -180,9 +180,12 @@ def findings(
     steps: pd.DataFrame,
     group_by: Sequence[str] | None = None,
     evals: pd.DataFrame | None = None,
+    found: pd.DataFrame | None = None,
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
-    are several), then the stragglers and the peak memory. Empty without measured steps."""
+    are several), then the stragglers and the peak memory. Empty without measured steps.
+    ``found``: the stragglers when the caller has them (:func:`stragglers` of ``steps``, or
+    ``stragglers_in_store`` of their runs); computed from ``steps`` when None."""
     if steps.empty:
         return []
     keys = resolve_group_by(runs, group_by)
@@ -201,7 +204,7 @@ def findings(
         sentence = _curve_sentence(points, mine, parts)
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
-    slow = stragglers(steps)
+    slow = stragglers(steps) if found is None else found
     if len(slow):
         for row in slow.itertuples():
             words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))

@@ -6,13 +6,17 @@ the submodule's own name would shadow the submodule.)
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import check_columns, measured_steps
+from workbench.analysis.rank_cells import RankCells, rank_cells, scattered_cells
+from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
+from workbench.store.measured_query import BACKWARD_COMPUTE, measured_rows
 
 STRAGGLER_COLUMNS = [
     "run_id",
@@ -36,25 +40,50 @@ STRAGGLER_COLUMNS = [
 SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
 
 
+#: Rows per block of :func:`_median_of_others` (bounds its working memory on a large run).
+_BLOCK_ROWS = 1024
+
+
 def _median_of_others(a: np.ndarray) -> np.ndarray:
+    """:func:`_median_of_others_block` over blocks of rows (each row's median is its own)."""
+    if a.shape[0] <= _BLOCK_ROWS:
+        return _median_of_others_block(a)
+    out = np.empty_like(a, dtype="float64")
+    for i in range(0, a.shape[0], _BLOCK_ROWS):
+        out[i : i + _BLOCK_ROWS] = _median_of_others_block(a[i : i + _BLOCK_ROWS])
+    return out
+
+
+def _median_of_others_block(a: np.ndarray) -> np.ndarray:
     """Row-wise median of the other columns for each cell of ``a`` (steps x ranks; NaN = absent).
 
-    Sorting once per row and skipping the cell's own sorted position keeps this O(S n log n)
-    instead of one median per rank.
+    With a row's ``c`` values sorted as ``v``, the others' median of a cell ``x`` is the mean of
+    ``pick((c - 2) // 2)`` and ``pick((c - 1) // 2)``, where ``pick(i)`` is ``v[i]`` when
+    ``v[i] < x`` and ``v[i + 1]`` otherwise (``x`` removed from the sorted row; which of several
+    equal values is removed does not change the rest). So three order statistics per row serve
+    every cell: one partial sort (``np.partition``, linear) per row, no full sort.
     """
-    rows, n = a.shape
-    order = np.argsort(a, axis=1, kind="stable")  # NaN sorts last
-    srt = np.take_along_axis(a, order, axis=1)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.broadcast_to(np.arange(n), (rows, n)), axis=1)
-    others = np.sum(~np.isnan(a), axis=1, keepdims=True) - 1
-
-    def pick(i: np.ndarray) -> np.ndarray:
-        idx = np.clip(np.where(i < pos, i, i + 1), 0, n - 1)
-        return np.take_along_axis(srt, idx, axis=1)
-
-    med = (pick((others - 1) // 2) + pick(others // 2)) / 2
-    med[np.broadcast_to(others < 1, med.shape) | np.isnan(a)] = np.nan
+    count = np.sum(~np.isnan(a), axis=1)
+    med = np.full(a.shape, np.nan)
+    for c in np.unique(count):
+        if c < 2:
+            continue
+        at = None if bool((count == c).all()) else np.flatnonzero(count == c)
+        sub = a if at is None else a[at]
+        lo, hi = (int(c) - 2) // 2, (int(c) - 1) // 2
+        kth = sorted({lo, lo + 1, min(lo + 2, int(c) - 1)})
+        part = np.partition(sub, kth, axis=1)  # NaN sorts last: the c values come first
+        v0, v1 = part[:, lo : lo + 1], part[:, lo + 1 : lo + 2]
+        low = np.where(v0 < sub, v0, v1)
+        if hi == lo:
+            high = low
+        else:
+            high = np.where(v1 < sub, v1, part[:, lo + 2 : lo + 3])
+        got = (low + high) / 2
+        got[np.isnan(sub)] = np.nan
+        if at is None:
+            return got
+        med[at] = got
     return med
 
 
@@ -98,40 +127,69 @@ def _measure(steps: pd.DataFrame, measure: str) -> pd.DataFrame:
     return m.assign(_value=m[measure].astype("float64"))
 
 
-def _slow_phase(g: pd.DataFrame, steps: pd.Index, rank: object) -> tuple[str, float]:
-    """The traced phase in which ``rank`` exceeds the median of the other ranks the most over
-    ``steps`` (median excess, seconds); ``("", nan)`` when no phase exceeds it."""
-    best, best_extra = "", float("nan")
+def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
+    """:func:`rank_cells` of one run attempt's rows of a frame (``_measure``'s columns)."""
+    hosts = g.groupby("rank")["host"].first().dropna() if "host" in g.columns else {}
+    return rank_cells(
+        g["step"].to_numpy(dtype="int64"),
+        g["rank"].to_numpy(dtype="int64"),
+        {n: g[n].to_numpy(dtype="float64") for n in names if n in g.columns},
+        g.groupby("step")["world_size"].max(),
+        {int(r): h for r, h in dict(hosts).items()},
+    )
+
+
+def _select(mat: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``mat[rows][:, cols]``, without a copy when they select everything."""
+    if rows.all():
+        return mat if cols.all() else mat[:, cols]
+    return mat[rows][:, cols] if not cols.all() else mat[rows]
+
+
+def _slow_phases(
+    cells: RankCells, rows: np.ndarray, cols: np.ndarray, candidates: list[tuple[int, np.ndarray]]
+) -> list[tuple[str, float]]:
+    """For each candidate (column ``j``, its slow rows ``idx``): the traced phase in which it
+    exceeds the median of the other ranks the most over those rows (median excess, seconds);
+    ``("", nan)`` when no phase exceeds it. Each phase's medians are computed once, for all
+    candidates, over the rows any of them needs."""
+    best: list[tuple[str, float]] = [("", float("nan"))] * len(candidates)
+    if not candidates:
+        return best
+    needed = np.unique(np.concatenate([idx for _, idx in candidates]))
     for phase in SLOW_PHASES:
         column = "_backward_compute_s" if phase == "backward_compute_s" else phase
-        if column not in g.columns:
+        if column not in cells.values:
             continue
-        mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").reindex(steps)
-        a = mat.to_numpy(dtype="float64")
-        j = list(mat.columns).index(rank)
-        excess = a[:, j] - _median_of_others(a)[:, j]
-        if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
-            continue
-        extra = float(np.nanmedian(excess))
-        if extra > 0 and not extra <= best_extra:
-            best, best_extra = phase, extra
-    return best, best_extra
+        a = _select(cells.values[column], rows, cols)[needed]
+        med = _median_of_others(a)
+        for k, (j, idx) in enumerate(candidates):
+            at = np.searchsorted(needed, idx)
+            excess = a[at, j] - med[at, j]
+            if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
+                continue
+            extra = float(np.nanmedian(excess))
+            if extra > 0 and not extra <= best[k][1]:
+                best[k] = (phase, extra)
+    return best
 
 
 def _attempt_stragglers(
-    g: pd.DataFrame, threshold: float, min_steps: int, persistence: float, measure: str
+    cells: RankCells, threshold: float, min_steps: int, persistence: float, measure: str
 ) -> list[dict[str, Any]]:
-    """The stragglers of one run attempt's measured steps (``_value`` holds the measure).
+    """The stragglers of one run attempt's measured cells (``_value`` holds the measure).
 
     ``compute_s`` with backward compute on some steps only (DDP's sampled timer): the host
-    phases over every step, and the whole compute over the sampled steps alone (a rank slow
-    in backward shows nowhere else); a rank found by both is reported from its earlier
-    start."""
-    if measure != "compute_s" or g["_value"].notna().all():
-        return _found(g, "_value", threshold, min_steps, persistence)
-    host = _found(g, "_host_s", threshold, min_steps, persistence)
-    sampled = g.groupby("step")["_value"].transform(lambda v: v.notna().all())
-    full = _found(g[sampled.astype(bool)], "_value", threshold, min_steps, persistence)
+    phases over every step, and the whole compute over the sampled steps alone (those where
+    every rank's row has it: a rank slow in backward shows nowhere else); a rank found by both
+    is reported from its earlier start."""
+    value, present = cells.values["_value"], cells.present
+    every = np.ones(len(cells.steps), dtype=bool)
+    if measure != "compute_s" or not np.isnan(value[present]).any():
+        return _found(cells, every, "_value", threshold, min_steps, persistence)
+    host = _found(cells, every, "_host_s", threshold, min_steps, persistence)
+    sampled = ~(np.isnan(value) & present).any(axis=1)
+    full = _found(cells, sampled, "_value", threshold, min_steps, persistence)
     best: dict[int, dict[str, Any]] = {}
     for row in (*host, *full):
         kept = best.get(row["rank"])
@@ -141,37 +199,42 @@ def _attempt_stragglers(
 
 
 def _found(
-    g: pd.DataFrame, column: str, threshold: float, min_steps: int, persistence: float
+    cells: RankCells,
+    rows: np.ndarray,
+    column: str,
+    threshold: float,
+    min_steps: int,
+    persistence: float,
 ) -> list[dict[str, Any]]:
-    """The ranks whose ``column`` is persistently above the median of the other ranks'."""
-    if g.empty:
+    """The ranks whose ``column`` is persistently above the median of the other ranks', over
+    the steps ``rows`` selects (the ranks with a row on them)."""
+    cols = cells.present[rows].any(axis=0)
+    if not rows.any() or cols.sum() < 2 or rows.sum() < min_steps:
         return []
-    mat = g.groupby(["step", "rank"])[column].mean().unstack("rank").sort_index()
-    if mat.shape[1] < 2 or mat.shape[0] < min_steps:
-        return []
-    a = mat.to_numpy(dtype="float64")
+    a = _select(cells.values[column], rows, cols)
+    steps, ranks = cells.steps[rows], cells.ranks[cols]
     ref = _median_of_others(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(ref > 0, a / ref, np.nan)
     slow = np.nan_to_num(ratio, nan=0.0) > 1 + threshold
-    csum = np.vstack([np.zeros((1, a.shape[1])), np.cumsum(slow, axis=0)])
+    csum = np.vstack([np.zeros((1, a.shape[1]), "int32"), np.cumsum(slow, axis=0, dtype="int32")])
     window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
     qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
-    hosts = g.groupby("rank")["host"].first() if "host" in g.columns else None
+    world = int(cells.step_world[rows].max())
+    starts = [(int(j), int(np.argmax(qualifies[:, j]))) for j in np.flatnonzero(qualifies.any(0))]
+    tails = [(j, i + np.flatnonzero(slow[i:, j])) for j, i in starts]
+    phases = _slow_phases(cells, rows, cols, tails)
     found = []
-    for j in np.flatnonzero(qualifies.any(axis=0)):
-        i = int(np.argmax(qualifies[:, j]))
+    for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases, strict=True):
         tail = slow[i:, j]
-        idx = i + np.flatnonzero(tail)
-        rank = int(mat.columns[j])
-        phase, phase_extra = _slow_phase(g, mat.index[idx], rank)
+        rank = int(ranks[j])
         found.append(
             {
                 "rank": rank,
-                "host": hosts.get(rank) if hosts is not None else None,
-                "world_size": int(g["world_size"].max()),
-                "start_step": int(mat.index[i]),
-                "end_step": int(mat.index[idx[-1]]),
+                "host": cells.hosts.get(rank),
+                "world_size": world,
+                "start_step": int(steps[i]),
+                "end_step": int(steps[idx[-1]]),
                 "slow_steps": int(tail.sum()),
                 "slow_fraction": float(tail.mean()),
                 "ratio": float(np.median(ratio[idx, j])),
@@ -214,14 +277,54 @@ def stragglers(
     exceeds the others' median the most over those steps, by ``slow_phase_extra_s`` (median
     seconds per step); empty when no traced phase is slower (the time is outside them).
     """
+    _check_rule(threshold, min_steps, persistence)
+    m = _measure(steps, measure)
+    names = ("_value", "_host_s", *HOST_PHASES, "_backward_compute_s")
+    found: list[dict[str, Any]] = []
+    for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
+        cells = _cells_of_frame(g, names)
+        for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
+            found.append({"run_id": run_id, "attempt": int(attempt), **row})
+    return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+
+
+def _check_rule(threshold: float, min_steps: int, persistence: float) -> None:
     if min_steps < 1 or not 0 < persistence <= 1 or threshold < 0:
         raise ValueError(
             f"need min_steps >= 1, 0 < persistence <= 1, threshold >= 0; got "
             f"min_steps={min_steps}, persistence={persistence}, threshold={threshold}"
         )
-    m = _measure(steps, measure)
+
+
+def stragglers_in_store(
+    run_dirs: Iterable[str | Path],
+    threshold: float = 0.1,
+    min_steps: int = 10,
+    persistence: float = 0.8,
+    measure: str = "compute_s",
+) -> pd.DataFrame:
+    """:func:`stragglers` of the runs in ``run_dirs`` (run folders), read through the engine:
+    each run's measured rows come out of its files with only the columns the rule needs (warm-up
+    filtered in the engine), one run at a time, and are laid out as step x rank matrices once.
+    The same rule and columns as :func:`stragglers` of ``load_traces(run_dirs)``, in a fraction
+    of its time and memory on a large sweep."""
+    _check_rule(threshold, min_steps, persistence)
+    float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64"]
+    if measure != "compute_s" and measure not in float_cols:
+        valid = ", ".join(["compute_s", *float_cols])
+        raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
+    columns = {**{p: p for p in HOST_PHASES}, "_backward_compute_s": BACKWARD_COMPUTE}
+    if measure != "compute_s":
+        columns["_value"] = measure
     found: list[dict[str, Any]] = []
-    for (run_id, attempt), g in m.groupby(["run_id", "attempt"], sort=True):
-        for row in _attempt_stragglers(g, threshold, min_steps, persistence, measure):
-            found.append({"run_id": run_id, "attempt": int(attempt), **row})
-    return pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+    for run_dir in run_dirs:
+        for part in measured_rows(run_dir, columns, detected_warmup):
+            cells = scattered_cells(
+                part.steps, part.ranks, part.batches, part.step_world, part.hosts
+            )
+            run_id, attempt = part.run_id, part.attempt
+            del part
+            for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
+                found.append({"run_id": run_id, "attempt": attempt, **row})
+    frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+    return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

@@ -9,9 +9,12 @@ concatenated) and ``evals`` (:data:`workbench.schema.EVAL_COLUMNS`). Unknown col
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from workbench.store.window_query import window_parts
 
 # Metric names for which lower is better; anything else (accuracy, f1, ...) counts as higher.
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "wer", "cer")
@@ -43,7 +46,9 @@ def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     columns = ["run_id", "attempt", "last_warmup_step", "dropped"]
     if "step_s" not in steps.columns or steps.empty:
         return pd.DataFrame(columns=columns)
-    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+    keys = ["run_id", "attempt", "step"] if "attempt" in steps.columns else ["run_id", "step"]
+    s = steps[[*keys, "step_s", "warmup"]]  # only what the rule reads: a wide frame copies slowly
+    s = s if "attempt" in s.columns else s.assign(attempt=0)
     s = s[~s["warmup"].fillna(False).astype(bool).to_numpy()]
     slowest = s.groupby(["run_id", "attempt", "step"], sort=True)["step_s"].max()
     rows = []
@@ -206,31 +211,68 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
-    out = (
-        _per_attempt(steps, evals)
-        .groupby(level="run_id")
-        .agg(
-            world_size=("world_size", "max"),
-            ranks=("ranks", "max"),
-            attempts=("steps", "size"),
-            steps=("steps", "sum"),
-            start_s=("start_s", "first"),
-            end_s=("end_s", "last"),
-            measured_s=("measured_s", "sum"),
-            samples=("samples", "sum"),
-            eval_s=("eval_s", "sum"),
-            save_s=("save_s", "sum"),
-        )
+    return _window(
+        _per_attempt(steps, evals),
+        steps.groupby("run_id", sort=False)["world_size"].max().reindex(pd.unique(steps["run_id"])),
+        detected_warmup(steps).groupby("run_id")["dropped"].sum(),
     )
-    all_runs = pd.Index(pd.unique(steps["run_id"]), name="run_id")
+
+
+def measured_window_in_store(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
+    """:func:`measured_window` of the runs in ``run_dirs`` (run folders, their evaluations
+    included), aggregated in the engine: only small per-step and per-attempt frames reach
+    pandas. The same columns and values as ``measured_window(load_traces(run_dirs),
+    load_traces(run_dirs, "eval"))``."""
+    parts = window_parts(run_dirs, detected_warmup)
+    keys = ["run_id", "attempt"]
+    per_attempt = parts.steps.groupby(keys, sort=True).agg(
+        world_size=("world_size", "max"),
+        steps=("step", "nunique"),
+        start_s=("start_s", "min"),
+        end_s=("end_s", "max"),
+        samples=("samples", "sum"),
+        first_step=("step", "min"),
+        last_step=("step", "max"),
+    )
+    per_attempt.insert(1, "ranks", parts.ranks.set_index(keys)["ranks"].reindex(per_attempt.index))
+    per_attempt["measured_s"] = per_attempt["end_s"] - per_attempt["start_s"]
+    bounds = per_attempt[["first_step", "last_step"]]
+    per_step = parts.steps.assign(rank=0)
+    per_attempt["eval_s"] = _longest_inside(
+        parts.evals.assign(rank=0), "eval_s", bounds, per_attempt.index
+    )
+    per_attempt["save_s"] = _longest_inside(per_step, "save_s", bounds, per_attempt.index)
+    world = parts.run_world.set_index("run_id")["world_size"]
+    return _window(
+        per_attempt.drop(columns=["first_step", "last_step"]),
+        world,
+        parts.cut.groupby("run_id")["dropped"].sum(),
+    )
+
+
+def _window(per_attempt: pd.DataFrame, run_world: pd.Series, dropped: pd.Series) -> pd.DataFrame:
+    """:func:`measured_window` from its per-attempt parts (:func:`_per_attempt`), each run's
+    largest world size (by run, in the order the runs come: every run with step rows) and the
+    warm-up steps detected per run."""
+    out = per_attempt.groupby(level="run_id").agg(
+        world_size=("world_size", "max"),
+        ranks=("ranks", "max"),
+        attempts=("steps", "size"),
+        steps=("steps", "sum"),
+        start_s=("start_s", "first"),
+        end_s=("end_s", "last"),
+        measured_s=("measured_s", "sum"),
+        samples=("samples", "sum"),
+        eval_s=("eval_s", "sum"),
+        save_s=("save_s", "sum"),
+    )
+    all_runs = pd.Index(run_world.index, name="run_id")
     out = out.reindex(all_runs)
     counts = ["ranks", "attempts", "steps", "samples"]
     if out["world_size"].isna().any():  # runs with warm-up steps only
-        ws = steps.groupby("run_id")["world_size"].max()
-        out["world_size"] = out["world_size"].fillna(ws)
+        out["world_size"] = out["world_size"].fillna(run_world)
         out[counts] = out[counts].fillna(0)
     out = out.astype({c: "int64" for c in ("world_size", *counts)})
-    dropped = detected_warmup(steps).groupby("run_id")["dropped"].sum()
     out["warmup_detected_steps"] = dropped.reindex(out.index, fill_value=0).astype("int64")
     with np.errstate(divide="ignore", invalid="ignore"):
         out["samples_per_s"] = out["samples"] / out["measured_s"].where(out["measured_s"] > 0)

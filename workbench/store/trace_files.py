@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def _conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
     """``table`` with exactly ``target``'s columns, in order and types (missing ones null)."""
     import pyarrow as pa
 
@@ -57,7 +57,7 @@ def read_rank_trace(traces_dir: Path, kind: str, rank: int) -> pa.Table | None:
         parts.append(pa.Table.from_pylist(rows, schema=target))
     if not parts:
         return None
-    return pa.concat_tables([_conform(t, target) for t in parts])
+    return pa.concat_tables([conform(t, target) for t in parts])
 
 
 def _replace_with_parquet(table: pa.Table, traces_dir: Path, kind: str, rank: int) -> None:

@@ -23,7 +23,7 @@ from workbench.analysis.comm import communication
 from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.scaling_model import NetworkModel
-from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
@@ -75,6 +75,7 @@ def build_figures(
     evals: pd.DataFrame | None,
     network: str | NetworkModel | None = None,
     group_by: Sequence[str] | None = None,
+    found: pd.DataFrame | None = None,
 ) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame]]:
     """The report's (heading, figure) pairs, only those with data, and the tables behind them.
 
@@ -82,11 +83,12 @@ def build_figures(
     first (the answer a scaling study is read for); one-run figures show the first run with a
     straggler, else the largest. Tables: ``scaling``, ``stragglers``,
     ``communication`` (mean over ranks per run) and ``predicted`` (when the model has rows).
+    ``found``: the stragglers, when the caller has them (else computed from ``steps``).
     """
     if steps.empty:
         return [], {}
     keys = resolve_group_by(runs, group_by)
-    found = stragglers(steps)
+    found = stragglers(steps) if found is None else found
     ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
     comm = communication(steps, runs, group_by=keys)
     tables = {
@@ -171,10 +173,14 @@ def _tone(line: str) -> str:
 
 
 def _finding_html(
-    runs: pd.DataFrame, steps: pd.DataFrame, group_by: Sequence[str], evals: pd.DataFrame
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    group_by: Sequence[str],
+    evals: pd.DataFrame | None,
+    found: pd.DataFrame | None = None,
 ) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
-    said = findings(runs, steps, group_by, evals) + unmeasured_lines(runs)
+    said = findings(runs, steps, group_by, evals, found=found) + unmeasured_lines(runs)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
@@ -227,6 +233,7 @@ def write_report(
     group_by: Sequence[str] | None = None,
     summary_csv: str | os.PathLike[str] | None = None,
     plotly_js: PlotlyJs = "inline",
+    found: pd.DataFrame | None = None,
 ) -> Path:
     """Write the report to ``path`` (atomically, readable by others as the umask allows) and
     return the path.
@@ -258,7 +265,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        _finding_html(runs, steps, keys, evals),
+        _finding_html(runs, steps, keys, evals, found),
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),
@@ -310,4 +317,5 @@ def report_from_store(
         title=title or f"Scaling report: {target_path.name}",
         summary_csv=summary_csv,
         plotly_js=plotly_js,
+        found=stragglers_in_store(run_dirs),  # through the engine: one pass per run
     )

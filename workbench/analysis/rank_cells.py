@@ -1,0 +1,121 @@
+"""One run attempt's measured step rows as step x rank matrices, built in one pass over the rows:
+from a frame's columns (:func:`rank_cells`) or from batches of rows streamed out of the engine
+(:func:`scattered_cells`). The straggler analysis reads every per-step comparison off them
+(``workbench.analysis.slow_ranks``). No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class RankCells:
+    """One run attempt's measured steps as step x rank matrices (NaN where a rank has no row or
+    no value): ``values`` by name (``_value``, ``_host_s`` and the straggler's phases),
+    ``present`` (the cell has a row), ``step_world`` (the largest world size of each step's
+    rows) and each rank's host (its first row's that has one)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    present: np.ndarray
+    values: dict[str, np.ndarray]
+    step_world: np.ndarray
+    hosts: dict[int, object]
+
+
+def rank_cells(
+    step: np.ndarray,
+    rank: np.ndarray,
+    columns: dict[str, np.ndarray],
+    step_world: pd.Series,
+    hosts: dict[int, object],
+) -> RankCells:
+    """The matrices of one run attempt's measured rows (``step``, ``rank`` and one array per
+    column, aligned), each cell the mean of its rows' values (NaN ignored), built in one pass
+    over the rows. ``step_world``: the largest world size by step; ``hosts``: by rank."""
+    steps, si = dense_index(step)
+    ranks, ri = dense_index(rank)
+    shape = (len(steps), len(ranks))
+    flat = si * len(ranks) + ri
+    counts = np.bincount(flat, minlength=shape[0] * shape[1])
+    unique = not len(counts) or counts.max() <= 1
+    values = {}
+    for name in list(columns):
+        col = np.asarray(columns.pop(name), dtype="float64")  # the rows go as the matrix comes
+        if unique:
+            mat = np.full(shape[0] * shape[1], np.nan)
+            mat[flat] = col
+        else:  # a cell of several rows: their mean, as pandas' groupby mean
+            ok = ~np.isnan(col)
+            total = np.bincount(flat[ok], weights=col[ok], minlength=len(counts))
+            n = np.bincount(flat[ok], minlength=len(counts))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mat = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        values[name] = mat.reshape(shape)
+    world = step_world.reindex(steps).to_numpy(dtype="int64")
+    return RankCells(steps, ranks, (counts > 0).reshape(shape), values, world, hosts)
+
+
+def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct integers of ``values`` and each value's position among them
+    (``np.unique(values, return_inverse=True)``), in linear time when they span a range not
+    much larger than their count (steps and ranks do)."""
+    values = np.asarray(values, dtype="int64")
+    if not len(values):
+        return values, values
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        return np.unique(values, return_inverse=True)
+    seen = np.zeros(high - low + 1, dtype=bool)
+    seen[values - low] = True
+    where = np.cumsum(seen) - 1
+    return np.flatnonzero(seen) + low, where[values - low]
+
+
+class _DerivedCompute(dict):  # type: ignore[type-arg]
+    """The matrices by name, with ``_host_s`` and (unless given) ``_value`` (``compute_s``)
+    derived from the phases when asked for, not held: the same sums as :func:`rank_compute`'s
+    per row, since each cell holds one row."""
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name == "_host_s":
+            return 0.0 + self["data_s"] + self["forward_s"] + self["optimizer_s"]
+        if name == "_value":
+            return self["_host_s"] + self["_backward_compute_s"]
+        raise KeyError(name)
+
+
+def scattered_cells(
+    steps: np.ndarray,
+    ranks: np.ndarray,
+    batches: Iterable[dict[str, np.ndarray]],
+    step_world: pd.Series,
+    hosts: dict[int, object],
+) -> RankCells:
+    """:class:`RankCells` built from batches of rows (``step``, ``rank``, ``data_s``,
+    ``forward_s``, ``optimizer_s``, ``_backward_compute_s`` and, for another measure than
+    ``compute_s``, ``_value``), each batch scattered into the matrices as it comes, so only one
+    batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted.
+    One row per cell (the store writes one row per rank and step of an attempt)."""
+    shape = (len(steps), len(ranks))
+    step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if len(steps) else 0, -1)
+    step_at[steps - steps.min()] = np.arange(len(steps))
+    rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if len(ranks) else 0, -1)
+    rank_at[ranks - ranks.min()] = np.arange(len(ranks))
+    values: dict[str, np.ndarray] = _DerivedCompute()
+    present = np.zeros(shape, dtype=bool)
+    for batch in batches:
+        flat = step_at[batch.pop("step") - steps.min()] * shape[1]
+        flat += rank_at[batch.pop("rank") - ranks.min()]
+        present.flat[flat] = True
+        for name, col in batch.items():
+            if name not in values:
+                values[name] = np.full(shape, np.nan)
+            values[name].flat[flat] = col
+    world = step_world.reindex(steps).to_numpy(dtype="int64")
+    return RankCells(steps, ranks, present, values, world, hosts)

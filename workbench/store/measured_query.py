@@ -1,0 +1,103 @@
+"""Each run's measured step rows as the straggler analysis reads them, out of the engine: only
+the columns it needs, the warm-up rows filtered in the engine (the rule of
+:func:`workbench.analysis.windows.detected_warmup`, computed on the per-step maxima), one run
+folder and one attempt at a time, as NumPy arrays. The analysis lays them out as step x rank
+matrices once per run (``workbench.analysis.slow_ranks``). No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from workbench.store.engine import steps_view
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+#: Backward compute: DDP's timer where it sampled, else backward less its timed communication.
+BACKWARD_COMPUTE = (
+    "coalesce(backward_compute_s, CASE WHEN backward_s - comm_s < 0 THEN 0 "
+    "ELSE backward_s - comm_s END)"
+)
+
+
+@dataclass
+class AttemptRows:
+    """One run attempt's measured rows: every ``steps`` and ``ranks`` they hold (sorted), the
+    largest world size by step, each rank's host (its first step's), and the rows themselves as
+    ``batches`` (dicts of NumPy arrays: ``step``, ``rank`` and the asked columns, NaN where
+    null), read from the engine as they are consumed: take them before the next attempt."""
+
+    run_id: str
+    attempt: int
+    steps: np.ndarray
+    ranks: np.ndarray
+    step_world: pd.Series
+    hosts: dict[int, object]
+    batches: Iterator[dict[str, np.ndarray]]
+
+
+#: Rows per batch handed out of the engine (a batch of six columns is about 50 MB).
+BATCH_ROWS = 1 << 20
+
+
+def measured_rows(
+    run_dir: str | Path,
+    columns: dict[str, str],
+    warmup: Callable[[pd.DataFrame], pd.DataFrame],
+) -> Iterator[AttemptRows]:
+    """The measured rows of the run folder, per run and attempt: ``columns`` maps each name to
+    its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine.
+
+    Three passes over the files: each step's slowest ``step_s`` and largest ``world_size`` over
+    the rows that are not traced warm-up (a small frame, handed to ``warmup``: the analysis's
+    rule, :func:`workbench.analysis.windows.detected_warmup`, which returns ``run_id, attempt,
+    last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
+    rank's host, then the rows, streamed."""
+    import numpy as np
+
+    con = steps_view([run_dir])
+    try:
+        per_step = con.execute(
+            "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
+            "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
+            "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
+        ).df()
+        cut = warmup(per_step).set_index(["run_id", "attempt"])["last_warmup_step"]
+        select = ", ".join(  # NaN, not NULL: plain arrays, no masks
+            f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
+        )
+        for (run_id, attempt), part in per_step.groupby(["run_id", "attempt"], sort=True):
+            bound = int(cut.get((run_id, attempt), np.iinfo("int64").min))
+            part = part[part["step"] > bound]
+            if part.empty:
+                continue
+            where = (
+                "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
+                "AND NOT coalesce(warmup, false) AND step > $bound"
+            )
+            args = {"run": run_id, "attempt": int(attempt), "bound": bound}
+            hosts = con.execute(
+                "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
+                f"FROM steps {where} GROUP BY rank ORDER BY rank",
+                args,
+            ).fetchall()
+            reader = con.sql(  # a relation streams its rows (no copy of the whole result)
+                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
+                params=args,
+            ).to_arrow_reader(BATCH_ROWS)
+            yield AttemptRows(
+                str(run_id),
+                int(attempt),
+                part["step"].to_numpy(dtype="int64"),
+                np.array([r for r, _ in hosts], dtype="int64"),
+                part.set_index("step")["world_size"].astype("int64"),
+                {int(r): h for r, h in hosts if h is not None},
+                ({c: batch.column(c).to_numpy() for c in batch.schema.names} for batch in reader),
+            )
+    finally:
+        con.close()
