@@ -29,6 +29,9 @@ NOISE = 0.05
 #: What the model assumes PowerSGD (rank 1) sends: the low-rank factors of each gradient matrix,
 #: about a tenth of the bytes for layers of a few hundred units (it depends on their shapes).
 POWERSGD_BYTES = 0.1
+#: How much larger a per-device batch to try: enough to amortise one allreduce over much more
+#: compute (memory permitting: activations grow with it).
+BATCH_FACTOR = 4
 #: The fields the workbench's instrumentation applies to a script's own DDP (torch_hooks).
 SCRIPT_REACHABLE = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "comm_hook")
 
@@ -57,10 +60,18 @@ SAID = {
         "the cores), or more work per step so the gain outweighs the sharing"
     ),
     "wait": "find the slowest rank (the straggler line) and why it is slow",
-    "data": "load the data ahead (more loader workers, pinned memory, data on local disk)",
+    "data": "load the data ahead (more loader workers, prefetching, data on local disk)",
     "gaps": "look at the work between steps (logging, host synchronisation)",
     "unexplained": "trace more steps or sample DDP's timers more often to see where it went",
 }
+
+
+def _value(config: Mapping[str, Any], name: str) -> Any:
+    """A config value, ``None`` where missing or NaN (a run table's empty cell)."""
+    value = config.get(name)
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def _bucket_sizes(current: float) -> list[float]:
@@ -74,43 +85,39 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
 
     Communication-bound (``exposed_transfer``): ``bucket_cap_mb`` up and down, ``comm_hook``
     fp16, bf16 and powersgd, ``gradient_as_bucket_view``, ``static_graph``, a per-device batch
-    twice as large and two micro-steps of gradient accumulation (one allreduce for both, DDP's
-    no_sync). Straggler, data, compute, gaps: none (no RunConfig field reaches them; see
+    :data:`BATCH_FACTOR` times as large and twice the micro-steps of gradient accumulation (one
+    allreduce for them, DDP's no_sync). Straggler, data, compute, gaps: none (no RunConfig field reaches them; see
     :data:`SAID`). For a script run, the batch and accumulation are the script's own: listed,
     not reachable."""
     if cause != "exposed_transfer":
         return []
     out: list[Candidate] = []
-    cap = float(config.get("bucket_cap_mb") or 25.0)
+    cap = float(_value(config, "bucket_cap_mb") or 25.0)
     for size in _bucket_sizes(cap):
         word = "larger" if size > cap else "smaller"
         out.append(
             Candidate({"bucket_cap_mb": size}, f"bucket_cap_mb {cap:g} -> {size:g} ({word})")
         )
-    if config.get("comm_hook", "allreduce") == "allreduce":
+    if (_value(config, "comm_hook") or "allreduce") == "allreduce":
         for hook in ("fp16", "bf16", "powersgd"):
             out.append(Candidate({"comm_hook": hook}, f"comm_hook {hook}", changes_math=True))
-    if not config.get("gradient_as_bucket_view"):
+    if not _value(config, "gradient_as_bucket_view"):
         out.append(Candidate({"gradient_as_bucket_view": True}, "gradient_as_bucket_view"))
-    if not config.get("static_graph"):
+    if not _value(config, "static_graph"):
         out.append(Candidate({"static_graph": True}, "static_graph"))
-    batch = config.get("per_device_batch_size")
-    if script or batch:
-        new = int(batch) * 2 if batch else None
-        label = f"per-device batch {batch} -> {new}" if batch else "per-device batch x2"
-        change = {"per_device_batch_size": new} if new else {}
-        out.append(
-            Candidate(
-                change, label, changes_math=True, reachable=not script, note="memory permitting"
-            )
-        )
-    accumulation = int(config.get("gradient_accumulation_steps") or 1)
+    batch = _value(config, "per_device_batch_size")
+    if batch:
+        change, label = {"per_device_batch_size": int(batch) * BATCH_FACTOR}, ""
+        label = f"per-device batch {int(batch)} -> {int(batch) * BATCH_FACTOR}"
+    else:
+        change, label = {}, f"a per-device batch {BATCH_FACTOR}x as large"
+    out.append(Candidate(change, label, changes_math=True, note="memory permitting"))
+    accumulation = int(_value(config, "gradient_accumulation_steps") or 1)
     out.append(
         Candidate(
             {"gradient_accumulation_steps": accumulation * 2},
             f"gradient accumulation {accumulation} -> {accumulation * 2} (no_sync)",
             changes_math=True,
-            reachable=not script,
         )
     )
     if script:  # what the instrumentation cannot apply is listed, not tried
@@ -130,14 +137,16 @@ def advice(cause: str, config: Mapping[str, Any] | None = None, script: bool = F
     listed = candidates_for(cause, config or {}, script)
     if not listed:
         return SAID.get(cause, SAID["unexplained"])
+    how = "; workbench tune RUN predicts and measures each"
+    if not script:
+        return "communication-bound: try " + ", ".join(c.label for c in listed) + how
     reach = [c.label for c in listed if c.reachable]
-    text = "communication-bound: try " + ", ".join(reach)
-    if script:
-        text += " (applied by the workbench to the script's DDP)"
-        unreachable = [c.label for c in listed if not c.reachable]
-        if unreachable:
-            text += "; in the script itself: " + ", ".join(unreachable)
-    return text + " (workbench tune RUN measures each)"
+    rest = [c.label for c in listed if not c.reachable]
+    text = "communication-bound: the workbench applies to the script's DDP, with no change to it, "
+    text += ", ".join(reach)
+    if rest:
+        text += "; in the script itself: " + ", ".join(rest)
+    return text + how
 
 
 def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:

@@ -102,7 +102,8 @@ def report_text(result: dict[str, Any]) -> str:
     YAML), and the loss curves of every tried change of the mathematics."""
     d = result["diagnosis"]
     share = d.get("share")
-    share_text = f" ({share:.0%} of the step)" if isinstance(share, float) else ""
+    # the parts are averaged over steps and ranks separately: a share may pass 100 %
+    share_text = f" ({min(share, 1.0):.0%} of the step)" if isinstance(share, float) else ""
     out = [f"run {result['run_id']}: diagnosis {d.get('cause')}{share_text}"]
     if result.get("said"):
         out.append(f"nothing to tune at the data-parallel level: {result['said']}")

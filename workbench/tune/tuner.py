@@ -273,6 +273,8 @@ def _predict(
         row = _row(c, gain, note)
         if not c.reachable:
             row["why"] = "the script's own setting: change it in the script (not reachable)"
+        elif not c.change:
+            row["why"] = "the run's config does not give it (nothing to change)"
         elif math.isfinite(gain) and gain < noise:
             row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
         rows.append(row)
