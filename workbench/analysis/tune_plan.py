@@ -86,9 +86,9 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
     Communication-bound (``exposed_transfer``): ``bucket_cap_mb`` up and down, ``comm_hook``
     fp16, bf16 and powersgd, ``gradient_as_bucket_view``, ``static_graph``, a per-device batch
     :data:`BATCH_FACTOR` times as large and twice the micro-steps of gradient accumulation (one
-    allreduce for them, DDP's no_sync). Straggler, data, compute, gaps: none (no RunConfig field reaches them; see
-    :data:`SAID`). For a script run, the batch and accumulation are the script's own: listed,
-    not reachable."""
+    allreduce for them, DDP's no_sync). Straggler, data, compute, gaps: none (no RunConfig
+    field reaches them; see :data:`SAID`). For a script run, the batch and accumulation are
+    the script's own: listed, not reachable."""
     if cause != "exposed_transfer":
         return []
     out: list[Candidate] = []
