@@ -5,7 +5,8 @@ shows: how the largest world size compares with the smallest, what grew with it,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -15,7 +16,7 @@ from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers
-from workbench.analysis.tune_plan import SAID, advice
+from workbench.analysis.tune_plan import SAID, advice, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
@@ -158,9 +159,11 @@ def findings(
     steps: pd.DataFrame,
     group_by: Sequence[str] | None = None,
     evals: pd.DataFrame | None = None,
+    tunes: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
-    are several), then the stragglers and the peak memory. Empty without measured steps."""
+    are several), then what each of ``tunes`` (``workbench tune``'s records of these runs)
+    verified, the stragglers and the peak memory. Empty without measured steps."""
     if steps.empty:
         return []
     keys = resolve_group_by(runs, group_by)
@@ -179,6 +182,7 @@ def findings(
         sentence = _curve_sentence(points, mine, parts)
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
+    out += [verified(t) for t in tunes]
     slow = stragglers(steps)
     if len(slow):
         for row in slow.itertuples():

@@ -244,3 +244,30 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
         backward_compute_s=b.backward_compute_s * work,
     )
     return _rate(after, inputs) / before - 1, "; ".join(notes)
+
+
+def _pct(value: Any) -> str:
+    return "?" if value is None else f"{float(value):+.0%}"
+
+
+def verified(tune: Mapping[str, Any]) -> str:
+    """What a tune (``tune.json``'s content) verified, in one sentence: each measured
+    candidate's measured gain with its interval beside its prediction, by verdict, and how
+    many were not measured."""
+    rows = tune.get("candidates") or []
+    parts = []
+    for word, name in (("better", "better"), ("no significant change", "same"), ("worse", "worse")):
+        told = [
+            f"{r['label']} {_pct(r['measured_gain'])} ({_pct(r['low'])} to {_pct(r['high'])}, "
+            f"predicted {_pct(r['predicted_gain'])})"
+            for r in rows
+            if r.get("verdict") == name
+        ]
+        if told:
+            parts.append(f"{word}: {'; '.join(told)}")
+    skipped = sum(1 for r in rows if r.get("verdict") == "skipped")
+    if skipped:
+        parts.append(f"{skipped} not measured (below the noise, not reachable or over the budget)")
+    if not rows:
+        parts.append(f"nothing to tune ({tune.get('said') or 'no candidate'})")
+    return f"tune of run {tune.get('run_id')}: " + ", ".join(parts)

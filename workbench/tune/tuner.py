@@ -42,10 +42,12 @@ from workbench.analysis.tune_plan import (
     predicted_gain,
 )
 from workbench.config.run_config import RunConfig
+from workbench.errors import ConfigError
 from workbench.run.backends.pool import warm_pool
 from workbench.run.launch import launch
 from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
+from workbench.store.tunes import TUNE_FILE
 
 #: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
 STARTUP_S = 6.0
@@ -54,8 +56,6 @@ TARGET_WINDOW_S = 1.0
 MIN_SHORT_STEPS, MAX_SHORT_STEPS, SHORT_WARMUP = 30, 300, 5
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
-#: The file a tune leaves in the base run's folder (the finding reads what was verified).
-TUNE_FILE = "tune.json"
 
 
 class TuneError(ValueError):
@@ -248,6 +248,15 @@ def tune(
         _save(path, result)
         return result
     short = _short_steps(inputs)
+    for i in list(todo):  # a change the config's rules refuse is said, before anything starts
+        try:
+            _short_config(config, short, f"tune-{run_id}", rows[i]["change"])
+        except ConfigError as exc:
+            rows[i]["why"] = f"not a valid config: {exc}"
+            todo.remove(i)
+    if not todo:
+        _save(path, result)
+        return result
     estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
     if budget_s < min(estimates) * 2 * repeats:
         raise TuneError(
