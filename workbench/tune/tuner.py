@@ -6,7 +6,7 @@ predicted by the scaling model; those whose predicted gain is below the noise
 (:data:`~workbench.analysis.tune_plan.NOISE`), or that a script run's instrumentation cannot
 apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
 config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
-(base, candidate, base, candidate, ...), each run's throughput taken at its median step
+(base then candidate, then candidate then base, ...), each run's throughput taken at its median step
 (:func:`~workbench.analysis.tune_measure.median_step_throughput`), and the gain's interval from
 the pairs (:func:`~workbench.analysis.tune_measure.paired_gain`). The tune stops at its
 budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
@@ -203,7 +203,8 @@ def tune(
     so far). ``repeats``: pairs per candidate (2 or more). ``executor``: ``pool`` (warm
     workers) or ``local``. ``noise``: the smallest gain worth measuring and counting.
     ``top``: measure at most this many candidates (highest prediction first). ``changes``:
-    try these RunConfig changes instead of the diagnosis's list (each still predicted).
+    try these RunConfig changes instead of the diagnosis's list (each predicted, and measured
+    whatever its prediction).
     ``progress``: called with a line of progress before each short run."""
     if repeats < 2:
         raise TuneError(f"repeats={repeats}: an interval needs 2 pairs or more")
@@ -238,7 +239,7 @@ def tune(
     plan = _plan(cause, config, changes)
     if changes is None and not plan:
         result.said = SAID.get(cause, SAID["unexplained"])
-    rows, todo = _predict(plan, inputs, noise)
+    rows, todo = _predict(plan, inputs, noise, explicit=changes is not None)
     result.candidates = rows
     todo = todo[:top] if top is not None else todo
     for i, row in enumerate(rows):
@@ -273,9 +274,10 @@ def tune(
 
 
 def _predict(
-    plan: Sequence[Candidate], inputs: ModelInputs, noise: float
+    plan: Sequence[Candidate], inputs: ModelInputs, noise: float, explicit: bool = False
 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Every candidate's row with its prediction; the indices to measure, best first."""
+    """Every candidate's row with its prediction; the indices to measure, best first (changes
+    asked for ``explicit``ly are measured whatever their prediction)."""
     rows = []
     for c in plan:
         gain, note = predicted_gain(c.change, inputs) if c.change else (float("nan"), "")
@@ -284,7 +286,7 @@ def _predict(
             row["why"] = "the script's own setting: change it in the script (not reachable)"
         elif not c.change:
             row["why"] = "the run's config does not give it (nothing to change)"
-        elif math.isfinite(gain) and gain < noise:
+        elif math.isfinite(gain) and gain < noise and not explicit:
             row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
         rows.append(row)
     todo = [i for i, r in enumerate(rows) if not r["why"]]
@@ -343,7 +345,9 @@ def _measure(
             ids: list[str] = []
             last: dict[str, Any] = {}
             for r in range(result.repeats):
-                for side, change in (("base", {}), ("candidate", row["change"])):
+                order = (("base", {}), ("candidate", row["change"]))
+                # every other pair runs the candidate first: an order effect cancels
+                for side, change in order if r % 2 == 0 else order[::-1]:
                     if progress is not None:
                         rate = done / sum(took) * 60 if took else float("nan")
                         left = (total - done) * (sum(took) / len(took) if took else per_run)
