@@ -17,9 +17,7 @@ smaller than one candidate are each a :class:`TuneError` and nothing starts.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,8 @@ from typing import Any
 from workbench import schema
 from workbench.analysis.tune_measure import (
     MIN_MEASURED_STEPS,
-    median_step_throughput,
     model_inputs,
-    paired_gain,
     run_diagnosis,
-    verdict,
 )
 from workbench.analysis.tune_plan import (
     NOISE,
@@ -43,17 +38,16 @@ from workbench.analysis.tune_plan import (
 )
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError
-from workbench.run.backends.pool import warm_pool
-from workbench.run.launch import launch
 from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
+from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, secs, short_config
 
 #: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
 STARTUP_S = 6.0
 #: A short run measures about this many seconds of steps, within the bounds below.
 TARGET_WINDOW_S = 1.0
-MIN_SHORT_STEPS, MAX_SHORT_STEPS, SHORT_WARMUP = 30, 300, 5
+MIN_SHORT_STEPS, MAX_SHORT_STEPS = 30, 300
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
 
@@ -120,24 +114,6 @@ def find_run(run: str | Path, output_dir: str | Path = "experiments/results") ->
             "(workbench ls lists the runs)"
         )
     return found[0].parent
-
-
-def _short_config(
-    config: RunConfig, steps: int, sweep: str, change: Mapping[str, Any]
-) -> RunConfig:
-    """The base's config as a short measuring run, with ``change``."""
-    fields: dict[str, Any] = dict(change)
-    fields.update(sweep=sweep, run_name=None, network_benchmark=False)
-    if not config.is_script:
-        fields.update(
-            max_steps=steps,
-            epochs=None,
-            warmup_steps=SHORT_WARMUP,
-            eval_every_epochs=0,
-            eval_at_end=False,
-            checkpoint_every_steps=0,
-        )
-    return config.replace(**fields)
 
 
 def _label(change: Mapping[str, Any]) -> str:
@@ -211,6 +187,51 @@ def tune(
     if not budget_s > 0:
         raise TuneError(f"budget {budget_s} s: must be positive")
     path = find_run(run, output_dir)
+    config, runs, steps, diagnosis, inputs = _load_base(path)
+    run_id = str(runs["run_id"].iloc[0])
+    cause = str(diagnosis["cause"])
+    result = TuneResult(run_id, config.to_dict(), _clean(diagnosis), noise=noise, repeats=repeats)
+    plan = _plan(cause, config, changes)
+    if changes is None and not plan:
+        result.said = SAID.get(cause, SAID["unexplained"])
+    rows, todo = _predict(plan, inputs, noise, explicit=changes is not None)
+    result.candidates = rows
+    todo = todo[:top] if top is not None else todo
+    for i, row in enumerate(rows):
+        if row["verdict"] == "skipped" and not row["why"] and i not in todo:
+            row["why"] = f"not among the top {top} predictions"
+    short = _short_steps(inputs)
+    todo = _valid(rows, todo, config, short, run_id)
+    if todo:
+        estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
+        _check_budget(budget_s, min(estimates), repeats, short)
+        how = Pairs(run_id, repeats, noise)
+        measure(rows, todo, config, short, budget_s, executor, progress, estimates, how)
+    better = [r for r in rows if r["verdict"] == "better"]
+    result.best = dict(max(better, key=lambda r: r["measured_gain"])["change"]) if better else {}
+    _save(path, result)
+    return result
+
+
+def _valid(
+    rows: list[dict[str, Any]], todo: list[int], config: RunConfig, short: int, run_id: str
+) -> list[int]:
+    """``todo`` less the changes the config's rules refuse (said in their rows), before
+    anything starts."""
+    out = []
+    for i in todo:
+        try:
+            short_config(config, short, f"tune-{run_id}", rows[i]["change"])
+        except ConfigError as exc:
+            rows[i]["why"] = f"not a valid config: {exc}"
+            continue
+        out.append(i)
+    return out
+
+
+def _load_base(path: Path) -> tuple[RunConfig, Any, Any, dict[str, Any], ModelInputs]:
+    """The base run's config, runs row, steps, diagnosis and model inputs; a :class:`TuneError`
+    for a run that did not complete or measured too few steps."""
     record = read_json(path / schema.RUN_FILE)
     run_id = str(record.get("run_id", path.name))
     status = record.get("status")
@@ -234,43 +255,17 @@ def tune(
         )
     inputs = model_inputs(runs, steps, config.to_dict())
     assert inputs is not None  # measured steps exist
-    cause = str(diagnosis["cause"])
-    result = TuneResult(run_id, config.to_dict(), _clean(diagnosis), noise=noise, repeats=repeats)
-    plan = _plan(cause, config, changes)
-    if changes is None and not plan:
-        result.said = SAID.get(cause, SAID["unexplained"])
-    rows, todo = _predict(plan, inputs, noise, explicit=changes is not None)
-    result.candidates = rows
-    todo = todo[:top] if top is not None else todo
-    for i, row in enumerate(rows):
-        if row["verdict"] == "skipped" and not row["why"] and i not in todo:
-            row["why"] = f"not among the top {top} predictions"
-    if not todo:
-        _save(path, result)
-        return result
-    short = _short_steps(inputs)
-    for i in list(todo):  # a change the config's rules refuse is said, before anything starts
-        try:
-            _short_config(config, short, f"tune-{run_id}", rows[i]["change"])
-        except ConfigError as exc:
-            rows[i]["why"] = f"not a valid config: {exc}"
-            todo.remove(i)
-    if not todo:
-        _save(path, result)
-        return result
-    estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
-    if budget_s < min(estimates) * 2 * repeats:
+    return config, runs, steps, diagnosis, inputs
+
+
+def _check_budget(budget_s: float, run_s: float, repeats: int, short: int) -> None:
+    if budget_s < run_s * 2 * repeats:
         raise TuneError(
-            f"budget {_secs(budget_s)} is less than one candidate: {repeats} pairs of short "
-            f"runs take about {_secs(min(estimates) * 2 * repeats)} ({short} steps each, "
-            f"about {_secs(STARTUP_S)} to start); give a budget of at least that, or fewer "
+            f"budget {secs(budget_s)} is less than one candidate: {repeats} pairs of short "
+            f"runs take about {secs(run_s * 2 * repeats)} ({short} steps each, "
+            f"about {secs(STARTUP_S)} to start); give a budget of at least that, or fewer "
             "repeats"
         )
-    _measure(result, rows, todo, config, short, budget_s, executor, progress, estimates)
-    better = [r for r in rows if r["verdict"] == "better"]
-    result.best = dict(max(better, key=lambda r: r["measured_gain"])["change"]) if better else {}
-    _save(path, result)
-    return result
 
 
 def _predict(
@@ -307,86 +302,6 @@ def _short_steps(inputs: ModelInputs) -> int:
 def _estimate(inputs: ModelInputs, steps: int, work: float) -> float:
     """Seconds one short run is expected to take (the mean of base and candidate)."""
     return STARTUP_S + steps * inputs.base.step_s * (1 + work) / 2
-
-
-def _secs(s: float) -> str:
-    return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
-
-
-def _measure(
-    result: TuneResult,
-    rows: list[dict[str, Any]],
-    todo: list[int],
-    config: RunConfig,
-    short: int,
-    budget_s: float,
-    executor: str,
-    progress: Callable[[str], None] | None,
-    estimates: list[float],
-) -> None:
-    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows."""
-    sweep = f"tune-{result.run_id}"
-    started = time.monotonic()
-    took: list[float] = []
-    total = len(todo) * 2 * result.repeats
-    done = 0
-    pool = warm_pool(size=config.processes) if executor == "pool" else nullcontext()
-    with pool:
-        for k, i in enumerate(todo):
-            row = rows[i]
-            per_run = sum(took) / len(took) if took else estimates[k]
-            spent = time.monotonic() - started
-            if spent + per_run * 2 * result.repeats > budget_s:
-                row["why"] = f"budget spent ({_secs(spent)} of {_secs(budget_s)})"
-                total -= 2 * result.repeats
-                continue
-            base_thr: list[float] = []
-            cand_thr: list[float] = []
-            ids: list[str] = []
-            last: dict[str, Any] = {}
-            for r in range(result.repeats):
-                order = (("base", {}), ("candidate", row["change"]))
-                # every other pair runs the candidate first: an order effect cancels
-                for side, change in order if r % 2 == 0 else order[::-1]:
-                    if progress is not None:
-                        rate = done / sum(took) * 60 if took else float("nan")
-                        left = (total - done) * (sum(took) / len(took) if took else per_run)
-                        progress(
-                            f"tune: run {done + 1}/{total} ({row['label']}, pair {r + 1}/"
-                            f"{result.repeats}, {side}): "
-                            + (f"{rate:.1f} runs/min, " if math.isfinite(rate) else "")
-                            + f"about {_secs(left)} left"
-                        )
-                    t0 = time.monotonic()
-                    cfg = _short_config(config, short, sweep, change)
-                    handle = launch(cfg, executor=executor)
-                    handle.wait()
-                    took.append(time.monotonic() - t0)
-                    done += 1
-                    steps = load_traces([handle.path], "steps")
-                    (base_thr if side == "base" else cand_thr).append(median_step_throughput(steps))
-                    ids.append(str(handle.run_id))
-                    last[side] = steps
-            gain, low, high = paired_gain(base_thr, cand_thr)
-            row.update(
-                measured_gain=gain,
-                low=low,
-                high=high,
-                verdict=verdict(gain, low, high, result.noise),
-                base_samples_per_s=base_thr,
-                candidate_samples_per_s=cand_thr,
-                run_ids=ids,
-            )
-            if row["changes_math"]:
-                row["loss_curves"] = _loss_curves(last["base"], last["candidate"])
-
-
-def _loss_curves(base: Any, candidate: Any) -> list[list[float]]:
-    """``[step, base loss, candidate loss]`` per step both ran (the mean over ranks)."""
-    a = base.groupby("step")["loss"].mean()
-    b = candidate.groupby("step")["loss"].mean()
-    both = a.to_frame("base").join(b.rename("candidate"), how="inner")
-    return [[int(s), float(r.base), float(r.candidate)] for s, r in both.iterrows()]
 
 
 def _save(path: Path, result: TuneResult) -> None:
