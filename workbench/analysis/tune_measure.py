@@ -136,7 +136,9 @@ def model_inputs(
     fit = network_fit(None, steps, runs, link=link) if n > 1 else None
     network: NetworkModel | None = fit.model if fit is not None else None
     if network is None:
-        network = span_network(nbytes, n, span) or NetworkModel("none", 1e30, 0.0)
+        network = span_network(nbytes, n, span) or NetworkModel(
+            name="none", bandwidth_bytes_per_s=1e30, latency_s=0.0
+        )
     return ModelInputs(
         base=base,
         network=network,

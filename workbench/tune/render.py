@@ -73,6 +73,7 @@ def sweep_yaml(result: dict[str, Any]) -> str:
         and k not in change
         and k not in ("derived", "output_dir", "run_name", "sweep")
         and k not in base.derived
+        and v is not None
         and v != defaults.get(k)
     }
     fixed.setdefault("world_size", base.world_size)

@@ -46,7 +46,7 @@ from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, secs, short_con
 #: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
 STARTUP_S = 6.0
 #: A short run measures about this many seconds of steps, within the bounds below.
-TARGET_WINDOW_S = 1.0
+TARGET_WINDOW_S = 0.5
 MIN_SHORT_STEPS, MAX_SHORT_STEPS = 30, 300
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
