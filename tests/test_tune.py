@@ -183,10 +183,14 @@ def test_what_a_tune_verified_is_one_sentence() -> None:
 
 
 def _hand_built_run(
-    tmp: Path, status: str = "completed", n_steps: int = 40, run_id: str = "hand"
+    tmp: Path,
+    status: str = "completed",
+    n_steps: int = 40,
+    run_id: str = "hand",
+    exposed_ms: float = 4.0,
 ) -> Path:
-    """A run folder written by hand: a communication-bound 2-rank mlp (4 of its 10 ms step an
-    exposed allreduce), ``n_steps`` steps, 2 of them warm-up."""
+    """A run folder written by hand: a 2-rank mlp whose 10 ms step holds ``exposed_ms`` of
+    exposed allreduce (4: communication-bound), ``n_steps`` steps, 2 of them warm-up."""
     config = RunConfig(
         world_size=2, per_device_batch_size=8, max_steps=n_steps, sweep="s", output_dir=str(tmp)
     )
@@ -208,7 +212,7 @@ def _hand_built_run(
         optimizer_s=0.5 * ms,
         comm_s=5 * ms,
     )
-    steps["comm_exposed_s"] = 0.004
+    steps["comm_exposed_s"] = exposed_ms * ms
     for rank, rows in steps.groupby("rank"):
         rows.to_parquet(path / schema.TRACES_DIR / schema.trace_file("steps", int(rank)))
     return path
@@ -241,6 +245,19 @@ def test_a_budget_smaller_than_one_candidate_is_refused(tmp_path: Path, capsys) 
     assert main(["tune", str(path), "--budget", "10s"]) == 2
     assert "less than one candidate" in capsys.readouterr().err
     assert _launched(tmp_path) == []
+
+
+def test_json_is_one_object_and_a_compute_bound_run_tries_nothing(tmp_path: Path, capsys) -> None:
+    path = _hand_built_run(tmp_path, exposed_ms=0.0)
+    assert main(["tune", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"base", "candidates", "best"}
+    assert out["candidates"] == [] and out["best"] == {}
+    assert out["base"]["world_size"] == 2 and out["base"]["per_device_batch_size"] == 8
+    assert _launched(tmp_path) == []
+    assert main(["tune", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "diagnosis compute" in text and "no significant gain" in text
 
 
 def test_an_unknown_run_is_named(tmp_path: Path) -> None:
