@@ -3,10 +3,10 @@
 error of the predictions.
 
 A base run of the demo's 2-rank mlp (per-device batch 32, communication-bound on 2 cores) and of
-its 1-rank transformer, each tuned with every candidate its diagnosis calls for measured
-(``noise=0``: none skipped for a small prediction, so every prediction meets a measurement) in
-``--repeats`` interleaved pairs on the warm pool. ``--smoke``: the mlp only, 2 pairs, the two
-highest predictions (a minute or two; its figures are not for the table).
+its 2-rank transformer (close to break-even), each tuned with every candidate its diagnosis calls
+for measured (``noise=0``: none skipped for a small prediction, so every prediction meets a
+measurement) in ``--repeats`` interleaved pairs on the warm pool. ``--smoke``: the mlp only, 2
+pairs, the two highest predictions (a minute or two; its figures are not for the table).
 
 Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--json out.json]``.
 """
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.tune import tune
 
     repeats = 2 if a.smoke else a.repeats
-    bases = [("mlp", 2)] if a.smoke else [("mlp", 2), ("transformer", 1)]
+    bases = [("mlp", 2)] if a.smoke else [("mlp", 2), ("transformer", 2)]
     rows: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, warm_pool(size=2):
         for model, n in bases:
             path = _base(model, n, Path(tmp))
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 top=2 if a.smoke else None,
                 progress=lambda line: print(line, file=sys.stderr, flush=True),
             )
+            results.append(result.to_dict())
             for c in result.candidates:
                 if c["verdict"] == "skipped":
                     continue
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['run']} | {r['label']} | {r['predicted_gain']:+.1%} | "
             f"{r['measured_gain']:+.1%} ({r['low']:+.1%} to {r['high']:+.1%}) | {r['verdict']} |"
         )
+    for r in results:
+        print(f"{r['run_id']}: diagnosis {r['diagnosis'].get('cause')}, {r['said'] or ''}")
     print(f"mean absolute error of the predicted gains: {mae:.1%} over {len(errors)} candidates")
     write_result(
         a.json, "tune_accuracy", {"rows": rows, "mae": mae, "repeats": repeats, "smoke": a.smoke}
