@@ -191,7 +191,7 @@ def test_explore_compares_the_store(quickstart: Any, seed_study: Any, notebook_e
 
 @pytest.mark.slow
 def test_tune_tries_the_top_candidate_and_shows_the_table(notebook_env: Path) -> None:
-    book = execute("05_tune", notebook_env, max_steps=20, repeats=2, top=1, budget_s=240.0)
+    book = execute("05_tune", notebook_env, repeats=2, top=1, budget_s=240.0)
     assert_no_errors(book)
     text = text_of(book)
     assert "What we tried" in text and "predicted" in text

@@ -67,7 +67,11 @@ def test_a_verdict_needs_the_interval_and_the_noise() -> None:
 
 def test_the_largest_cause_over_its_share_is_the_diagnosis() -> None:
     parts = {"step_s": 10.0, "compute": 4.0, "exposed_transfer": 5.0, "wait": 0.5, "data": 0.5}
-    assert diagnose(parts) == ("exposed_transfer", 0.5)
+    # waiting in the allreduce is communication too: (5 + 0.5) / 10
+    assert diagnose(parts) == ("exposed_transfer", pytest.approx(0.55))
+    # ... unless it is over twice the transfer: a slow rank
+    slow = {"step_s": 10.0, "compute": 5.0, "exposed_transfer": 1.0, "wait": 3.0}
+    assert diagnose(slow) == ("wait", pytest.approx(0.3))
     quiet = {"step_s": 10.0, "compute": 9.0, "exposed_transfer": 1.0, "data": 0.0}
     assert diagnose(quiet) == ("compute", 0.9)  # 10 % exposed: under the 15 % that calls for it
 

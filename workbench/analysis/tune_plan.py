@@ -153,16 +153,26 @@ def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:
     """The cause that calls for tuning and its share of the step: of ``parts`` (seconds per
     step: ``step_s`` and the causes of :mod:`workbench.analysis.losses`), the largest of
     ``exposed_transfer, wait, data, gaps`` at :data:`DIAGNOSIS_SHARE` of the step or more; else
-    ``compute`` (its share)."""
+    ``compute`` (its share). Waiting in the allreduce counts as communication (ranks sharing a
+    host's cores reach it at different times step by step) unless it is more than twice the
+    exposed transfer: then a rank is slow, and the cause is ``wait``."""
     step = float(parts.get("step_s", float("nan")))
     if not (math.isfinite(step) and step > 0):
         return "unexplained", float("nan")
+
+    def part(name: str) -> float:
+        value = float(parts.get(name, 0.0) or 0.0)
+        return value if math.isfinite(value) else 0.0
+
+    transfer, wait = part("exposed_transfer"), part("wait")
+    straggler = wait > 2 * transfer
     shares = {
-        c: float(parts.get(c, 0.0) or 0.0) / step
-        for c in ("exposed_transfer", "wait", "data", "gaps")
-        if math.isfinite(float(parts.get(c, 0.0) or 0.0))
+        "exposed_transfer": (transfer if straggler else transfer + wait) / step,
+        "wait": (wait if straggler else 0.0) / step,
+        "data": part("data") / step,
+        "gaps": part("gaps") / step,
     }
-    cause, share = max(shares.items(), key=lambda kv: kv[1], default=("compute", 0.0))
+    cause, share = max(shares.items(), key=lambda kv: kv[1])
     if share >= DIAGNOSIS_SHARE:
         return cause, share
     compute = float(parts.get("compute", float("nan")))
