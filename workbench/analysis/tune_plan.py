@@ -228,7 +228,11 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
         nbytes *= POWERSGD_BYTES
         notes.append(f"PowerSGD sends about {POWERSGD_BYTES:.0%} of the bytes (assumed)")
     if "bucket_cap_mb" in change:
-        buckets = max(1, round(b.buckets * inputs.bucket_cap_mb / float(change["bucket_cap_mb"])))
+        cap = float(change["bucket_cap_mb"])
+        # the bucket count scales with the cap, but no more buckets than the bytes fill (DDP's
+        # small first bucket: one more)
+        fill = math.ceil(b.gradient_bytes / (cap * 2**20)) + 1
+        buckets = max(1, min(round(b.buckets * inputs.bucket_cap_mb / cap), fill))
         notes.append(
             f"{b.buckets} -> {buckets} bucket(s), latency {inputs.network.latency_s:.2g} s each"
         )

@@ -115,7 +115,10 @@ def _measure_one(
     ids: list[str] = []
     last: dict[str, Any] = {}
     for r in range(result.repeats):
-        order = (("base", {}), ("candidate", row["change"]))
+        order: tuple[tuple[str, Mapping[str, Any]], ...] = (
+            ("base", {}),
+            ("candidate", row["change"]),
+        )
         # every other pair runs the candidate first: an order effect cancels
         for side, change in order if r % 2 == 0 else order[::-1]:
             clock.tell(f"{row['label']}, pair {r + 1}/{result.repeats}, {side}", per_run)

@@ -30,11 +30,10 @@ def _gain(value: Any) -> str:
 
 
 def _measured(row: dict[str, Any]) -> str:
-    if row.get("measured_gain") is None or not math.isfinite(
-        float(row.get("measured_gain") if row.get("measured_gain") is not None else "nan")
-    ):
+    gain = row.get("measured_gain")
+    if gain is None or not math.isfinite(float(gain)):
         return "-"
-    return f"{_gain(row['measured_gain'])} ({_gain(row['low'])} to {_gain(row['high'])})"
+    return f"{_gain(gain)} ({_gain(row['low'])} to {_gain(row['high'])})"
 
 
 def table_text(result: dict[str, Any]) -> str:
