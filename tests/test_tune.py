@@ -18,7 +18,7 @@ from workbench import schema
 from workbench.analysis.finding import findings
 from workbench.analysis.network import NetworkModel
 from workbench.analysis.scaling_model import Base
-from workbench.analysis.tune_measure import paired_gain, t975, verdict
+from workbench.analysis.tune_measure import paired_gain, step_throughput, t975, verdict
 from workbench.analysis.tune_plan import (
     ModelInputs,
     advice,
@@ -53,6 +53,19 @@ def test_a_paired_gain_is_the_mean_log_ratio_with_a_t_interval() -> None:
     assert high == pytest.approx(0.5658, abs=1e-4)
     with pytest.raises(ValueError, match="2 or more pairs"):
         paired_gain([1.0], [2.0])
+
+
+def test_a_runs_throughput_is_taken_at_its_faster_steps() -> None:
+    # 2 ranks x 8 samples a step; measured steps start every 10 ms except three slowed to 50 ms
+    # by load: 12 gaps of 10 ms and 3 of 50 ms per rank; their lower quartile is 10 ms: 1,600/s
+    # (the window's mean, 19 steps in 270 ms, would say 1,126/s)
+    steps = make_steps("q", world_size=2, n_steps=20, warmup_steps=2, step_s=0.010)
+    gaps = [0.010] * 20
+    for k in (5, 9, 13):
+        gaps[k] = 0.050
+    starts = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    steps["t_start_s"] = [starts[s] for s in steps["step"] - steps["step"].min()]
+    assert step_throughput(steps) == pytest.approx(1600.0)
 
 
 def test_a_verdict_needs_the_interval_and_the_noise() -> None:

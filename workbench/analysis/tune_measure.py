@@ -50,6 +50,8 @@ T975 = {
     20: 2.086,
     30: 2.042,
 }
+#: A tune's runs are compared at this quantile of their step times (see :func:`step_throughput`).
+STEP_QUANTILE = 0.25
 #: A run needs this many measured steps for a tune to start from it.
 MIN_MEASURED_STEPS = 5
 
@@ -149,16 +151,17 @@ def model_inputs(
     )
 
 
-def median_step_throughput(steps: pd.DataFrame) -> float:
-    """One run's samples per second at its median step: the samples of a step (all ranks,
-    median over measured steps) over the median wall time from one measured step's start to
-    the next (every rank's). A burst of load on a shared host moves the window's mean
-    (``samples_per_s``) by tens of percent; it moves this median little. NaN with fewer than
-    two measured steps."""
+def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:
+    """One run's samples per second at its faster steps: the samples of a step (all ranks,
+    median over measured steps) over the ``quantile`` of the wall times from one measured step's
+    start to the next (every rank's). Load on a shared host only ever slows a step: it moves
+    the window's mean (``samples_per_s``) by tens of percent, a low quantile of the step times
+    much less (as timing tools take the fastest of their repeats). NaN with fewer than two
+    measured steps."""
     m = measured_steps(steps, ["t_start_s", "samples"])
     if m["step"].nunique() < 2:
         return float("nan")
     wall = m.sort_values("step").groupby("rank")["t_start_s"].diff().dropna()
     samples = m.groupby("step")["samples"].sum().median()
-    step_s = float(wall.median())
+    step_s = float(np.quantile(wall, quantile))
     return float(samples) / step_s if step_s > 0 else float("nan")

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.analysis.tune_measure import median_step_throughput, paired_gain, verdict
+from workbench.analysis.tune_measure import paired_gain, step_throughput, verdict
 from workbench.config.run_config import RunConfig
 from workbench.run.backends.pool import warm_pool
 from workbench.run.launch import launch
@@ -129,7 +129,7 @@ def _measure_one(
             handle.wait()
             clock.took.append(time.monotonic() - t0)
             steps = load_traces([handle.path], "steps")
-            thr[side].append(median_step_throughput(steps))
+            thr[side].append(step_throughput(steps))
             ids.append(str(handle.run_id))
             last[side] = steps
     gain, low, high = paired_gain(thr["base"], thr["candidate"])

@@ -109,7 +109,8 @@ def report_text(result: dict[str, Any]) -> str:
         out.append(f"nothing to tune at the data-parallel level: {result['said']}")
     out += ["", "What we tried", table_text(result)] if result["candidates"] else []
     out.append(
-        f"(gains are throughput ratios minus 1 at the median step; intervals from "
+        f"(gains are throughput ratios minus 1, each run's throughput at its faster steps (the "
+        f"quartile of its step times); intervals from "
         f"{result['repeats']} interleaved pairs, Student t on the log ratios; better means the "
         f"interval is above 0 and the gain at least {result['noise']:.0%})"
     )

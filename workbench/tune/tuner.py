@@ -6,8 +6,8 @@ predicted by the scaling model; those whose predicted gain is below the noise
 (:data:`~workbench.analysis.tune_plan.NOISE`), or that a script run's instrumentation cannot
 apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
 config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
-(base then candidate, then candidate then base, ...), each run's throughput taken at its median step
-(:func:`~workbench.analysis.tune_measure.median_step_throughput`), and the gain's interval from
+(base then candidate, then candidate then base, ...), each run's throughput taken at its faster
+steps (:func:`~workbench.analysis.tune_measure.step_throughput`), and the gain's interval from
 the pairs (:func:`~workbench.analysis.tune_measure.paired_gain`). The tune stops at its
 budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
 checked before the first launch: a failed run, one with too few measured steps, a budget
