@@ -95,7 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_KEYS = ("label", "change", "predicted_gain", "measured_gain", "low", "high", "verdict")
+_KEYS = (
+    "label",
+    "change",
+    "predicted_gain",
+    "measured_gain",
+    "low",
+    "high",
+    "verdict",
+    "base_samples_per_s",
+    "candidate_samples_per_s",
+)
 
 if __name__ == "__main__":
     sys.exit(main())
