@@ -85,6 +85,9 @@ def test_the_largest_cause_over_its_share_is_the_diagnosis() -> None:
     # ... unless it is over twice the transfer: a slow rank
     slow = {"step_s": 10.0, "compute": 5.0, "exposed_transfer": 1.0, "wait": 3.0}
     assert diagnose(slow) == ("wait", pytest.approx(0.3))
+    # an allreduce spanning 6 of the 10 ms: communication-bound, whatever the exposed split
+    spanned = {"step_s": 10.0, "compute": 8.0, "exposed_transfer": 0.5, "comm_span": 6.0}
+    assert diagnose(spanned) == ("exposed_transfer", pytest.approx(0.6))
     quiet = {"step_s": 10.0, "compute": 9.0, "exposed_transfer": 1.0, "data": 0.0}
     assert diagnose(quiet) == ("compute", 0.9)  # 10 % exposed: under the 15 % that calls for it
 
@@ -205,6 +208,7 @@ def _hand_built_run(
     n_steps: int = 40,
     run_id: str = "hand",
     exposed_ms: float = 4.0,
+    comm_ms: float = 5.0,
 ) -> Path:
     """A run folder written by hand: a 2-rank mlp whose 10 ms step holds ``exposed_ms`` of
     exposed allreduce (4: communication-bound), ``n_steps`` steps, 2 of them warm-up."""
@@ -227,7 +231,7 @@ def _hand_built_run(
         forward_s=1 * ms,
         backward_s=6 * ms,
         optimizer_s=0.5 * ms,
-        comm_s=5 * ms,
+        comm_s=comm_ms * ms,
     )
     steps["comm_exposed_s"] = exposed_ms * ms
     for rank, rows in steps.groupby("rank"):
@@ -265,7 +269,7 @@ def test_a_budget_smaller_than_one_candidate_is_refused(tmp_path: Path, capsys) 
 
 
 def test_json_is_one_object_and_a_compute_bound_run_tries_nothing(tmp_path: Path, capsys) -> None:
-    path = _hand_built_run(tmp_path, exposed_ms=0.0)
+    path = _hand_built_run(tmp_path, exposed_ms=0.0, comm_ms=1.0)
     assert main(["tune", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"base", "candidates", "best"}

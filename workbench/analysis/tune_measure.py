@@ -92,13 +92,16 @@ def verdict(gain: float, low: float, high: float, noise: float = NOISE) -> str:
 
 
 def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
-    """One run's parts (seconds per step: ``step_s`` and the causes), ``cause`` and ``share``
+    """One run's parts (seconds per step: ``step_s``, the causes and ``comm_span``, DDP's
+    allreduce span on its sampled steps), ``cause`` and ``share``
     (:func:`~workbench.analysis.tune_plan.diagnose`) and ``measured_steps``."""
     per_run = run_table(runs, steps)
     if per_run.empty:
         return {"cause": "unexplained", "share": float("nan"), "measured_steps": 0}
     comm = communication(steps, runs)
     parts = run_parts(steps, comm, per_run.drop_duplicates("run_id")).iloc[0].to_dict()
+    _, span, _ = sampled_medians(measured_steps(steps, ["world_size", "comm_s", "comm_exposed_s"]))
+    parts["comm_span"] = span if math.isfinite(span) else 0.0
     cause, share = diagnose(parts)
     window = measured_window(steps).iloc[0]
     return {**parts, "cause": cause, "share": share, "measured_steps": int(window["steps"])}

@@ -22,6 +22,8 @@ from workbench.analysis.scaling_model import Base, model_curve
 
 #: A cause "calls for" tuning when it takes at least this share of the run's step.
 DIAGNOSIS_SHARE = 0.15
+#: An allreduce span over this share of the step is communication-bound (see :func:`diagnose`).
+SPAN_SHARE = 0.5
 #: End-to-end step times vary 5-25 % between clean repeats on a shared host; under 5 % cannot
 #: be resolved end to end even with interleaved pairs (FACTS). Predicted gains below this are
 #: not worth a measurement, and a measured gain must reach it to count as better or worse.
@@ -155,7 +157,9 @@ def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:
     ``exposed_transfer, wait, data, gaps`` at :data:`DIAGNOSIS_SHARE` of the step or more; else
     ``compute`` (its share). Waiting in the allreduce counts as communication (ranks sharing a
     host's cores reach it at different times step by step) unless it is more than twice the
-    exposed transfer: then a rank is slow, and the cause is ``wait``."""
+    exposed transfer: then a rank is slow, and the cause is ``wait``. A run whose allreduce
+    span (``comm_span``: DDP's timer, the smallest over ranks) covers :data:`SPAN_SHARE` of the
+    step or more is communication-bound (that share)."""
     step = float(parts.get("step_s", float("nan")))
     if not (math.isfinite(step) and step > 0):
         return "unexplained", float("nan")
@@ -166,8 +170,12 @@ def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:
 
     transfer, wait = part("exposed_transfer"), part("wait")
     straggler = wait > 2 * transfer
+    # DDP's allreduce span over most of the step: communication-bound, however the step's
+    # exposed part splits into transfer and wait (on a shared host that split swings)
+    span = part("comm_span") / step
+    comm = (transfer if straggler else transfer + wait) / step
     shares = {
-        "exposed_transfer": (transfer if straggler else transfer + wait) / step,
+        "exposed_transfer": max(comm, span if span >= SPAN_SHARE and not straggler else 0.0),
         "wait": (wait if straggler else 0.0) / step,
         "data": part("data") / step,
         "gaps": part("gaps") / step,
