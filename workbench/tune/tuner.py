@@ -125,8 +125,14 @@ def _plan(
 ) -> list[Candidate]:
     if changes is None:
         return candidates_for(cause, config.to_dict(), config.is_script)
+    # a change the communication-bound list knows keeps its words there
+    known = {
+        str(sorted(c.change.items())): c
+        for c in candidates_for("exposed_transfer", config.to_dict(), config.is_script)
+    }
     return [
-        Candidate(
+        known.get(str(sorted(dict(c).items())))
+        or Candidate(
             dict(c),
             _label(c),
             changes_math=bool(set(c) & set(MATH_FIELDS))
