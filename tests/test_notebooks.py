@@ -18,7 +18,13 @@ from workbench.store.load import load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-NAMES = ("01_quickstart", "03_explore_results", "04_your_script", "06_reproduce_seed_study")
+NAMES = (
+    "01_quickstart",
+    "03_explore_results",
+    "04_your_script",
+    "05_tune",
+    "06_reproduce_seed_study",
+)
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: nbclient can miss the end of a cell that fills an Output widget (an upstream issue) and
@@ -181,3 +187,14 @@ def test_explore_compares_the_store(quickstart: Any, seed_study: Any, notebook_e
     lines = {t["name"].split(",")[0].split(" (")[0] for t in speedup["data"]}
     assert {"model=mlp", "model=transformer", "ideal"} <= lines  # one line per sweep's config
     assert [o["data"]["text/plain"].split("(")[0] for o in with_mime(book, WIDGET)] == ["Dashboard"]
+
+
+@pytest.mark.slow
+def test_tune_tries_the_top_candidate_and_shows_the_table(notebook_env: Path) -> None:
+    book = execute("05_tune", notebook_env, repeats=2, top=1, budget_s=240.0)
+    assert_no_errors(book)
+    text = text_of(book)
+    assert "What we tried" in text and "predicted" in text
+    tables = [o for o in outputs(book) if "text/html" in o.get("data", {})]
+    assert any("measured_gain" in o["data"]["text/html"] for o in tables)
+    assert "tune of run " in text  # the finding says what was verified

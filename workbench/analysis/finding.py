@@ -5,7 +5,8 @@ shows: how the largest world size compares with the smallest, what grew with it,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -15,37 +16,14 @@ from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.tune_plan import SAID, advice, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
 SAME = 0.05
-#: What to try, by the largest cause of lost efficiency.
-ADVICE = {
-    "compute": (
-        "look at what grew in each rank's own compute with N (a smaller per-device batch, "
-        "memory bandwidth, clocks)"
-    ),
-    "contention": (
-        "give each rank its own cores (fewer ranks per host, or threads_per_rank x ranks within "
-        "the cores), or more work per step so the gain outweighs the sharing"
-    ),
-    "exposed_transfer": (
-        "communication-bound: try a larger per-device batch, a larger bucket_cap_mb or a "
-        "compression hook (comm_hook='fp16')"
-    ),
-    "wait": "find the slowest rank (the straggler line) and why it is slow",
-    "data": "load the data ahead (more loader workers, prefetching, data on local disk)",
-    "gaps": "look at the work between steps (logging, host synchronisation)",
-    "unexplained": "trace more steps or sample DDP's timers more often to see where it went",
-}
-#: The same advice in a script's own terms, where the workbench's fields do not reach its DDP.
-SCRIPT_ADVICE = {
-    "exposed_transfer": (
-        "communication-bound: in the script, try a larger per-device batch, "
-        "DistributedDataParallel(..., bucket_cap_mb=100) or a compression hook "
-        "(ddp.register_comm_hook(None, default_hooks.fp16_compress_hook))"
-    ),
-}
+#: What to try, by the largest cause of lost efficiency: written from the candidate list that
+#: ``workbench tune`` tries (analysis.tune_plan), so the advice and the tune never disagree.
+ADVICE = {**SAID, "exposed_transfer": advice("exposed_transfer")}
 #: The straggler report's phases in words.
 PHASE_WORDS = {
     "data_s": "data loading",
@@ -164,14 +142,15 @@ def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame,
     largest = causes.loc[causes["share"].fillna(-math.inf).idxmax()]
     if named["share"].fillna(0).max() <= 0:
         largest = causes[causes["cause"] == "unexplained"].iloc[0]
-    advice = ADVICE[str(largest["cause"])]
-    if largest["cause"] == "compute" and contention:
-        advice = ADVICE["contention"]
-    if _is_script(per_run):
-        advice = SCRIPT_ADVICE.get(str(largest["cause"]), advice)
+    cause = str(largest["cause"])
+    if cause == "compute" and contention:
+        cause = "contention"
+    mine = per_run[per_run["world_size"] == n]
+    config = mine.iloc[0].to_dict() if len(mine) else {}
+    said = advice(cause, config, script=_is_script(per_run))
     return (
         f"; of the {percent(loss)} lost, as shares of the {n}-rank step: "
-        f"{', '.join(told)}. Largest: {CAUSE_WORDS[str(largest['cause'])]}, so {advice}"
+        f"{', '.join(told)}. Largest: {CAUSE_WORDS[str(largest['cause'])]}, so {said}"
     )
 
 
@@ -181,9 +160,11 @@ def findings(
     group_by: Sequence[str] | None = None,
     evals: pd.DataFrame | None = None,
     found: pd.DataFrame | None = None,
+    tunes: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
-    are several), then the stragglers and the peak memory. Empty without measured steps.
+    are several), then what each of ``tunes`` (``workbench tune``'s records of these runs)
+    verified, the stragglers and the peak memory. Empty without measured steps.
     ``found``: the stragglers when the caller has them (:func:`stragglers` of ``steps``, or
     ``stragglers_in_store`` of their runs); computed from ``steps`` when None."""
     if steps.empty:
@@ -204,6 +185,7 @@ def findings(
         sentence = _curve_sentence(points, mine, parts)
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
+    out += [verified(t) for t in tunes]
     slow = stragglers(steps) if found is None else found
     if len(slow):
         for row in slow.itertuples():

@@ -1,5 +1,5 @@
 """The ``workbench`` command: ``run``, ``ls``, ``scale``, ``sweep``, ``repartition``, ``report``,
-``predict``.
+``predict``, ``tune``.
 
 The parser is here; the flags of the run configuration are :mod:`workbench.cli.options`, and what
 each sub-command does is :mod:`workbench.cli.commands`."""
@@ -16,6 +16,7 @@ from workbench.cli import commands
 from workbench.cli.help import Formatter, examples
 from workbench.cli.options import add_config_options, world_sizes
 from workbench.cli.predict import add_predict
+from workbench.cli.tune import add_tune
 from workbench.run.backends import BACKENDS
 
 
@@ -29,7 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=Formatter,
     )
     sub = parser.add_subparsers(title="commands", dest="command", required=True, metavar="COMMAND")
-    adds = (_add_run, _add_ls, _add_scale, _add_sweep, _add_repartition, _add_report, add_predict)
+    adds = (
+        _add_run,
+        _add_ls,
+        _add_scale,
+        _add_sweep,
+        _add_repartition,
+        _add_report,
+        add_predict,
+        add_tune,
+    )
     for add in adds:
         add(sub)
     return parser

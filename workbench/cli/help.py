@@ -20,6 +20,7 @@ EXAMPLES: dict[str, str] = {
   workbench ls                                             the runs in the store
   workbench report study1 -o study1.html                   one HTML file, works offline
   workbench predict study1 --world-sizes 8,64 --busbw 9.5GB/s   what if: more ranks, a network
+  workbench tune RUN_ID --budget 10m                       try what the finding suggests, measured
   workbench run --help                                     every flag of a run, grouped""",
     "run": """\
   workbench run --model mlp --world-size 2 --steps 50
@@ -50,6 +51,10 @@ EXAMPLES: dict[str, str] = {
     "report": """\
   workbench report study1 -o study1.html
   workbench report experiments/results/study1/mlp-w2-20250101-120000-a1b2 -o one.html""",
+    "tune": """\
+  workbench tune mlp-w2-20261125-061816-a639
+  workbench tune mlp-w2-20261125-061816-a639 --budget 5m --repeats 4 --json
+  workbench tune experiments/results/quickstart-sweep/w2_mlp-3f2a --top 2""",
     "predict": """\
   workbench predict quickstart-sweep --world-sizes 2,8,64 --busbw 9.5GB/s --latency 5us
   workbench predict study1 --world-sizes 16 --bandwidth 25Gbit/s --json

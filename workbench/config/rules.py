@@ -209,7 +209,9 @@ def fault(c: Any, bad: frozenset[str]) -> list[Problem]:
 
 
 #: Fields a script run does not use: the script's own code decides what they would. Given with
-#: a value other than their default, they are an error rather than silently ignored.
+#: a value other than their default, they are an error rather than silently ignored. The DDP
+#: knobs that are not here (bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook,
+#: powersgd_rank) are applied to the script's DDP by the workbench's instrumentation.
 NOT_FOR_SCRIPTS = (
     "model",
     "model_options",
@@ -222,12 +224,7 @@ NOT_FOR_SCRIPTS = (
     "gradient_accumulation_steps",
     "strategy",
     "find_unused_parameters",
-    "bucket_cap_mb",
-    "gradient_as_bucket_view",
-    "static_graph",
     "sync_batchnorm",
-    "comm_hook",
-    "powersgd_rank",
     "lr_scaling",
     "lr_reference_batch",
     "lr_warmup_steps",

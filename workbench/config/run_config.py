@@ -54,8 +54,9 @@ class RunConfig:
     # -- your own training: a script run on every rank instead of the built-in loop
     script: str | None = setting(
         "a training script, run on every rank as `python SCRIPT SCRIPT_ARGS` with torchrun's "
-        "environment and traced from outside (the model, data, batch, schedule and DDP fields "
-        "are the script's own and do not apply)",
+        "environment and traced from outside (the model, data, batch and schedule fields are "
+        "the script's own and do not apply; bucket_cap_mb, gradient_as_bucket_view, "
+        "static_graph and comm_hook, when set, are applied to the DDP the script builds)",
         kind="path",
     )
     script_module: str | None = setting(

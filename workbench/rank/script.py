@@ -29,6 +29,35 @@ from workbench.store.trace_files import consolidate
 from workbench.trace.torch_hooks import ScriptHooks
 from workbench.trace.tracer import Tracer
 
+#: The DDP arguments a script run's config may set on the script's own DDP (others are its own).
+SCRIPT_DDP_FIELDS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+
+
+def script_ddp_kwargs(config: RunConfig) -> dict[str, Any]:
+    """The DDP arguments the run gives the script's DDP: those of :data:`SCRIPT_DDP_FIELDS` set
+    to other than their defaults (left at their defaults, the script's own choice stands)."""
+    default = RunConfig(script=config.script, script_module=config.script_module)
+    return {
+        name: getattr(config, name)
+        for name in SCRIPT_DDP_FIELDS
+        if getattr(config, name) != getattr(default, name)
+    }
+
+
+def script_comm_hook(config: RunConfig) -> Any:
+    """What registers the run's ``comm_hook`` on each DDP the script builds (``None`` for the
+    plain allreduce: the script's own hook, if any, stands)."""
+    if config.comm_hook == "allreduce":
+        return None
+
+    def register(ddp: Any) -> None:
+        meter = distributed.CommMeter(config.comm_hook, config.powersgd_rank, timed=False)
+        ddp.register_comm_hook(None, meter.hook)
+        meter.active = True
+
+    return register
+
+
 #: What torchrun calls the (only) role of its workers.
 ROLE_NAME = "default"
 
@@ -146,6 +175,8 @@ def run_script_rank(
             warmup_steps=config.warmup_steps,
             comm_every_steps=config.trace_comm_every_steps,
             collective_timeout_s=config.collective_timeout_s,
+            ddp_kwargs=script_ddp_kwargs(config),
+            on_ddp=script_comm_hook(config),
         ).install()
         try:
             with as_main_program(config, cwd):

@@ -20,6 +20,11 @@
 - ``torch.multiprocessing.spawn`` and ``start_processes`` raise ``ScriptError``: the workbench
   starts one process per rank itself, as torchrun does.
 
+The run's DDP settings (``ddp_kwargs``: ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+``static_graph`` where the run gives them) are passed to every ``DistributedDataParallel`` the
+script builds, over the script's own arguments, and ``on_ddp`` (the run's comm hook) is called
+on each: what ``workbench tune`` tries reaches the script's DDP with no change to the script.
+
 Stated behaviours: gradient accumulation (several forwards and backwards per optimizer step)
 sums the micro-batches' samples and phases into one step; a model without DDP (one process)
 gets steps from its optimizer, its forward from the end of the fetch to the backward; with
@@ -32,7 +37,7 @@ steps, and fetches under ``torch.no_grad()`` are not data time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -83,8 +88,13 @@ class ScriptHooks:
         warmup_steps: int,
         comm_every_steps: int,
         collective_timeout_s: float,
+        ddp_kwargs: Mapping[str, Any] | None = None,
+        on_ddp: Callable[[DistributedDataParallel], None] | None = None,
     ) -> None:
         self.tracer = tracer
+        # DDP settings the run gives (tune's candidates), over the script's own arguments
+        self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
         self.script, self.rank, self.world_size = script, rank, world_size
         self.warmup_steps = warmup_steps
         self.comm_every_steps = comm_every_steps
@@ -299,7 +309,9 @@ class ScriptHooks:
         ddp_init = DistributedDataParallel.__init__
 
         def __init__(ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
-            ddp_init(ddp, *args, **kwargs)
+            ddp_init(ddp, *args, **{**kwargs, **hooks.ddp_kwargs})
+            if hooks.on_ddp is not None:
+                hooks.on_ddp(ddp)
             hooks._ddp_built(ddp)
 
         self._patch(DistributedDataParallel, "__init__", __init__)

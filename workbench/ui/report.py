@@ -26,6 +26,7 @@ from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.store.tunes import load_tunes
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
 from workbench.ui.glossary import glossary_html
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
@@ -180,7 +181,8 @@ def _finding_html(
     found: pd.DataFrame | None = None,
 ) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
-    said = findings(runs, steps, group_by, evals, found=found) + unmeasured_lines(runs)
+    tunes = load_tunes(runs["path"]) if "path" in runs.columns else []
+    said = findings(runs, steps, group_by, evals, found=found, tunes=tunes) + unmeasured_lines(runs)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)

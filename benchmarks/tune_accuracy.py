@@ -1,0 +1,117 @@
+"""Tune's predictions against its measurements: every candidate a tune tried, its predicted gain
+(the scaling model, before any run) beside its measured gain and interval, and the mean absolute
+error of the predictions.
+
+A base run of the demo's 2-rank mlp (per-device batch 32, communication-bound on 2 cores) and of
+its 2-rank transformer (close to break-even), each tuned with every candidate a communication-bound
+diagnosis calls for, whatever its own (given as ``changes``: measured whatever their
+prediction, so every prediction meets a measurement) in ``--repeats`` interleaved pairs on the
+warm pool. ``--smoke``: the mlp only, 2 pairs, the last two candidates (batch and accumulation; a
+minute or two; its figures are not for the table).
+
+Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_result  # noqa: E402
+
+DEMO = dict(
+    per_device_batch_size=32,
+    train_samples=4096,
+    eval_samples=512,
+    max_steps=30,
+    warmup_steps=3,
+    seed=0,
+    timeout_min=5,
+)
+
+
+def _base(model: str, world_size: int, store: Path) -> Path:
+    from workbench.config.run_config import RunConfig
+    from workbench.run.launch import launch
+
+    config = RunConfig(
+        model=model, world_size=world_size, sweep="bench", output_dir=str(store), **DEMO
+    )
+    handle = launch(config, executor="pool")
+    handle.wait(timeout_s=600)
+    return handle.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--budget", type=float, default=1800.0, help="seconds per tune")
+    parser.add_argument("--smoke", action="store_true", help="a quick run; figures not for use")
+    parser.add_argument("--json", help="write the result here")
+    a = parser.parse_args(argv)
+    from workbench.analysis.tune_plan import candidates_for
+    from workbench.config.run_config import RunConfig
+    from workbench.run.backends.pool import warm_pool
+    from workbench.tune import tune
+
+    repeats = 2 if a.smoke else a.repeats
+    bases = [("mlp", 2)] if a.smoke else [("mlp", 2), ("transformer", 2)]
+    rows: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, warm_pool(size=2):
+        for model, n in bases:
+            path = _base(model, n, Path(tmp))
+            # every communication candidate, whatever this base's diagnosis: each prediction
+            # meets a measurement
+            config = RunConfig.load(path / "config.json").to_dict()
+            changes = [c.change for c in candidates_for("exposed_transfer", config)]
+            result = tune(
+                path,
+                budget_s=a.budget,
+                repeats=repeats,
+                changes=changes[-2:] if a.smoke else changes,
+                progress=lambda line: print(line, file=sys.stderr, flush=True),
+            )
+            results.append(result.to_dict())
+            for c in result.candidates:
+                if c["verdict"] == "skipped":
+                    continue
+                rows.append({"run": f"{model} {n} rank(s)", **{k: c[k] for k in _KEYS}})
+    errors = [abs(r["predicted_gain"] - r["measured_gain"]) for r in rows]
+    errors = [e for e in errors if math.isfinite(e)]
+    mae = sum(errors) / len(errors) if errors else float("nan")
+    print("| run | candidate | predicted | measured (95 % interval) | verdict |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['run']} | {r['label']} | {r['predicted_gain']:+.1%} | "
+            f"{r['measured_gain']:+.1%} ({r['low']:+.1%} to {r['high']:+.1%}) | {r['verdict']} |"
+        )
+    for r in results:
+        print(f"{r['run_id']}: diagnosis {r['diagnosis'].get('cause')}, {r['said'] or ''}")
+    print(f"mean absolute error of the predicted gains: {mae:.1%} over {len(errors)} candidates")
+    write_result(
+        a.json, "tune_accuracy", {"rows": rows, "mae": mae, "repeats": repeats, "smoke": a.smoke}
+    )
+    return 0
+
+
+_KEYS = (
+    "label",
+    "change",
+    "predicted_gain",
+    "measured_gain",
+    "low",
+    "high",
+    "verdict",
+    "base_samples_per_s",
+    "candidate_samples_per_s",
+)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""``workbench tune``: the candidates a diagnosis calls for, their predictions worked out by hand,
+the interval of a measured gain, bad input refused before anything starts (fast); and real
+tunes of the demo's 2-rank mlp (communication-bound: a measured winner) and 1-rank transformer
+(not: no winner made of noise) on the warm pool (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.frames import make_runs, make_steps
+from workbench import schema
+from workbench.analysis.finding import findings
+from workbench.analysis.network import NetworkModel
+from workbench.analysis.scaling_model import Base
+from workbench.analysis.tune_measure import paired_gain, step_throughput, t975, verdict
+from workbench.analysis.tune_plan import (
+    ModelInputs,
+    advice,
+    candidates_for,
+    diagnose,
+    predicted_gain,
+    verified,
+)
+from workbench.cli import main
+from workbench.config.run_config import RunConfig
+from workbench.tune import TuneError, tune
+from workbench.tune.render import report_text, sweep_yaml
+
+# -- the interval of a measured gain
+
+
+def test_the_t_quantiles_are_students() -> None:
+    assert t975(1) == 12.706 and t975(2) == 4.303 and t975(4) == 2.776
+    assert t975(11) == 2.228  # between table entries: the wider one below
+    assert t975(100) == 1.96
+
+
+def test_a_paired_gain_is_the_mean_log_ratio_with_a_t_interval() -> None:
+    # log ratios 0.1, 0.2, 0.3: mean 0.2, standard deviation 0.1, 3 pairs: half-width
+    # 4.303 x 0.1 / sqrt(3) = 0.24843; as ratios minus 1: e^0.2 - 1 = 0.2214, e^-0.04843 - 1
+    # = -0.0473, e^0.44843 - 1 = 0.5658.
+    base = [100.0, 200.0, 50.0]
+    candidate = [100 * math.exp(0.1), 200 * math.exp(0.2), 50 * math.exp(0.3)]
+    gain, low, high = paired_gain(base, candidate)
+    assert gain == pytest.approx(0.2214, abs=1e-4)
+    assert low == pytest.approx(-0.0473, abs=1e-4)
+    assert high == pytest.approx(0.5658, abs=1e-4)
+    with pytest.raises(ValueError, match="2 or more pairs"):
+        paired_gain([1.0], [2.0])
+
+
+def test_a_runs_throughput_is_taken_at_its_faster_steps() -> None:
+    # 2 ranks x 8 samples a step; measured steps start every 10 ms except three slowed to 50 ms
+    # by load: 12 gaps of 10 ms and 3 of 50 ms per rank; their lower quartile is 10 ms: 1,600/s
+    # (the window's mean, 19 steps in 270 ms, would say 1,126/s)
+    steps = make_steps("q", world_size=2, n_steps=20, warmup_steps=2, step_s=0.010)
+    gaps = [0.010] * 20
+    for k in (5, 9, 13):
+        gaps[k] = 0.050
+    starts = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    steps["t_start_s"] = [starts[s] for s in steps["step"] - steps["step"].min()]
+    assert step_throughput(steps) == pytest.approx(1600.0)
+
+
+def test_a_verdict_needs_the_interval_and_the_noise() -> None:
+    assert verdict(0.30, 0.10, 0.50) == "better"
+    assert verdict(0.03, 0.01, 0.05) == "same"  # significant, but under the 5 % noise
+    assert verdict(0.20, -0.05, 0.45) == "same"  # the interval holds no change
+    assert verdict(-0.40, -0.60, -0.20) == "worse"
+
+
+# -- the diagnosis and its candidates
+
+
+def test_the_largest_cause_over_its_share_is_the_diagnosis() -> None:
+    parts = {"step_s": 10.0, "compute": 4.0, "exposed_transfer": 5.0, "wait": 0.5, "data": 0.5}
+    # waiting in the allreduce is communication too: (5 + 0.5) / 10
+    assert diagnose(parts) == ("exposed_transfer", pytest.approx(0.55))
+    # ... unless it is over twice the transfer: a slow rank
+    slow = {"step_s": 10.0, "compute": 5.0, "exposed_transfer": 1.0, "wait": 3.0}
+    assert diagnose(slow) == ("wait", pytest.approx(0.3))
+    # an allreduce spanning 6 of the 10 ms: communication-bound, whatever the exposed split
+    spanned = {"step_s": 10.0, "compute": 8.0, "exposed_transfer": 0.5, "comm_span": 6.0}
+    assert diagnose(spanned) == ("exposed_transfer", pytest.approx(0.6))
+    quiet = {"step_s": 10.0, "compute": 9.0, "exposed_transfer": 1.0, "data": 0.0}
+    assert diagnose(quiet) == ("compute", 0.9)  # 10 % exposed: under the 15 % that calls for it
+
+
+def test_a_communication_bound_run_gets_the_data_parallel_knobs() -> None:
+    config = RunConfig(world_size=2, per_device_batch_size=32).to_dict()
+    changes = [c.change for c in candidates_for("exposed_transfer", config)]
+    assert changes == [
+        {"bucket_cap_mb": 100.0},
+        {"bucket_cap_mb": 6.25},
+        {"comm_hook": "fp16"},
+        {"comm_hook": "bf16"},
+        {"comm_hook": "powersgd"},
+        {"gradient_as_bucket_view": True},
+        {"static_graph": True},
+        {"per_device_batch_size": 128},
+        {"gradient_accumulation_steps": 2},
+    ]
+    maths = [c.label for c in candidates_for("exposed_transfer", config) if c.changes_math]
+    assert maths == [
+        "comm_hook fp16",
+        "comm_hook bf16",
+        "comm_hook powersgd",
+        "per-device batch 32 -> 128",
+        "gradient accumulation 1 -> 2 (no_sync)",
+    ]
+    for cause in ("compute", "wait", "data", "gaps"):
+        assert candidates_for(cause, config) == []
+
+
+def test_a_script_run_lists_what_the_instrumentation_cannot_reach() -> None:
+    listed = candidates_for("exposed_transfer", {}, script=True)
+    reachable = {k for c in listed if c.reachable for k in c.change}
+    assert reachable == {"bucket_cap_mb", "comm_hook", "gradient_as_bucket_view", "static_graph"}
+    assert [c.label for c in listed if not c.reachable] == [
+        "a per-device batch 4x as large",
+        "gradient accumulation 1 -> 2 (no_sync)",
+    ]
+
+
+def test_the_findings_advice_is_the_tunes_candidate_list() -> None:
+    runs = make_runs([{"run_id": "a", "world_size": 1}, {"run_id": "b", "world_size": 2}])
+    steps = pd.concat(
+        [
+            make_steps("a", world_size=1, step_s=1.0, backward_s=0.6),
+            make_steps("b", world_size=2, step_s=2.0, comm_s=1.2, backward_s=1.6),
+        ],
+        ignore_index=True,
+    )
+    first = findings(runs, steps)[0]
+    said = advice("exposed_transfer", {"per_device_batch_size": 8})
+    assert first.endswith("so " + said)
+    for c in candidates_for("exposed_transfer", {"per_device_batch_size": 8}):
+        assert c.label in said
+
+
+# -- predictions worked out by hand
+
+
+def _inputs() -> ModelInputs:
+    # 2 ranks, 64 samples per 10 ms step: 6 ms compute + 4 ms exposed allreduce (no overlap).
+    # 4 MB over a 1 GB/s ring at N = 2: 2 x (2 - 1) / 2 x 4e6 / 1e9 = 4 ms.
+    base = Base(
+        world_size=2,
+        step_s=0.010,
+        samples_per_step=64,
+        exposed_comm_s=0.004,
+        gradient_bytes=4e6,
+        buckets=1,
+    )
+    network = NetworkModel(name="test", bandwidth_bytes_per_s=1e9, latency_s=0.0)
+    return ModelInputs(base, network, overlap=0.0, per_device_batch_size=32)
+
+
+def test_predictions_follow_the_scaling_model() -> None:
+    inputs = _inputs()
+    # fp16: 2 MB, 2 ms: 10 ms / 8 ms = +25 %
+    assert predicted_gain({"comm_hook": "fp16"}, inputs)[0] == pytest.approx(0.25)
+    # PowerSGD at a tenth of the bytes: 0.4 ms: 10 / 6.4 = +56.25 %
+    assert predicted_gain({"comm_hook": "powersgd"}, inputs)[0] == pytest.approx(0.5625)
+    # batch 32 -> 128: 4 x 64 samples in 24 + 4 ms against 64 in 10 ms: 40 / 28 - 1
+    gain = predicted_gain({"per_device_batch_size": 128}, inputs)[0]
+    assert gain == pytest.approx(40 / 28 - 1)
+    assert predicted_gain({"gradient_accumulation_steps": 4}, inputs)[0] == pytest.approx(gain)
+    # no latency: more or fewer buckets cost nothing; the view and the static graph are not
+    # in the model
+    assert predicted_gain({"bucket_cap_mb": 100.0}, inputs)[0] == pytest.approx(0.0)
+    assert predicted_gain({"static_graph": True}, inputs)[0] == pytest.approx(0.0)
+
+
+def test_what_a_tune_verified_is_one_sentence() -> None:
+    tune_record = {
+        "run_id": "r1",
+        "candidates": [
+            {
+                "label": "per-device batch 32 -> 128",
+                "verdict": "better",
+                "measured_gain": 1.2,
+                "low": 0.8,
+                "high": 1.7,
+                "predicted_gain": 0.43,
+            },
+            {"label": "static_graph", "verdict": "skipped"},
+        ],
+    }
+    assert verified(tune_record) == (
+        "tune of run r1: better: per-device batch 32 -> 128 +120% (+80% to +170%, predicted "
+        "+43%), 1 not measured (below the noise, not reachable or over the budget)"
+    )
+
+
+# -- bad input: a clear message, nothing launched
+
+
+def _hand_built_run(
+    tmp: Path,
+    status: str = "completed",
+    n_steps: int = 40,
+    run_id: str = "hand",
+    exposed_ms: float = 4.0,
+    comm_ms: float = 5.0,
+) -> Path:
+    """A run folder written by hand: a 2-rank mlp whose 10 ms step holds ``exposed_ms`` of
+    exposed allreduce (4: communication-bound), ``n_steps`` steps, 2 of them warm-up."""
+    config = RunConfig(
+        world_size=2, per_device_batch_size=8, max_steps=n_steps, sweep="s", output_dir=str(tmp)
+    )
+    path = tmp / "s" / run_id
+    (path / schema.TRACES_DIR).mkdir(parents=True)
+    record = {"run_id": run_id, "sweep": "s", "status": status, "config": config.to_dict()}
+    if status == "failed":
+        record["failure"] = {"rank": 1, "message": "RuntimeError: out of memory"}
+    (path / schema.RUN_FILE).write_text(json.dumps(record))
+    ms = 0.001
+    steps = make_steps(
+        run_id,
+        world_size=2,
+        n_steps=n_steps,
+        step_s=10 * ms,
+        data_s=0.5 * ms,
+        forward_s=1 * ms,
+        backward_s=6 * ms,
+        optimizer_s=0.5 * ms,
+        comm_s=comm_ms * ms,
+    )
+    steps["comm_exposed_s"] = exposed_ms * ms
+    for rank, rows in steps.groupby("rank"):
+        rows.to_parquet(path / schema.TRACES_DIR / schema.trace_file("steps", int(rank)))
+    return path
+
+
+def _launched(tmp: Path) -> list[Path]:
+    return [p for p in tmp.iterdir() if p.name.startswith("tune-")]
+
+
+def test_a_failed_run_is_refused(tmp_path: Path) -> None:
+    path = _hand_built_run(tmp_path, status="failed")
+    with pytest.raises(TuneError, match=r"run hand is failed, not completed: RuntimeError"):
+        tune(path)
+    assert _launched(tmp_path) == []
+
+
+def test_too_few_steps_is_refused(tmp_path: Path) -> None:
+    path = _hand_built_run(tmp_path, n_steps=5)  # 2 warm-up: 3 measured
+    with pytest.raises(TuneError, match=r"has 3 measured step\(s\).*5 or more"):
+        tune(path)
+    assert _launched(tmp_path) == []
+
+
+def test_a_budget_smaller_than_one_candidate_is_refused(tmp_path: Path, capsys) -> None:
+    path = _hand_built_run(tmp_path)
+    with pytest.raises(TuneError, match=r"budget 10 s is less than one candidate: 3 pairs"):
+        tune(path, budget_s=10)
+    assert _launched(tmp_path) == []
+    # the command line says the same, exit status 2
+    assert main(["tune", str(path), "--budget", "10s"]) == 2
+    assert "less than one candidate" in capsys.readouterr().err
+    assert _launched(tmp_path) == []
+
+
+def test_json_is_one_object_and_a_compute_bound_run_tries_nothing(tmp_path: Path, capsys) -> None:
+    path = _hand_built_run(tmp_path, exposed_ms=0.0, comm_ms=1.0)
+    assert main(["tune", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"base", "candidates", "best"}
+    assert out["candidates"] == [] and out["best"] == {}
+    assert out["base"]["world_size"] == 2 and out["base"]["per_device_batch_size"] == 8
+    assert _launched(tmp_path) == []
+    assert main(["tune", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "diagnosis compute" in text and "no significant gain" in text
+
+
+def test_an_unknown_run_is_named(tmp_path: Path) -> None:
+    with pytest.raises(TuneError, match=r"no run of that id under"):
+        tune("nope", output_dir=tmp_path)
+
+
+def test_the_best_config_as_a_sweep_reproduces_it(tmp_path: Path) -> None:
+    from workbench.sweeps.spec import SweepSpec
+
+    base = RunConfig(world_size=2, per_device_batch_size=32, max_steps=30, model="mlp")
+    result = {
+        "run_id": "r1",
+        "base": base.to_dict(),
+        "best": {"per_device_batch_size": 128},
+        "diagnosis": {"cause": "exposed_transfer", "share": 0.8},
+        "candidates": [],
+        "repeats": 3,
+        "noise": 0.05,
+    }
+    text = sweep_yaml(result)
+    spec_file = tmp_path / "best.yaml"
+    spec_file.write_text(text)
+    spec = SweepSpec.from_yaml(spec_file)
+    sizes = sorted(p.config.per_device_batch_size for p in spec.points())
+    assert sizes == [32, 128]
+    assert {p.config.max_steps for p in spec.points()} == {30}
+
+
+# -- real tunes (slow)
+
+DEMO = dict(train_samples=4096, eval_samples=512, warmup_steps=3, seed=0, timeout_min=5)
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo's 2-rank mlp and 1-rank transformer (per-device batch 32), on the warm pool."""
+    from workbench.run.backends.pool import warm_pool
+    from workbench.run.launch import launch
+
+    store = tmp_path_factory.mktemp("tune-store")
+    out = {}
+    with warm_pool(size=2):
+        for model, n in (("mlp", 2), ("transformer", 1)):
+            config = RunConfig(
+                model=model,
+                world_size=n,
+                per_device_batch_size=32,
+                max_steps=30,
+                sweep="demo",
+                output_dir=str(store),
+                **DEMO,
+            )
+            handle = launch(config, executor="pool")
+            assert handle.wait(timeout_s=300) == "completed"
+            out[model] = handle.path
+    return out
+
+
+@pytest.mark.slow
+def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
+    lines: list[str] = []
+    # the two highest predictions (PowerSGD, assumed to send a tenth of the bytes, and the
+    # larger batch): both measured, the batch must win
+    result = tune(demo_runs["mlp"], budget_s=400, top=2, progress=lines.append)
+    assert result.diagnosis["cause"] == "exposed_transfer"
+    tried = [c for c in result.candidates if c["verdict"] != "skipped"]
+    assert len(tried) == 2
+    best = next(c for c in tried if c["change"] == {"per_device_batch_size": 128})
+    assert best["verdict"] == "better", tried
+    assert best["low"] > 0  # the interval excludes no change
+    assert math.isfinite(best["predicted_gain"]) and best["predicted_gain"] > 0.05
+    assert result.best == best["change"] and best["changes_math"]
+    assert len(best["loss_curves"]) > 10
+    assert lines and "runs/min" in lines[-1] and "left" in lines[-1]
+    skipped = [c for c in result.candidates if c["verdict"] == "skipped"]
+    assert all(c["why"] for c in skipped)
+    text = report_text(result.to_dict())
+    assert "What we tried" in text and "as a RunConfig diff" in text
+    assert "per_device_batch_size: 32 -> 128" in text
+    # the finding says what was verified
+    from workbench.store.load import load_runs, load_traces
+    from workbench.store.tunes import load_tunes
+
+    runs = load_runs(demo_runs["mlp"].parent.parent, ["demo"])
+    said = findings(runs, load_traces([demo_runs["mlp"]]), tunes=load_tunes([demo_runs["mlp"]]))
+    assert any(s.startswith(f"tune of run {result.run_id}: better: per-device") for s in said)
+
+
+@pytest.mark.slow
+def test_a_compute_bound_run_reports_no_gain_rather_than_noise(demo_runs) -> None:
+    result = tune(demo_runs["transformer"], budget_s=300)
+    assert result.diagnosis["cause"] == "compute"
+    assert result.candidates == [] and result.best == {} and result.said
+    # a change that does nothing here (one rank) is measured: it must not come out a winner
+    planted = tune(
+        demo_runs["transformer"], budget_s=300, changes=[{"gradient_as_bucket_view": True}]
+    )
+    (row,) = planted.candidates
+    assert row["predicted_gain"] == pytest.approx(0.0)
+    assert row["verdict"] != "better", row
+    assert planted.best == {}
+    assert np.isfinite(row["measured_gain"])
+
+
+SCRIPT = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(8, 8))  # the script's own DDP, default arguments
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+seen = {
+    "bucket_bytes_cap": model.bucket_bytes_cap,
+    "gradient_as_bucket_view": model.gradient_as_bucket_view,
+    "static_graph": model.static_graph,
+    "comm_hook": model._get_ddp_logging_data().get("comm_hook"),
+}
+with open(sys.argv[1] + f".rank{dist.get_rank()}.json", "w") as f:
+    json.dump(seen, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_scripts_ddp_gets_the_runs_knobs_with_no_change_to_it(tmp_path: Path) -> None:
+    from workbench.run.launch import launch
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    dump = tmp_path / "seen"
+    config = RunConfig(
+        script=str(script),
+        script_args=[str(dump)],
+        world_size=2,
+        output_dir=str(tmp_path),
+        sweep="script",
+        bucket_cap_mb=1.0,
+        gradient_as_bucket_view=True,
+        static_graph=True,
+        comm_hook="fp16",
+    )
+    assert launch(config).wait(timeout_s=300) == "completed"
+    for rank in range(2):
+        seen = json.loads(Path(f"{dump}.rank{rank}.json").read_text())
+        assert seen["bucket_bytes_cap"] == 2**20
+        assert seen["gradient_as_bucket_view"] is True and seen["static_graph"] is True
+        assert seen["comm_hook"]  # a Python hook is registered: the fp16 compression

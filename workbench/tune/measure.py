@@ -1,0 +1,154 @@
+"""A tune's short runs: the base's config made short, each candidate's interleaved pairs on
+the warm pool, the gain's interval and verdict, the loss curves of both sides, and progress
+(runs per minute, time left) before each run."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.analysis.tune_measure import paired_gain, step_throughput, verdict
+from workbench.config.run_config import RunConfig
+from workbench.run.backends.pool import warm_pool
+from workbench.run.launch import launch
+from workbench.store.load import load_traces
+
+#: Warm-up steps of a short run (left out of its throughput).
+SHORT_WARMUP = 5
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """How a tune measures: its base run's id (its short runs' sweep is ``tune-<id>``), pairs
+    per candidate and the noise a gain must reach."""
+
+    run_id: str
+    repeats: int
+    noise: float
+
+
+def short_config(config: RunConfig, steps: int, sweep: str, change: Mapping[str, Any]) -> RunConfig:
+    """The base's config as a short measuring run, with ``change``."""
+    fields: dict[str, Any] = dict(change)
+    fields.update(sweep=sweep, run_name=None, network_benchmark=False)
+    if not config.is_script:
+        fields.update(
+            max_steps=steps,
+            epochs=None,
+            warmup_steps=SHORT_WARMUP,
+            eval_every_epochs=0,
+            eval_at_end=False,
+            checkpoint_every_steps=0,
+        )
+    return config.replace(**fields)
+
+
+def secs(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
+
+
+def measure(
+    rows: list[dict[str, Any]],
+    todo: list[int],
+    config: RunConfig,
+    short: int,
+    budget_s: float,
+    executor: str,
+    progress: Callable[[str], None] | None,
+    estimates: list[float],
+    result: Pairs,
+) -> None:
+    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows."""
+    clock = _Clock(time.monotonic(), len(todo) * 2 * result.repeats, progress)
+    pool = warm_pool(size=config.processes) if executor == "pool" else nullcontext()
+    with pool:
+        for k, i in enumerate(todo):
+            row = rows[i]
+            per_run = clock.per_run(estimates[k])
+            spent = time.monotonic() - clock.started
+            if spent + per_run * 2 * result.repeats > budget_s:
+                row["why"] = f"budget spent ({secs(spent)} of {secs(budget_s)})"
+                clock.total -= 2 * result.repeats
+                continue
+            _measure_one(result, row, config, short, executor, clock, per_run)
+
+
+@dataclass
+class _Clock:
+    """Progress over the short runs: how many, how long each took; a line before each."""
+
+    started: float
+    total: int
+    say: Callable[[str], None] | None
+    took: list[float] = field(default_factory=list)
+
+    def per_run(self, estimate: float) -> float:
+        return sum(self.took) / len(self.took) if self.took else estimate
+
+    def tell(self, what: str, estimate: float) -> None:
+        if self.say is None:
+            return
+        done = len(self.took)
+        rate = done / sum(self.took) * 60 if self.took else float("nan")
+        left = (self.total - done) * self.per_run(estimate)
+        runs_per_min = f"{rate:.1f} runs/min, " if math.isfinite(rate) else ""
+        self.say(
+            f"tune: run {done + 1}/{self.total} ({what}): {runs_per_min}about {secs(left)} left"
+        )
+
+
+def _measure_one(
+    result: Pairs,
+    row: dict[str, Any],
+    config: RunConfig,
+    short: int,
+    executor: str,
+    clock: _Clock,
+    per_run: float,
+) -> None:
+    """One candidate's interleaved pairs, its gain, interval and verdict."""
+    thr: dict[str, list[float]] = {"base": [], "candidate": []}
+    ids: list[str] = []
+    last: dict[str, Any] = {}
+    for r in range(result.repeats):
+        order: tuple[tuple[str, Mapping[str, Any]], ...] = (
+            ("base", {}),
+            ("candidate", row["change"]),
+        )
+        # every other pair runs the candidate first: an order effect cancels
+        for side, change in order if r % 2 == 0 else order[::-1]:
+            clock.tell(f"{row['label']}, pair {r + 1}/{result.repeats}, {side}", per_run)
+            t0 = time.monotonic()
+            handle = launch(
+                short_config(config, short, f"tune-{result.run_id}", change), executor=executor
+            )
+            handle.wait()
+            clock.took.append(time.monotonic() - t0)
+            steps = load_traces([handle.path], "steps")
+            thr[side].append(step_throughput(steps))
+            ids.append(str(handle.run_id))
+            last[side] = steps
+    gain, low, high = paired_gain(thr["base"], thr["candidate"])
+    row.update(
+        measured_gain=gain,
+        low=low,
+        high=high,
+        verdict=verdict(gain, low, high, result.noise),
+        base_samples_per_s=thr["base"],
+        candidate_samples_per_s=thr["candidate"],
+        run_ids=ids,
+    )
+    if row["changes_math"]:
+        row["loss_curves"] = _loss_curves(last["base"], last["candidate"])
+
+
+def _loss_curves(base: Any, candidate: Any) -> list[list[float]]:
+    """``[step, base loss, candidate loss]`` per step both ran (the mean over ranks)."""
+    a = base.groupby("step")["loss"].mean()
+    b = candidate.groupby("step")["loss"].mean()
+    both = a.to_frame("base").join(b.rename("candidate"), how="inner")
+    return [[int(s), float(r.base), float(r.candidate)] for s, r in both.iterrows()]

@@ -1,0 +1,320 @@
+"""``tune(run)``: try what the run's diagnosis calls for, predicted first, then measured.
+
+From a completed run: its diagnosis and the candidates it calls for
+(:mod:`workbench.analysis.tune_plan`, the list the finding's advice is written from), each
+predicted by the scaling model; those whose predicted gain is below the noise
+(:data:`~workbench.analysis.tune_plan.NOISE`), or that a script run's instrumentation cannot
+apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
+config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
+(base then candidate, then candidate then base, ...), each run's throughput taken at its faster
+steps (:func:`~workbench.analysis.tune_measure.step_throughput`), and the gain's interval from
+the pairs (:func:`~workbench.analysis.tune_measure.paired_gain`). The tune stops at its
+budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
+checked before the first launch: a failed run, one with too few measured steps, a budget
+smaller than one candidate are each a :class:`TuneError` and nothing starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench import schema
+from workbench.analysis.tune_measure import (
+    MIN_MEASURED_STEPS,
+    model_inputs,
+    run_diagnosis,
+)
+from workbench.analysis.tune_plan import (
+    NOISE,
+    SAID,
+    Candidate,
+    ModelInputs,
+    candidates_for,
+    predicted_gain,
+)
+from workbench.config.run_config import RunConfig
+from workbench.errors import ConfigError
+from workbench.store.files import read_json, write_json
+from workbench.store.load import load_runs, load_traces
+from workbench.store.tunes import TUNE_FILE
+from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, secs, short_config
+
+#: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
+STARTUP_S = 6.0
+#: A short run measures about this many seconds of steps, within the bounds below.
+TARGET_WINDOW_S = 0.5
+MIN_SHORT_STEPS, MAX_SHORT_STEPS = 30, 300
+#: Fields whose change alters what the training computes (batch, accumulation, compression).
+MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
+
+
+class TuneError(ValueError):
+    """A tune cannot start from this run or budget; the message says why and what would do."""
+
+
+@dataclass
+class TuneResult:
+    """What a tune found: ``base`` (the run's config), ``candidates`` (one dict each: ``change``,
+    ``label``, ``predicted_gain``, ``measured_gain``, ``low``, ``high``, ``verdict``, ``why``,
+    ``changes_math``, ``note``, the throughputs and run ids measured, and for a change of the
+    mathematics ``loss_curves``), ``best`` (the change of the best better candidate, ``{}``
+    when none), ``run_id``, ``diagnosis``, ``said`` (advice no knob reaches), ``noise``."""
+
+    run_id: str
+    base: dict[str, Any]
+    diagnosis: dict[str, Any]
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] = field(default_factory=dict)
+    said: str = ""
+    noise: float = NOISE
+    repeats: int = 3
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: NaN as None."""
+        return _clean(
+            {
+                "run_id": self.run_id,
+                "base": self.base,
+                "diagnosis": self.diagnosis,
+                "candidates": self.candidates,
+                "best": self.best,
+                "said": self.said,
+                "noise": self.noise,
+                "repeats": self.repeats,
+            }
+        )
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def find_run(run: str | Path, output_dir: str | Path = "experiments/results") -> Path:
+    """A run's folder: ``run`` itself when it is one, else the run of that id under
+    ``output_dir`` (any sweep)."""
+    path = Path(run)
+    if (path / schema.RUN_FILE).is_file():
+        return path
+    found = sorted(Path(output_dir).glob(f"*/{run}/{schema.RUN_FILE}"))
+    if not found:
+        raise TuneError(
+            f"run {str(run)!r}: not a run folder, and no run of that id under {output_dir} "
+            "(workbench ls lists the runs)"
+        )
+    return found[0].parent
+
+
+def _label(change: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in change.items()) or "no change"
+
+
+def _plan(
+    cause: str, config: RunConfig, changes: Sequence[Mapping[str, Any]] | None
+) -> list[Candidate]:
+    if changes is None:
+        return candidates_for(cause, config.to_dict(), config.is_script)
+    # a change the communication-bound list knows keeps its words there
+    known = {
+        str(sorted(c.change.items())): c
+        for c in candidates_for("exposed_transfer", config.to_dict(), config.is_script)
+    }
+    return [
+        known.get(str(sorted(dict(c).items())))
+        or Candidate(
+            dict(c),
+            _label(c),
+            changes_math=bool(set(c) & set(MATH_FIELDS))
+            or c.get("comm_hook", "allreduce") != "allreduce",
+        )
+        for c in changes
+    ]
+
+
+def _row(c: Candidate, gain: float, note: str) -> dict[str, Any]:
+    return {
+        "change": dict(c.change),
+        "label": c.label,
+        "predicted_gain": gain,
+        "measured_gain": float("nan"),
+        "low": float("nan"),
+        "high": float("nan"),
+        "verdict": "skipped",
+        "why": "",
+        "changes_math": c.changes_math,
+        "note": "; ".join(n for n in (c.note, note) if n),
+    }
+
+
+def _work(change: Mapping[str, Any], config: RunConfig) -> float:
+    """How many times the base's compute per step a change does (batch, accumulation)."""
+    work = 1.0
+    if change.get("per_device_batch_size") and config.per_device_batch_size:
+        work *= float(change["per_device_batch_size"]) / config.per_device_batch_size
+    if "gradient_accumulation_steps" in change:
+        work *= float(change["gradient_accumulation_steps"]) / config.gradient_accumulation_steps
+    return work
+
+
+def tune(
+    run: str | Path,
+    *,
+    output_dir: str | Path = "experiments/results",
+    budget_s: float = 600.0,
+    repeats: int = 3,
+    executor: str = "pool",
+    noise: float = NOISE,
+    top: int | None = None,
+    changes: Sequence[Mapping[str, Any]] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Tune ``run`` (a run folder or id under ``output_dir``); see the module docstring.
+
+    ``budget_s``: seconds of short runs at most (estimated before each candidate from the runs
+    so far). ``repeats``: pairs per candidate (2 or more). ``executor``: ``pool`` (warm
+    workers) or ``local``. ``noise``: the smallest gain worth measuring and counting.
+    ``top``: measure at most this many candidates (highest prediction first). ``changes``:
+    try these RunConfig changes instead of the diagnosis's list (each predicted, and measured
+    whatever its prediction).
+    ``progress``: called with a line of progress before each short run."""
+    if repeats < 2:
+        raise TuneError(f"repeats={repeats}: an interval needs 2 pairs or more")
+    if not budget_s > 0:
+        raise TuneError(f"budget {budget_s} s: must be positive")
+    path = find_run(run, output_dir)
+    config, runs, steps, diagnosis, inputs = _load_base(path)
+    run_id = str(runs["run_id"].iloc[0])
+    cause = str(diagnosis["cause"])
+    result = TuneResult(run_id, config.to_dict(), _clean(diagnosis), noise=noise, repeats=repeats)
+    plan = _plan(cause, config, changes)
+    if changes is None and not plan:
+        result.said = SAID.get(cause, SAID["unexplained"])
+    rows, todo = _predict(plan, inputs, noise, explicit=changes is not None)
+    result.candidates = rows
+    todo = todo[:top] if top is not None else todo
+    for i, row in enumerate(rows):
+        if row["verdict"] == "skipped" and not row["why"] and i not in todo:
+            row["why"] = f"not among the top {top} predictions"
+    short = _short_steps(inputs)
+    todo = _valid(rows, todo, config, short, run_id)
+    if todo:
+        estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
+        _check_budget(budget_s, min(estimates), repeats, short)
+        how = Pairs(run_id, repeats, noise)
+        measure(rows, todo, config, short, budget_s, executor, progress, estimates, how)
+    better = [r for r in rows if r["verdict"] == "better"]
+    result.best = dict(max(better, key=lambda r: r["measured_gain"])["change"]) if better else {}
+    _save(path, result)
+    return result
+
+
+def _valid(
+    rows: list[dict[str, Any]], todo: list[int], config: RunConfig, short: int, run_id: str
+) -> list[int]:
+    """``todo`` less the changes the config's rules refuse (said in their rows), before
+    anything starts."""
+    out = []
+    for i in todo:
+        try:
+            short_config(config, short, f"tune-{run_id}", rows[i]["change"])
+        except ConfigError as exc:
+            rows[i]["why"] = f"not a valid config: {exc}"
+            continue
+        out.append(i)
+    return out
+
+
+def _load_base(path: Path) -> tuple[RunConfig, Any, Any, dict[str, Any], ModelInputs]:
+    """The base run's config, runs row, steps, diagnosis and model inputs; a :class:`TuneError`
+    for a run that did not complete or measured too few steps."""
+    record = read_json(path / schema.RUN_FILE)
+    run_id = str(record.get("run_id", path.name))
+    status = record.get("status")
+    if status != "completed":
+        failure = (record.get("failure") or {}).get("message") or ""
+        raise TuneError(
+            f"run {run_id} is {status}, not completed{': ' + failure if failure else ''}; a "
+            "tune starts from a completed run's measurements (run it again, then tune)"
+        )
+    config = RunConfig.from_dict(record["config"])
+    runs = load_runs(path.parent.parent, [path.parent.name])
+    runs = runs[runs["run_id"] == run_id]
+    steps = load_traces([path], "steps")
+    diagnosis = run_diagnosis(runs, steps) if len(steps) else {"measured_steps": 0}
+    measured = int(diagnosis.get("measured_steps", 0))
+    if measured < MIN_MEASURED_STEPS:
+        raise TuneError(
+            f"run {run_id} has {measured} measured step(s) (after warm-up); a tune needs "
+            f"{MIN_MEASURED_STEPS} or more to diagnose it and predict: run it with more "
+            f"max_steps (warm-up is {config.warmup_steps} steps)"
+        )
+    inputs = model_inputs(runs, steps, config.to_dict())
+    assert inputs is not None  # measured steps exist
+    return config, runs, steps, diagnosis, inputs
+
+
+def _check_budget(budget_s: float, run_s: float, repeats: int, short: int) -> None:
+    if budget_s < run_s * 2 * repeats:
+        raise TuneError(
+            f"budget {secs(budget_s)} is less than one candidate: {repeats} pairs of short "
+            f"runs take about {secs(run_s * 2 * repeats)} ({short} steps each, "
+            f"about {secs(STARTUP_S)} to start); give a budget of at least that, or fewer "
+            "repeats"
+        )
+
+
+def _predict(
+    plan: Sequence[Candidate], inputs: ModelInputs, noise: float, explicit: bool = False
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every candidate's row with its prediction; the indices to measure, best first (changes
+    asked for ``explicit``ly are measured whatever their prediction)."""
+    rows = []
+    for c in plan:
+        gain, note = predicted_gain(c.change, inputs) if c.change else (float("nan"), "")
+        row = _row(c, gain, note)
+        if not c.reachable:
+            row["why"] = "the script's own setting: change it in the script (not reachable)"
+        elif not c.change:
+            row["why"] = "the run's config does not give it (nothing to change)"
+        elif math.isfinite(gain) and gain < noise and not explicit:
+            row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
+        rows.append(row)
+    todo = [i for i, r in enumerate(rows) if not r["why"]]
+    todo.sort(
+        key=lambda i: (
+            -(rows[i]["predicted_gain"] if math.isfinite(rows[i]["predicted_gain"]) else 0)
+        )
+    )
+    return rows, todo
+
+
+def _short_steps(inputs: ModelInputs) -> int:
+    step = inputs.base.step_s
+    want = math.ceil(TARGET_WINDOW_S / step) if step > 0 else MIN_SHORT_STEPS
+    return SHORT_WARMUP + min(max(want, MIN_SHORT_STEPS), MAX_SHORT_STEPS)
+
+
+def _estimate(inputs: ModelInputs, steps: int, work: float) -> float:
+    """Seconds one short run is expected to take (the mean of base and candidate)."""
+    return STARTUP_S + steps * inputs.base.step_s * (1 + work) / 2
+
+
+def _save(path: Path, result: TuneResult) -> None:
+    write_json(path / TUNE_FILE, result.to_dict())
+
+
+def load_tune(path: str | Path) -> dict[str, Any] | None:
+    """The last tune of a run (its folder), or ``None``."""
+    file = Path(path) / TUNE_FILE
+    return read_json(file) if file.is_file() else None
