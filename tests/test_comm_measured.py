@@ -124,7 +124,7 @@ def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) ->
     dist.destroy_process_group()
 
 
-def test_network_busbw_within_2x_of_a_bare_allreduce_loop(comm_runs) -> None:
+def test_network_busbw_within_3x_of_a_bare_allreduce_loop(comm_runs) -> None:
     _, run = _measured(comm_runs["two"])
     row = max(run["network"]["sizes"], key=lambda r: r["bytes"])
     with mp.Manager() as manager:
@@ -139,7 +139,11 @@ def test_network_busbw_within_2x_of_a_bare_allreduce_loop(comm_runs) -> None:
         f"busbw at {row['bytes']} B: workbench {row['busbw_bytes_per_s'] / 1e9:.3f} GB/s, "
         f"bare loop {bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f}"
     )
-    assert 0.5 <= ratio <= 2.0
+    # What this guards: units (bytes, not bits: 8x), the bus factor, the time per allreduce (not
+    # per loop: 10x or more). Not tighter: a CPU allreduce of two ranks on two shared cores
+    # halves whenever a third process wants a core, and the two loops run seconds apart
+    # (0.43 and 0.47 were seen in full suites, 0.97 alone).
+    assert 1 / 3 <= ratio <= 3.0
 
 
 def test_network_benchmark_can_be_turned_off(store) -> None:

@@ -107,6 +107,7 @@ def wait(handle: RunHandle, desc: str = "steps", progress: bool = True) -> str:
             _show(bar, handle)
         except Exception:
             pass
-        if not tty and bar.last_print_n == bar.n:
-            bar.leave = False  # a log has this line already: no second copy at close
+        if not tty:
+            bar.refresh()  # the last line carries the run's final status, even at the same count
+            bar.leave = False  # a log has that line already: no second copy at close
         bar.close()

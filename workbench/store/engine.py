@@ -13,6 +13,7 @@ torch.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,10 +54,25 @@ def _files(run_dirs: Iterable[str | Path], kind: str) -> tuple[list[str], list[P
     live: list[Path] = []
     for run in run_dirs:
         traces = Path(run) / schema.TRACES_DIR
-        parquet += [str(p) for p in sorted(traces.glob(f"{kind}-rank*.{schema.FINAL_SUFFIX}"))]
+        found = sorted(traces.glob(f"{kind}-rank*.{schema.FINAL_SUFFIX}"))
+        parquet += [str(p) for p in found if _readable_parquet(p)]
         for suffix in (schema.LIVE_SUFFIX, schema.LEGACY_LIVE_SUFFIX):
             live += sorted(traces.glob(f"{kind}-rank*.{suffix}"))
     return parquet, live
+
+
+def _readable_parquet(path: Path) -> bool:
+    """Whether ``path``'s Parquet footer reads (a few hundred bytes); a truncated or corrupt file
+    is skipped with the warning :func:`workbench.store.load.load_traces` gives, so it cannot hide
+    the other ranks' rows."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except Exception as exc:
+        warnings.warn(f"skipping unreadable trace file {path}: {exc}", stacklevel=4)
+        return False
+    return True
 
 
 def _select_list(present: set[str], columns: dict[str, str]) -> str:
