@@ -24,6 +24,7 @@ from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.windows import warmup_once
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.catalogue import available_figures, figure_context, focus_run
@@ -247,7 +248,9 @@ def write_report(
     report and links it, so a folder of reports holds one copy (move them together).
     """
     keys = resolve_group_by(runs, group_by)
-    figs, tables = build_figures(runs, steps, evals, network, keys)
+    with warmup_once():  # every table and figure asks for the same frame's warm-up
+        figs, tables = build_figures(runs, steps, evals, network, keys)
+        finding = _finding_html(runs, steps, keys, evals, found)
     if summary_csv is not None:
         table = tables.get("scaling", pd.DataFrame())
         atomic_write_bytes(Path(summary_csv), table.to_csv(index=False).encode("utf-8"))
@@ -265,7 +268,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        _finding_html(runs, steps, keys, evals, found),
+        finding,
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),
