@@ -91,7 +91,8 @@ def build_figures(
     keys = resolve_group_by(runs, group_by)
     found = stragglers(steps) if found is None else found
     ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
-    comm = communication(steps, runs, group_by=keys)
+    # the context's, so that the figures that draw it reuse it
+    comm = ctx.comm if ctx.comm is not None else communication(steps, runs, group_by=keys)
     tables = {
         "scaling": ctx.table,
         "stragglers": found,
