@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from workbench.analysis.comm import communication
 from workbench.analysis.finding import findings
+from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 from workbench.ui.report import write_report
 
@@ -63,6 +65,9 @@ def test_a_communication_bound_curve_says_what_to_try() -> None:
         "transfer, so communication-bound"
     ), first
     assert "comm_hook fp16" in first
+    # the caller's communication table (the report's, computed once) says the same
+    comm = communication(steps, runs, group_by=resolve_group_by(runs, None))
+    assert findings(runs, steps, comm=comm) == findings(runs, steps)
 
 
 def test_no_baseline_and_a_straggler_are_said() -> None:

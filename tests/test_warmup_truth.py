@@ -7,7 +7,7 @@ import pytest
 
 from workbench.analysis import measured_window
 from workbench.analysis.summary import per_rank_table, run_summary
-from workbench.analysis.windows import detected_warmup
+from workbench.analysis.windows import detected_warmup, warmup_once
 
 from .frames import make_evals, make_steps
 
@@ -38,6 +38,22 @@ def test_steady_runs_and_noise_drop_nothing() -> None:
     slow = make_steps("s", world_size=1, n_steps=10)
     slow.loc[slow["step"] <= 7, "step_s"] = 5.0
     assert detected_warmup(slow)["dropped"].tolist() == [4]
+
+
+def test_inside_warmup_once_each_frame_is_detected_once_and_by_itself() -> None:
+    # r: step 3 at 3 s, warm-up still (dropped 1); s: steady, drops none. Inside the block the
+    # same frame gets the same result object back; another frame (a slice of r's rows) its own.
+    r = make_steps("r", world_size=2)
+    r.loc[r["step"] == 3, "step_s"] = 3.0
+    steady = r[r["step"] != 3]  # without the slow step: nothing to drop
+    with warmup_once():
+        first = detected_warmup(r)
+        assert detected_warmup(r) is first
+        assert first[["run_id", "last_warmup_step", "dropped"]].values.tolist() == [["r", 3, 1]]
+        assert detected_warmup(steady).empty
+        assert measured_window(r).iloc[0]["warmup_detected_steps"] == 1
+    assert detected_warmup(r) is not first  # outside the block: computed again
+    assert detected_warmup(r).equals(first)
 
 
 def test_per_rank_samples_per_s_includes_the_gaps_like_the_run() -> None:

@@ -160,20 +160,23 @@ def findings(
     group_by: Sequence[str] | None = None,
     evals: pd.DataFrame | None = None,
     found: pd.DataFrame | None = None,
+    comm: pd.DataFrame | None = None,
     tunes: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
     """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
     are several), then what each of ``tunes`` (``workbench tune``'s records of these runs)
     verified, the stragglers and the peak memory. Empty without measured steps.
     ``found``: the stragglers when the caller has them (:func:`stragglers` of ``steps``, or
-    ``stragglers_in_store`` of their runs); computed from ``steps`` when None."""
+    ``stragglers_in_store`` of their runs); computed from ``steps`` when None. ``comm``:
+    :func:`workbench.analysis.comm.communication` of these steps and runs with these
+    ``group_by`` keys, when the caller has it; computed when None."""
     if steps.empty:
         return []
     keys = resolve_group_by(runs, group_by)
     per_run = run_table(runs, steps, evals, group_by=keys)  # training throughput
     if per_run.empty:
         return ["no completed run with measured steps yet"]
-    comm = communication(steps, runs, group_by=keys)
+    comm = communication(steps, runs, group_by=keys) if comm is None else comm
     parts = run_parts(steps, comm, per_run.drop_duplicates("run_id"))
     curve_keys = [k for k in keys if k in per_run.columns]
     varying = [k for k in curve_keys if per_run[k].map(str).nunique() > 1]

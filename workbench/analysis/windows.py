@@ -8,7 +8,10 @@ concatenated) and ``evals`` (:data:`workbench.schema.EVAL_COLUMNS`). Unknown col
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +39,45 @@ WARMUP_TOLERANCE = 0.5
 WARMUP_MIN_STEPS = 4
 
 
+#: Inside :func:`warmup_once`: each frame's detected warm-up by the frame's id, beside a weak
+#: reference that tells the same frame from a later one given the same id.
+_WARMUP_SEEN: ContextVar[dict[int, tuple[weakref.ref[pd.DataFrame], pd.DataFrame]] | None] = (
+    ContextVar("warmup_seen", default=None)
+)
+
+
+@contextmanager
+def warmup_once() -> Iterator[None]:
+    """Inside this block, :func:`detected_warmup` computes each frame's warm-up once: a report
+    hands the same steps frame to a dozen tables and figures, each of which asks for it. The
+    frames must not change in place inside the block (frames in, frames out: none here does);
+    the result is shared between the callers, who must not change it either."""
+    token = _WARMUP_SEEN.set({})
+    try:
+        yield
+    finally:
+        _WARMUP_SEEN.reset(token)
+
+
 def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run and attempt, the steps after the traced warm-up that are warm-up still: from
     the first measured step on, each step whose slowest rank's ``step_s`` is more than
     :data:`WARMUP_TOLERANCE` above the steady state (the median over the second half of the
     measured steps), up to the first that is not; at most half the measured steps, and only
     with :data:`WARMUP_MIN_STEPS` or more. Columns: ``run_id, attempt, last_warmup_step``
-    (the last step dropped; absent attempts drop none) and ``dropped`` (how many)."""
+    (the last step dropped; absent attempts drop none) and ``dropped`` (how many). Inside
+    :func:`warmup_once`, computed once per frame."""
+    seen = _WARMUP_SEEN.get()
+    if seen is None:
+        return _detected_warmup(steps)
+    ref, found = seen.get(id(steps), (None, None))
+    if ref is None or found is None or ref() is not steps:
+        found = _detected_warmup(steps)
+        seen[id(steps)] = (weakref.ref(steps), found)
+    return found
+
+
+def _detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     columns = ["run_id", "attempt", "last_warmup_step", "dropped"]
     if "step_s" not in steps.columns or steps.empty:
         return pd.DataFrame(columns=columns)

@@ -24,10 +24,16 @@ from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.windows import warmup_once
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.store.tunes import load_tunes
-from workbench.ui.catalogue import available_figures, figure_context, focus_run
+from workbench.ui.catalogue import (
+    FigureContext,
+    available_figures,
+    figure_context,
+    focus_run,
+)
 from workbench.ui.glossary import glossary_html
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
@@ -86,12 +92,27 @@ def build_figures(
     ``communication`` (mean over ranks per run) and ``predicted`` (when the model has rows).
     ``found``: the stragglers, when the caller has them (else computed from ``steps``).
     """
+    figs, tables, _ = _figures_tables_context(runs, steps, evals, network, group_by, found)
+    return figs, tables
+
+
+def _figures_tables_context(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    network: str | NetworkModel | None,
+    group_by: Sequence[str] | None,
+    found: pd.DataFrame | None,
+) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame], FigureContext | None]:
+    """:func:`build_figures`, and the figure context it computed (``None`` without steps), for
+    the finding to reuse its tables."""
     if steps.empty:
-        return [], {}
+        return [], {}, None
     keys = resolve_group_by(runs, group_by)
     found = stragglers(steps) if found is None else found
     ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
-    comm = communication(steps, runs, group_by=keys)
+    # the context's, so that the figures that draw it reuse it
+    comm = ctx.comm if ctx.comm is not None else communication(steps, runs, group_by=keys)
     tables = {
         "scaling": ctx.table,
         "stragglers": found,
@@ -105,7 +126,7 @@ def build_figures(
     figs = sorted(available_figures(ctx), key=lambda hf: hf[0] != LEAD_FIGURE)  # stable
     if len(ctx.predicted):
         tables["predicted"] = ctx.predicted
-    return figs, tables
+    return figs, tables, ctx
 
 
 def _tables_html(tables: dict[str, pd.DataFrame], group_by: Sequence[str]) -> list[str]:
@@ -179,10 +200,12 @@ def _finding_html(
     group_by: Sequence[str],
     evals: pd.DataFrame | None,
     found: pd.DataFrame | None = None,
+    comm: pd.DataFrame | None = None,
 ) -> str:
     """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
     tunes = load_tunes(runs["path"]) if "path" in runs.columns else []
-    said = findings(runs, steps, group_by, evals, found=found, tunes=tunes) + unmeasured_lines(runs)
+    said = findings(runs, steps, group_by, evals, found=found, comm=comm, tunes=tunes)
+    said += unmeasured_lines(runs)
     if not said:
         return ""
     items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
@@ -247,9 +270,14 @@ def write_report(
     raw numbers; header only when there is none). ``plotly_js``: ``"inline"`` embeds plotly.js
     (one file, about 4.8 MB); ``"directory"`` writes it once as ``plotly.min.js`` beside the
     report and links it, so a folder of reports holds one copy (move them together).
+    ``found``: the stragglers, when the caller has them (``stragglers_in_store`` of these runs:
+    the finding and the stragglers table both show them); computed from ``steps`` when None.
     """
     keys = resolve_group_by(runs, group_by)
-    figs, tables = build_figures(runs, steps, evals, network, keys)
+    with warmup_once():  # every table and figure asks for the same frame's warm-up
+        figs, tables, ctx = _figures_tables_context(runs, steps, evals, network, keys, found)
+        comm = ctx.comm if ctx is not None else None
+        finding = _finding_html(runs, steps, keys, evals, found, comm)
     if summary_csv is not None:
         table = tables.get("scaling", pd.DataFrame())
         atomic_write_bytes(Path(summary_csv), table.to_csv(index=False).encode("utf-8"))
@@ -267,7 +295,7 @@ def write_report(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        _finding_html(runs, steps, keys, evals, found),
+        finding,
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
         _toc_html(figs, table_parts),
