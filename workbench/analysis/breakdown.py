@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns, eval_rows, gap_filled, measured_steps
 
 #: Timed phases of a training step, in order; ``comm_s`` overlaps ``backward_s`` so is not a phase.
@@ -53,6 +54,8 @@ def phase_breakdown(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     ``wall_step_s * steps == window_s``.
     """
     cols = [*PHASES, "comm_s", "step_s"]
+    if is_stored(steps):
+        return _stored_breakdown(steps, [*cols, "other_s", *BETWEEN, "wall_step_s"])
     check_columns(steps, ["world_size", "t_start_s", *cols], "steps")
     # The few columns needed first: copying a wide frame of a million rows costs far more.
     narrow = ["run_id", "rank", "step", "warmup", "attempt", "host", "gap_s", "save_s"]
@@ -78,6 +81,16 @@ def phase_breakdown(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     spans = m.groupby([*keys, "attempt"]).agg(start=("t_start_s", "min"), end=("_end", "max"))
     out["window_s"] = (spans["end"] - spans["start"]).groupby(level=keys).sum()
     return out.reset_index()
+
+
+def _stored_breakdown(steps: StoredSteps, moments: list[str]) -> pd.DataFrame:
+    """:func:`phase_breakdown` from the engine's per-rank aggregates (the evaluations the
+    digest was given count as ``eval_s``)."""
+    p = steps.measured_per_rank.rename(columns={"measured_steps": "steps"})
+    columns = ["run_id", "rank", "world_size", "steps", "host"]
+    for c in moments:
+        columns += [c, f"{c}_std"]
+    return p[[*columns, "window_s"]].astype({"world_size": "int64", "steps": "int64"})
 
 
 def _slowest_rank(e: pd.DataFrame, keys: list[str], parts: list[str]) -> pd.DataFrame:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.groups import BATCH_COLUMNS, FAMILY_COLUMNS, group_frame, resolve_group_by
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns, measured_steps
 
 
@@ -52,6 +53,24 @@ def communication(
     communication) and ``exposed_transfer_s`` with their shares, and
     ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`).
     """
+    if is_stored(steps):
+        out, per_run_times, sampled = _stored_means(steps)
+    else:
+        out, per_run_times, sampled = _frame_means(steps)
+    out["comm_share"] = out["comm_s"] / out["step_s"].where(out["step_s"] > 0)
+    out["reference_world_size"] = np.nan
+    out["ref_backward_s"] = np.nan
+    if runs is not None:
+        out = _with_reference(out, per_run_times, runs, group_by)
+    out = _with_exposed(out)
+    out = _with_parts(out, sampled)
+    return _with_bus_bandwidth(out, sampled, runs)
+
+
+def _frame_means(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Per run and rank, the means over measured steps communication starts from; per run the
+    largest world size and mean backward time; and the measured rows themselves (those where a
+    timer ran are what :func:`_with_parts` reads)."""
     check_columns(steps, ("world_size", "backward_s", "step_s", "comm_s", "comm_bytes"), "steps")
     needed = ["world_size", "backward_s", "step_s", "comm_s", "comm_bytes", "comm_buckets"]
     m = measured_steps(steps, [*needed, "comm_exposed_s", "backward_compute_s"])
@@ -68,14 +87,29 @@ def communication(
     if "comm_exposed_s" in m.columns:
         aggs["traced_exposed_s"] = ("comm_exposed_s", "mean")
     out = m.groupby(["run_id", "rank"], sort=True).agg(**aggs).reset_index()
-    out["comm_share"] = out["comm_s"] / out["step_s"].where(out["step_s"] > 0)
-    out["reference_world_size"] = np.nan
-    out["ref_backward_s"] = np.nan
-    if runs is not None:
-        out = _with_reference(out, m, runs, group_by)
-    out = _with_exposed(out)
-    out = _with_parts(out, m)
-    return _with_bus_bandwidth(out, m, runs)
+    per_run = m.groupby("run_id").agg(
+        world_size=("world_size", "max"), backward_s=("backward_s", "mean")
+    )
+    return out, per_run, m
+
+
+def _stored_means(steps: StoredSteps) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """:func:`_frame_means` from the engine: the per-rank means, the per-run backward mean
+    weighted by each rank's timed steps, and the rows where a timer ran."""
+    p = steps.measured_per_rank
+    cols = ["run_id", "rank", "world_size", "measured_steps", "step_s", "backward_s", "comm_s"]
+    out = p[[*cols, "comm_bytes", "comm_buckets", "comm_exposed_s"]].rename(
+        columns={"measured_steps": "steps", "comm_exposed_s": "traced_exposed_s"}
+    )
+    out = out.astype({"world_size": "int64", "steps": "int64"})
+    weighted = (p["backward_s"] * p["backward_s_n"]).groupby(p["run_id"]).sum(min_count=1)
+    per_run = pd.DataFrame(
+        {
+            "world_size": p.groupby("run_id")["world_size"].max(),
+            "backward_s": weighted / p.groupby("run_id")["backward_s_n"].sum().replace(0, np.nan),
+        }
+    )
+    return out.reset_index(drop=True), per_run, steps.sampled
 
 
 def _with_parts(out: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
@@ -161,19 +195,17 @@ def _with_exposed(out: pd.DataFrame) -> pd.DataFrame:
 
 def _with_reference(
     out: pd.DataFrame,
-    measured: pd.DataFrame,
+    per_run_times: pd.DataFrame,
     runs: pd.DataFrame,
     group_by: Sequence[str] | None,
 ) -> pd.DataFrame:
-    """Attach each run's reference world size and reference mean backward time."""
+    """Attach each run's reference world size and reference mean backward time
+    (``per_run_times``: per run, the largest world size and the mean backward time)."""
     check_columns(runs, ("run_id",), "runs")
     drop = (*FAMILY_COLUMNS, *BATCH_COLUMNS)
     keys = [c for c in resolve_group_by(runs, group_by) if c not in drop]
     if "per_device_batch_size" in runs.columns:
         keys.append("per_device_batch_size")  # backward compute depends on the per-device batch
-    per_run_times = measured.groupby("run_id").agg(
-        world_size=("world_size", "max"), backward_s=("backward_s", "mean")
-    )
     per_run = group_frame(runs, keys)[["run_id", *keys]]
     per_run = per_run.merge(per_run_times, left_on="run_id", right_index=True)
     # A group id, not a merge on the key columns (None and NaN keys do not merge reliably).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from workbench import schema
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import check_columns
 
 #: Statuses of runs still writing: a rank that has not flushed yet is not missing.
@@ -49,10 +50,15 @@ def incomplete_traces(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     """Per run (index ``run_id``) whose attempts lack some rank's step rows: what is missing
     (see :func:`missing_ranks`). Runs still pending or running, and runs without any rows, are
     not listed; DataParallel runs trace from one process."""
-    check_columns(steps, ("run_id", "rank", "attempt", "world_size"), "steps")
     info = runs.set_index("run_id") if "run_id" in runs.columns else pd.DataFrame()
     notes: dict[str, str] = {}
-    for run_id, rows in steps.groupby("run_id", sort=True):
+    if is_stored(steps):  # the ranks of each attempt, from the engine
+        a = steps.attempt_ranks.explode("ranks").rename(columns={"ranks": "rank"})
+        per_run = a.groupby("run_id", sort=True)
+    else:
+        check_columns(steps, ("run_id", "rank", "attempt", "world_size"), "steps")
+        per_run = steps.groupby("run_id", sort=True)
+    for run_id, rows in per_run:
         if "status" in info.columns and info["status"].get(run_id) in LIVE_STATUSES:
             continue
         strategy = info["strategy"].get(run_id) if "strategy" in info.columns else None

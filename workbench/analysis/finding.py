@@ -15,7 +15,8 @@ from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import points_table, run_table
-from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.stored import is_stored
 from workbench.analysis.tune_plan import SAID, advice, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
@@ -189,7 +190,10 @@ def findings(
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
     out += [verified(t) for t in tunes]
-    slow = stragglers(steps) if found is None else found
+    if found is not None:
+        slow = found
+    else:
+        slow = stragglers_in_store(steps.run_dirs) if is_stored(steps) else stragglers(steps)
     if len(slow):
         for row in slow.itertuples():
             words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import measured_steps
 
 #: The measured causes, in the order they are told.
@@ -54,7 +55,13 @@ def run_parts(steps: pd.DataFrame, comm: pd.DataFrame, per_run: pd.DataFrame) ->
     :data:`CAUSES` in seconds per step, ``samples_per_step`` and ``ranks_per_host`` (the most
     ranks one host ran)."""
     cols = ["data_s", "forward_s", "backward_s", "optimizer_s", "step_s", "backward_compute_s"]
-    m = measured_steps(steps[steps["run_id"].isin(per_run["run_id"])], [*cols, "host"])
+    if is_stored(steps):  # each rank's means from the engine: the same mean of means
+        p = steps.measured_per_rank
+        m = p[p["run_id"].isin(per_run["run_id"])]
+        hosts = m[["run_id", "rank", "hosts"]].explode("hosts").rename(columns={"hosts": "host"})
+    else:
+        m = measured_steps(steps[steps["run_id"].isin(per_run["run_id"])], [*cols, "host"])
+        hosts = m[["run_id", "rank", "host"]] if "host" in m.columns else None
     out = pd.DataFrame(index=pd.Index(per_run["run_id"], name="run_id"))
     samples_per_step = (per_run["samples"] / per_run["steps"]).to_numpy()
     out["samples_per_step"] = samples_per_step
@@ -75,9 +82,9 @@ def run_parts(steps: pd.DataFrame, comm: pd.DataFrame, per_run: pd.DataFrame) ->
     out["wait"] = c["wait_s"].fillna(0.0)
     out["data"] = _mean(m, "data_s").reindex(out.index)
     out["gaps"] = out["step_s"] - _mean(m, "step_s").reindex(out.index)
-    if "host" in m.columns and len(m):
-        hosts = m.groupby(["run_id", "host"])["rank"].nunique().groupby(level="run_id").max()
-        out["ranks_per_host"] = hosts.reindex(out.index)
+    if hosts is not None and len(m):
+        per_host = hosts.groupby(["run_id", "host"])["rank"].nunique()
+        out["ranks_per_host"] = per_host.groupby(level="run_id").max().reindex(out.index)
     else:
         out["ranks_per_host"] = np.nan
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import check_columns
 
 
@@ -15,6 +16,10 @@ def memory_by_rank(steps: pd.DataFrame) -> pd.DataFrame:
     ``cuda_reserved_peak_bytes`` and ``device_peak_bytes`` (``mem_device_bytes``, what NVML sees
     of this process on its GPU); the CUDA ones are NaN on CPU.
     """
+    if is_stored(steps):
+        p = steps.per_rank.rename(columns={"all_world_size": "world_size", "all_host": "host"})
+        cols = ["run_id", "rank", "world_size", "host", "rss_peak_bytes", "cuda_peak_bytes"]
+        return p[[*cols, "cuda_reserved_peak_bytes", "device_peak_bytes"]]
     check_columns(steps, ("run_id", "rank", "world_size", "rss_bytes"), "steps")
     aggs: dict[str, tuple[str, str]] = {"world_size": ("world_size", "max")}
     if "host" in steps.columns:

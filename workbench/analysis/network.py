@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import check_columns, measured_steps
 
 #: Distinct multi-rank world sizes a fit needs: two parameters (bandwidth, latency) and at least
@@ -143,8 +144,11 @@ def _fit_runs(
 ) -> tuple[pd.DataFrame, str | None]:
     """Per multi-rank run with communication: median over steps of the smallest ``comm_s`` over
     ranks, bytes, buckets; and why no fit is possible (``None`` if it is, so far)."""
-    check_columns(steps, ("world_size", "comm_s", "comm_bytes"), "steps")
-    m = measured_steps(steps, ["world_size", "comm_s", "comm_bytes", "comm_buckets"])
+    if is_stored(steps):  # the rows where a timer ran: the others have no comm_s to fit
+        m = steps.sampled
+    else:
+        check_columns(steps, ("world_size", "comm_s", "comm_bytes"), "steps")
+        m = measured_steps(steps, ["world_size", "comm_s", "comm_bytes", "comm_buckets"])
     if runs is not None:
         check_columns(runs, ("run_id",), "runs")
         keep = runs

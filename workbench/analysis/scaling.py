@@ -19,6 +19,7 @@ import pandas as pd
 from workbench.analysis.completeness import mark_incomplete
 from workbench.analysis.flops import add_flops_columns
 from workbench.analysis.groups import assign_groups, group_frame, resolve_group_by
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import (
     check_columns,
     eval_rows,
@@ -57,6 +58,8 @@ POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
 def _final_loss(steps: pd.DataFrame) -> pd.Series:
     """Training loss at each run's last measured step, averaged over ranks."""
+    if is_stored(steps):
+        return steps.final_loss.set_index("run_id")["final_loss"]
     m = measured_steps(steps, ["loss"])
     if "loss" not in m.columns or m.empty:  # the run ids' dtype: an empty merge still works
         none = pd.Index([], dtype=steps["run_id"].dtype, name="run_id")

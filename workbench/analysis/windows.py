@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.store.window_query import window_parts
+from workbench.analysis.stored import is_stored
+from workbench.store.window_query import WindowParts, window_parts
 
 # Metric names for which lower is better; anything else (accuracy, f1, ...) counts as higher.
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "wer", "cer")
@@ -245,6 +246,8 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     ``train_s = measured_s - eval_s - save_s``, ``train_samples_per_s = samples /
     train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
+    if is_stored(steps):
+        return _window_of_parts(steps.digest.window, evals)
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     return _window(
         _per_attempt(steps, evals),
@@ -259,6 +262,12 @@ def measured_window_in_store(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
     pandas. The same columns and values as ``measured_window(load_traces(run_dirs),
     load_traces(run_dirs, "eval"))``."""
     parts = window_parts(run_dirs, detected_warmup)
+    return _window_of_parts(parts, parts.evals)
+
+
+def _window_of_parts(parts: WindowParts, evals: pd.DataFrame | None) -> pd.DataFrame:
+    """:func:`measured_window` from the engine's window parts; ``evals``: per run, attempt and
+    step the longest ``eval_s`` (or the evaluation rows themselves), ``None`` for none."""
     keys = ["run_id", "attempt"]
     per_attempt = parts.steps.groupby(keys, sort=True).agg(
         world_size=("world_size", "max"),
@@ -273,9 +282,9 @@ def measured_window_in_store(run_dirs: Iterable[str | Path]) -> pd.DataFrame:
     per_attempt["measured_s"] = per_attempt["end_s"] - per_attempt["start_s"]
     bounds = per_attempt[["first_step", "last_step"]]
     per_step = parts.steps.assign(rank=0)
-    per_attempt["eval_s"] = _longest_inside(
-        parts.evals.assign(rank=0), "eval_s", bounds, per_attempt.index
-    )
+    if evals is not None and "rank" not in evals.columns:
+        evals = evals.assign(rank=0)
+    per_attempt["eval_s"] = _longest_inside(evals, "eval_s", bounds, per_attempt.index)
     per_attempt["save_s"] = _longest_inside(per_step, "save_s", bounds, per_attempt.index)
     world = parts.run_world.set_index("run_id")["world_size"]
     return _window(
@@ -322,9 +331,12 @@ def _attempt_ends(steps: pd.DataFrame, evals: pd.DataFrame) -> pd.Series:
     """Per run and attempt: where it stopped on its own clock, the later of its last step's end
     (``t_start_s + step_s``, max over ranks; warm-up steps count, the run trained through them)
     and its last evaluation's end (an evaluation after the last step is on the clock too)."""
-    check_columns(steps, ("run_id", "t_start_s", "step_s"), "steps")
-    s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
-    step_end = (s["t_start_s"] + s["step_s"]).groupby([s["run_id"], s["attempt"]]).max()
+    if is_stored(steps):
+        step_end = steps.attempt_ends
+    else:
+        check_columns(steps, ("run_id", "t_start_s", "step_s"), "steps")
+        s = steps if "attempt" in steps.columns else steps.assign(attempt=0)
+        step_end = (s["t_start_s"] + s["step_s"]).groupby([s["run_id"], s["attempt"]]).max()
     eval_end = (
         (evals["t_start_s"] + evals["eval_s"]).groupby([evals["run_id"], evals["attempt"]]).max()
     )

@@ -24,6 +24,7 @@ from workbench.analysis.network import NetworkFit, NetworkModel
 from workbench.analysis.network import network_fit as resolve_network
 from workbench.analysis.scaling import scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.ui import plots
 from workbench.ui.plots import definitions as d
 
@@ -36,7 +37,7 @@ class FigureContext:
     first use; ``focus`` may change between figures."""
 
     runs: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | StoredSteps
     evals: pd.DataFrame | None
     table: pd.DataFrame
     group_by: list[str]
@@ -99,8 +100,20 @@ def focus_run(steps: pd.DataFrame, found: pd.DataFrame) -> str | None:
         return str(found["run_id"].iloc[0])
     if steps.empty:
         return None
-    sizes = steps.groupby("run_id", sort=True)["world_size"].max()
-    return str(sizes.idxmax())
+    return str(_world_sizes(steps).idxmax())
+
+
+def _world_sizes(steps: pd.DataFrame | StoredSteps) -> pd.Series:
+    """Per run with step rows (sorted), its largest world size."""
+    if is_stored(steps):
+        return steps.runs.set_index("run_id")["world_size"]
+    return steps.groupby("run_id", sort=True)["world_size"].max()
+
+
+def _has_loss(steps: pd.DataFrame | StoredSteps) -> bool:
+    if is_stored(steps):
+        return bool(steps.runs["has_loss"].any())
+    return _has(steps, "loss")
 
 
 def _has(frame: pd.DataFrame | None, column: str) -> bool:
@@ -133,7 +146,7 @@ FINAL_METRIC = Need(
 FINAL_LOSS = Need("final_loss", lambda c: _has(c.table, "final_loss"), "No final training loss")
 FOCUS_TRACED = Need(
     "steps of the focus run",
-    lambda c: c.focus is not None and c.focus in set(c.steps["run_id"]),
+    lambda c: c.focus is not None and c.focus in set(_world_sizes(c.steps).index),
     "No traced steps in run {focus}",
 )
 FOCUS_MEASURED = Need(
@@ -143,10 +156,10 @@ FOCUS_MEASURED = Need(
 )
 FOCUS_MULTI_RANK = Need(
     "a multi-rank focus run",
-    lambda c: c.steps.loc[c.steps["run_id"] == c.focus, "world_size"].max() > 1,
+    lambda c: _world_sizes(c.steps).get(c.focus, 0) > 1,
     "Run {focus} has one rank: its compute time is its step time",
 )
-LOSS = Need("loss", lambda c: _has(c.steps, "loss"), "No training loss in the selected runs")
+LOSS = Need("loss", lambda c: _has_loss(c.steps), "No training loss in the selected runs")
 EVALS = Need("evals", lambda c: c.evals is not None, "No evaluations in the selected runs")
 EVAL_METRIC = Need(
     "metric_value",

@@ -24,6 +24,7 @@ from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import warmup_once
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
@@ -109,7 +110,8 @@ def _figures_tables_context(
     if steps.empty:
         return [], {}, None
     keys = resolve_group_by(runs, group_by)
-    found = stragglers(steps) if found is None else found
+    if found is None:
+        found = stragglers_in_store(steps.run_dirs) if is_stored(steps) else stragglers(steps)
     ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
     # the context's, so that the figures that draw it reuse it
     comm = ctx.comm if ctx.comm is not None else communication(steps, runs, group_by=keys)
@@ -286,7 +288,10 @@ def write_report(
     if plotly_js == "directory" and figs:
         _write_plotly_js(out.parent)
     esc = html.escape
-    traced = steps["run_id"].nunique() if len(steps) else 0
+    if is_stored(steps):
+        traced = len(steps.run_ids)
+    else:
+        traced = steps["run_id"].nunique() if len(steps) else 0
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     table_parts = _tables_html(tables, keys)
     parts = [
@@ -339,13 +344,15 @@ def report_from_store(
         )
     runs = load_runs(sweep_root, sweeps)
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    return write_report(
-        runs,
-        load_traces(run_dirs, "steps"),
-        load_traces(run_dirs, "eval"),
-        output,
-        title=title or f"Scaling report: {target_path.name}",
-        summary_csv=summary_csv,
-        plotly_js=plotly_js,
-        found=stragglers_in_store(run_dirs),  # through the engine: one pass per run
-    )
+    evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
+    with StoredSteps(run_dirs, evals) as steps:  # the step rows stay in the engine
+        return write_report(
+            runs,
+            steps,
+            evals,
+            output,
+            title=title or f"Scaling report: {target_path.name}",
+            summary_csv=summary_csv,
+            plotly_js=plotly_js,
+            found=stragglers_in_store(run_dirs),  # through the engine: one pass per run
+        )

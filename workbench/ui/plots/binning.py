@@ -153,6 +153,14 @@ def heat_grid(
         if "host" in frame.columns
         else pd.Series(np.nan, index=np.sort(pd.unique(frame["rank"])), dtype="object")
     )
+    return grid_of_binned(binned, value, size, hosts, max_rows)
+
+
+def grid_of_binned(
+    binned: pd.DataFrame, value: str, size: int, hosts: pd.Series, max_rows: int = MAX_ROWS
+) -> HeatGrid:
+    """:func:`heat_grid` from values already binned (:func:`bin_steps`' frame and bin size,
+    or the engine's) and each rank's host (indexed by rank)."""
     rows = rank_rows(hosts, max_rows)
     binned["row"] = binned["rank"].map(rows.row).to_numpy()
     cells = binned.groupby(["row", "step"], sort=True)[value].max()  # NaN only when all are

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis.breakdown import EVAL_PARTS
 from workbench.analysis.display import downsample_for_display
+from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import check_columns
 from workbench.ui.plots.style import LAYOUT, MS, subtitle
 
@@ -69,6 +70,8 @@ def hidden_curves(curves: dict[str, pd.Series], tolerance: float = 0.005) -> dic
 
 def _global_batch(steps: pd.DataFrame) -> pd.Series:
     """Per run, samples of all ranks in one step (the first measured one), when traced."""
+    if is_stored(steps):
+        return steps.loss_per_step.groupby("run_id")["samples"].first()
     if "samples" not in steps.columns:
         return pd.Series(dtype="float64")
     per_step = steps.groupby(["run_id", "step"])["samples"].sum()
@@ -105,10 +108,13 @@ def _curve(
 def loss_curves_figure(steps: pd.DataFrame, max_points: int = 500) -> go.Figure:
     """Training loss (mean over ranks) against step, one line per run; down-sampled for display.
     A curve that another hides exactly says so in the subtitle, and the one on top is dashed."""
-    check_columns(steps, ["run_id", "world_size", "step", "loss"], "steps")
-    per_step = steps.groupby(["run_id", "step"], as_index=False).agg(
-        loss=("loss", "mean"), world_size=("world_size", "max")
-    )
+    if is_stored(steps):
+        per_step = steps.loss_per_step[["run_id", "step", "loss", "world_size"]]
+    else:
+        check_columns(steps, ["run_id", "world_size", "step", "loss"], "steps")
+        per_step = steps.groupby(["run_id", "step"], as_index=False).agg(
+            loss=("loss", "mean"), world_size=("world_size", "max")
+        )
     shown = {
         str(run_id): downsample_for_display(rows, max_points, x="step")
         for run_id, rows in per_step.groupby("run_id", sort=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.analysis.stored import is_stored
 from workbench.ui.plots.binning import (
     BAND_RANKS,
     MAX_COLUMNS,
@@ -15,7 +16,7 @@ from workbench.ui.plots.binning import (
     slowest_rank,
 )
 from workbench.ui.plots.style import COLORS, LAYOUT, MS, one_run, subtitle
-from workbench.ui.plots.timing import rank_step_values
+from workbench.ui.plots.timing import rank_step_values, stored_run, value_label
 
 #: The bands' colour (the slowest rank's line is drawn in red over it).
 BAND = "rgba(31, 119, 180, {alpha})"
@@ -45,9 +46,14 @@ def rank_spread_figure(
     rank. More: the min, p10, median, p90 and max across ranks per bin
     (:func:`workbench.ui.plots.binning.rank_bands`; p10-p90 and min-max shaded) and the
     slowest rank's own line, named (the largest median over its bins)."""
-    run_id = one_run(steps, run_id)
-    frame, label = rank_step_values(steps, run_id, value)
-    binned, size = bin_steps(frame, "v", max_steps)
+    if is_stored(steps):  # binned in the engine
+        run_id = stored_run(steps, run_id)
+        binned, size = steps.binned(run_id, value, max_steps)
+        binned, label = binned.drop(columns="host"), value_label(value)
+    else:
+        run_id = one_run(steps, run_id)
+        frame, label = rank_step_values(steps, run_id, value)
+        binned, size = bin_steps(frame, "v", max_steps)
     ranks = binned["rank"].nunique()
     per_bin = "" if size == 1 else f", median per bin of {size} steps"
     fig = go.Figure()

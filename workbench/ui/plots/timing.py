@@ -7,11 +7,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis.slow_ranks import rank_compute
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns, measured_steps
 from workbench.ui.plots.binning import (
     BAND_RANKS,
     MAX_COLUMNS,
     MAX_ROWS,
+    grid_of_binned,
     heat_grid,
     many_ranks_note,
     quantile_label,
@@ -223,14 +225,26 @@ def rank_step_values(steps: pd.DataFrame, run_id: str, value: str) -> tuple[pd.D
     frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
     if "host" in m.columns:
         frame["host"] = m["host"]
-    label = (
-        "compute time (own phases)"
-        if value == "compute_s"
-        else "step time"
-        if value == "step_s"
-        else value.removesuffix("_s")
-    )
-    return frame, label
+    return frame, value_label(value)
+
+
+def value_label(value: str) -> str:
+    """A per-rank value's name for people."""
+    if value == "compute_s":
+        return "compute time (own phases)"
+    return "step time" if value == "step_s" else value.removesuffix("_s")
+
+
+def stored_run(steps: StoredSteps, run_id: str | None) -> str:
+    """:func:`workbench.ui.plots.style.one_run` for step rows left in the store."""
+    runs = steps.run_ids
+    if run_id is None:
+        if len(runs) != 1:
+            raise ValueError(f"several runs: pass run_id, one of {', '.join(runs)}")
+        return runs[0]
+    if run_id not in runs:
+        raise ValueError(f"unknown run_id {run_id!r}; valid names: {', '.join(runs)}")
+    return run_id
 
 
 def step_time_heatmap(
@@ -250,9 +264,16 @@ def step_time_heatmap(
     slowest rank's median. The subtitle states the binning. In DDP ``step_s`` is nearly equal
     across ranks; a straggler stands out in ``compute_s``.
     """
-    run_id = one_run(steps, run_id)
-    frame, label = rank_step_values(steps, run_id, value)
-    grid = heat_grid(frame, "v", max_steps, max_rows)
+    if is_stored(steps):  # binned in the engine
+        run_id = stored_run(steps, run_id)
+        binned, size = steps.binned(run_id, value, max_steps)
+        hosts = binned.groupby("rank", sort=True)["host"].first()
+        grid = grid_of_binned(binned.drop(columns="host"), "v", size, hosts, max_rows)
+        label = value_label(value)
+    else:
+        run_id = one_run(steps, run_id)
+        frame, label = rank_step_values(steps, run_id, value)
+        grid = heat_grid(frame, "v", max_steps, max_rows)
     who = "%{y}" if grid.rows.grouped else "rank %{y}"
     span = "" if grid.steps_per_bin == 1 else f" (bin of {grid.steps_per_bin} steps)"
     y: object = grid.rows.labels if grid.rows.grouped else [int(r) for r in grid.rows.row.index]
