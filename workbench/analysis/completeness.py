@@ -53,8 +53,7 @@ def incomplete_traces(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     info = runs.set_index("run_id") if "run_id" in runs.columns else pd.DataFrame()
     notes: dict[str, str] = {}
     if is_stored(steps):  # the ranks of each attempt, from the engine
-        a = steps.attempt_ranks.explode("ranks").rename(columns={"ranks": "rank"})
-        per_run = a.groupby("run_id", sort=True)
+        per_run = steps.attempt_ranks.groupby("run_id", sort=True)
     else:
         check_columns(steps, ("run_id", "rank", "attempt", "world_size"), "steps")
         per_run = steps.groupby("run_id", sort=True)

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
+from workbench.store.window_query import WindowParts
 
 
 class StoredSteps:
@@ -33,10 +35,9 @@ class StoredSteps:
     columns = pd.Index(list(STEP_COLUMNS))
 
     def __init__(self, run_dirs: Iterable[str | Path], evals: pd.DataFrame | None = None) -> None:
-        from workbench.analysis.windows import detected_warmup
-
         self.run_dirs = [Path(p) for p in run_dirs]
         self.digest = StepDigest(self.run_dirs, detected_warmup, evals)
+        self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
 
     def close(self) -> None:
         """Free the engine."""
@@ -74,14 +75,29 @@ class StoredSteps:
         return self.per_rank[self.per_rank["measured_steps"] > 0].reset_index(drop=True)
 
     @cached_property
+    def window_parts(self) -> WindowParts:
+        """The measured window's parts (:meth:`StepDigest.window_parts`)."""
+        attempts = self.measured_per_rank[["run_id", "rank", "attempts"]].explode("attempts")
+        ranks = attempts.groupby(["run_id", "attempts"], sort=True)["rank"].nunique()
+        ranks = ranks.rename("ranks").rename_axis(["run_id", "attempt"]).reset_index()
+        return self.digest.window_parts(ranks.astype({"attempt": "int64"}))
+
+    @cached_property
     def sampled(self) -> pd.DataFrame:
         """:meth:`StepDigest.sampled`: the measured rows where a DDP timer ran."""
         return self.digest.sampled()
 
+    @cached_property
+    def _sampled_by_run(self) -> dict[str, pd.DataFrame]:
+        return {str(r): rows for r, rows in self.sampled.groupby("run_id", sort=True)}
+
     def sampled_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
         """:attr:`sampled` of ``run_ids`` at a world size above ``min_world_size``."""
-        s = self.sampled
-        return s[s["run_id"].isin(list(run_ids)) & (s["world_size"] > min_world_size)]
+        parts = [self._sampled_by_run[str(r)] for r in run_ids if str(r) in self._sampled_by_run]
+        if not parts:
+            return self.sampled.iloc[:0]
+        s = pd.concat(parts) if len(parts) > 1 else parts[0]
+        return s[s["world_size"] > min_world_size]
 
     def median(
         self, column: str, run_ids: Sequence[object], min_world_size: int | None = None
@@ -106,12 +122,25 @@ class StoredSteps:
 
     @cached_property
     def attempt_ranks(self) -> pd.DataFrame:
-        """:meth:`StepDigest.attempt_ranks`."""
-        return self.digest.attempt_ranks()
+        """Per run, attempt and rank with rows (any, warm-up included): ``run_id, attempt,
+        rank, world_size`` (the run's largest)."""
+        p = self.per_rank[["run_id", "rank", "all_attempts"]].explode("all_attempts")
+        p = p.rename(columns={"all_attempts": "attempt"}).astype({"attempt": "int64"})
+        world = self.runs.set_index("run_id")["world_size"]
+        return p.assign(world_size=p["run_id"].map(world).to_numpy())
 
     def binned(self, run_id: str, value: str, max_bins: int) -> tuple[pd.DataFrame, int]:
-        """:meth:`StepDigest.binned`."""
-        return self.digest.binned(run_id, value, max_bins)
+        """One run's ``value`` per rank and step bin (:meth:`StepDigest.binned`) as ``rank,
+        step, v, host``: the step time and the compute time, which the figures draw, come out
+        of one pass and are kept."""
+        key = (run_id, max_bins)
+        if key not in self._binned:
+            values = list(dict.fromkeys(["step_s", "compute_s", value]))
+            self._binned[key] = self.digest.binned(run_id, values, max_bins)
+        frame, size = self._binned[key]
+        if value not in frame.columns:
+            frame, size = self.digest.binned(run_id, [value], max_bins)
+        return frame[["rank", "step", value, "host"]].rename(columns={value: "v"}), size
 
 
 def is_stored(steps: object) -> bool:

@@ -8,16 +8,19 @@ concatenated) and ``evals`` (:data:`workbench.schema.EVAL_COLUMNS`). Unknown col
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis.stored import is_stored
+from workbench.analysis.warmup import (  # noqa: F401  (re-exported: the window's rule)
+    WARMUP_MIN_STEPS,
+    WARMUP_TOLERANCE,
+    detected_warmup,
+    warmup_once,
+)
 from workbench.store.window_query import WindowParts, window_parts
 
 # Metric names for which lower is better; anything else (accuracy, f1, ...) counts as higher.
@@ -30,78 +33,6 @@ def check_columns(frame: pd.DataFrame, names: Iterable[str], what: str = "frame"
     if missing:
         valid = ", ".join(sorted(str(c) for c in frame.columns))
         raise ValueError(f"unknown {what} column(s) {missing}; valid names: {valid}")
-
-
-#: A step after the traced warm-up still counts as warm-up while its step time (the slowest
-#: rank's) is more than this fraction above the steady state (DDP's bucket rebuild after the
-#: first iterations, the allocator growing its pools).
-WARMUP_TOLERANCE = 0.5
-#: Fewest measured steps per attempt for the detection to run (a median needs a few).
-WARMUP_MIN_STEPS = 4
-
-
-#: Inside :func:`warmup_once`: each frame's detected warm-up by the frame's id, beside a weak
-#: reference that tells the same frame from a later one given the same id.
-_WARMUP_SEEN: ContextVar[dict[int, tuple[weakref.ref[pd.DataFrame], pd.DataFrame]] | None] = (
-    ContextVar("warmup_seen", default=None)
-)
-
-
-@contextmanager
-def warmup_once() -> Iterator[None]:
-    """Inside this block, :func:`detected_warmup` computes each frame's warm-up once: a report
-    hands the same steps frame to a dozen tables and figures, each of which asks for it. The
-    frames must not change in place inside the block (frames in, frames out: none here does);
-    the result is shared between the callers, who must not change it either."""
-    token = _WARMUP_SEEN.set({})
-    try:
-        yield
-    finally:
-        _WARMUP_SEEN.reset(token)
-
-
-def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run and attempt, the steps after the traced warm-up that are warm-up still: from
-    the first measured step on, each step whose slowest rank's ``step_s`` is more than
-    :data:`WARMUP_TOLERANCE` above the steady state (the median over the second half of the
-    measured steps), up to the first that is not; at most half the measured steps, and only
-    with :data:`WARMUP_MIN_STEPS` or more. Columns: ``run_id, attempt, last_warmup_step``
-    (the last step dropped; absent attempts drop none) and ``dropped`` (how many). Inside
-    :func:`warmup_once`, computed once per frame."""
-    seen = _WARMUP_SEEN.get()
-    if seen is None:
-        return _detected_warmup(steps)
-    ref, found = seen.get(id(steps), (None, None))
-    if ref is None or found is None or ref() is not steps:
-        found = _detected_warmup(steps)
-        seen[id(steps)] = (weakref.ref(steps), found)
-    return found
-
-
-def _detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
-    columns = ["run_id", "attempt", "last_warmup_step", "dropped"]
-    if "step_s" not in steps.columns or steps.empty:
-        return pd.DataFrame(columns=columns)
-    keys = ["run_id", "attempt", "step"] if "attempt" in steps.columns else ["run_id", "step"]
-    s = steps[[*keys, "step_s", "warmup"]]  # only what the rule reads: a wide frame copies slowly
-    s = s if "attempt" in s.columns else s.assign(attempt=0)
-    s = s[~s["warmup"].fillna(False).astype(bool).to_numpy()]
-    slowest = s.groupby(["run_id", "attempt", "step"], sort=True)["step_s"].max()
-    rows = []
-    for (run_id, attempt), times in slowest.groupby(level=["run_id", "attempt"], sort=True):
-        t = times.to_numpy(dtype="float64")
-        if len(t) < WARMUP_MIN_STEPS or not np.isfinite(t).any():
-            continue
-        steady = float(np.nanmedian(t[len(t) // 2 :]))
-        if not np.isfinite(steady) or steady <= 0:
-            continue
-        slow = t > steady * (1 + WARMUP_TOLERANCE)
-        n = int(np.argmin(slow)) if not slow.all() else len(t)
-        n = min(n, len(t) // 2)
-        if n:
-            step_numbers = times.index.get_level_values("step")
-            rows.append((run_id, int(attempt), int(step_numbers[n - 1]), n))
-    return pd.DataFrame(rows, columns=columns)
 
 
 def measured_steps(steps: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -247,7 +178,7 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
     if is_stored(steps):
-        return _window_of_parts(steps.digest.window, evals)
+        return _window_of_parts(steps.window_parts, evals)
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     return _window(
         _per_attempt(steps, evals),

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import pandas as pd
 
 from workbench.store.engine import steps_view
 from workbench.store.measured_query import BACKWARD_COMPUTE
-from workbench.store.window_query import WindowParts, window_parts
-
-if TYPE_CHECKING:
-    import pandas as pd
+from workbench.store.window_query import WindowParts
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
 MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > last_warmup_step)"
@@ -62,9 +60,10 @@ class StepDigest:
     """The step rows of ``run_dirs`` in the engine, with the warm-up rule applied.
 
     ``warmup`` is the analysis's rule (given the per-step maxima of the rows that are not traced
-    warm-up, it returns ``run_id, attempt, last_warmup_step, dropped``). The window's parts are
-    computed on construction (:attr:`window`); every other frame on request. Close it (or use it
-    as a context manager) to free the engine."""
+    warm-up, it returns ``run_id, attempt, last_warmup_step, dropped``). The per-step pass
+    (:attr:`per_step`) runs on construction, since the rule needs it; every other frame on
+    request. ``evals``: the runs' evaluation rows, for the evaluations after each step. Close it
+    (or use it as a context manager) to free the engine."""
 
     def __init__(
         self,
@@ -73,10 +72,12 @@ class StepDigest:
         evals: pd.DataFrame | None = None,
     ) -> None:
         self.run_dirs = [Path(p) for p in run_dirs]
-        self.window: WindowParts = window_parts(self.run_dirs, warmup)
         self.con = steps_view(self.run_dirs)
-        cut = self.window.cut[["run_id", "attempt", "last_warmup_step"]]
-        self.con.register("_cut", cut)
+        self.per_step = self._per_step()
+        rule_input = self.per_step[self.per_step["measured"]]
+        rule_input = rule_input[["run_id", "attempt", "step", "step_s"]].assign(warmup=False)
+        self.cut = warmup(rule_input.reset_index(drop=True))
+        self.con.register("_cut", self.cut[["run_id", "attempt", "last_warmup_step"]])
         self.con.execute(
             "CREATE VIEW rows AS SELECT s.* EXCLUDE (attempt), coalesce(s.attempt, 0) AS attempt, "
             "c.last_warmup_step FROM steps s LEFT JOIN _cut c "
@@ -96,40 +97,101 @@ class StepDigest:
         self.close()
 
     def _df(self, sql: str, params: dict[str, object] | None = None) -> pd.DataFrame:
-        return self.con.execute(sql, params or {}).df()
+        frame = self.con.execute(sql, params or {}).df()
+        for c in frame.columns:  # plain object strings: pandas' Arrow strings are slow in isin
+            if frame[c].dtype == "string" or str(frame[c].dtype).startswith("string"):
+                frame[c] = frame[c].astype(object)
+        return frame
+
+    def _per_step(self) -> pd.DataFrame:
+        """Per run, attempt and step, one pass over all rows. Over the rows that are not traced
+        warm-up (``measured``: whether there are any): ``step_s`` (largest), ``start_s`` (first
+        start), ``end_s`` (last ``t_start_s + step_s``), ``samples`` (sum), ``save_s``
+        (largest), ``world_size`` (largest) and ``loss`` (mean over ranks). Over all rows:
+        ``all_world_size``, ``all_end_s``, ``all_samples``, ``loss_sum`` and ``loss_n`` (for
+        means over attempts), ``rows``, and ``open_gaps`` (rows without a traced ``gap_s``)."""
+        nw = "FILTER (WHERE NOT coalesce(warmup, false))"
+        return self._df(
+            "SELECT run_id, coalesce(attempt, 0) AS attempt, step, "
+            f"coalesce(bool_or(NOT coalesce(warmup, false)), false) AS measured, "
+            f"max(step_s) {nw} AS step_s, min(t_start_s) {nw} AS start_s, "
+            f"max(t_start_s + step_s) {nw} AS end_s, sum(samples) {nw} AS samples, "
+            f"max(save_s) {nw} AS save_s, max(world_size) {nw} AS world_size, "
+            f"avg(loss) {nw} AS loss, "
+            "max(world_size) AS all_world_size, max(t_start_s + step_s) AS all_end_s, "
+            "coalesce(sum(samples), 0) AS all_samples, sum(loss) AS loss_sum, "
+            "count(loss) AS loss_n, count(*) AS rows, "
+            "count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps "
+            "FROM steps GROUP BY ALL ORDER BY ALL"
+        )
+
+    def measured_steps(self) -> pd.DataFrame:
+        """:attr:`per_step` of the measured steps (after each attempt's detected warm-up)."""
+        p = self.per_step[self.per_step["measured"]]
+        bound = p.merge(self.cut, on=["run_id", "attempt"], how="left")["last_warmup_step"]
+        return p[~(p["step"].to_numpy() <= bound.to_numpy(dtype="float64"))]
+
+    def window_parts(self, ranks: pd.DataFrame) -> WindowParts:
+        """The window's parts (:class:`workbench.store.window_query.WindowParts`) from the
+        per-step pass; ``ranks``: per run and attempt, the ranks with measured rows."""
+        nw = self.per_step[self.per_step["measured"]]
+        per_step = nw[["run_id", "attempt", "step", "step_s"]].assign(warmup=False)
+        run_world = self.per_step.groupby("run_id", sort=True)["all_world_size"].max()
+        m = self.measured_steps()
+        steps = m[["run_id", "attempt", "step", "start_s", "end_s", "samples", "save_s"]]
+        steps = steps.assign(world_size=m["world_size"])
+        evals = self._evals
+        return WindowParts(
+            per_step.reset_index(drop=True),
+            run_world.rename("world_size").reset_index(),
+            steps.reset_index(drop=True),
+            ranks,
+            evals if evals is not None else pd.DataFrame(),
+            self.cut,
+        )
 
     def runs(self) -> pd.DataFrame:
         """Per run with step rows: ``world_size`` (the largest over all its rows), whether any
         row holds a loss (``has_loss``), and the rows (``rows``)."""
-        return self._df(
-            "SELECT run_id, max(world_size) AS world_size, bool_or(loss IS NOT NULL) AS has_loss, "
-            "count(*) AS rows FROM rows GROUP BY run_id ORDER BY run_id"
-        )
+        g = self.per_step.groupby("run_id", sort=True)
+        return pd.DataFrame(
+            {
+                "world_size": g["all_world_size"].max(),
+                "has_loss": g["loss_n"].sum() > 0,
+                "rows": g["rows"].sum(),
+            }
+        ).reset_index()
 
     def _hole_gaps(self) -> None:
-        """Register ``_holes``: each measured row without a traced ``gap_s`` that has a next
-        row (steps count consecutively in an attempt), its gap from that row's start (the
-        arithmetic of :func:`workbench.analysis.windows.gap_filled`)."""
+        """Register ``_holes``: each row without a traced ``gap_s`` that has a next row (steps
+        count consecutively in an attempt), its gap from that row's start (the arithmetic of
+        :func:`workbench.analysis.windows.gap_filled`). Skipped (an empty table) when every
+        open gap is on its attempt's last step, where nothing follows."""
+        p = self.per_step
+        last = p.groupby(["run_id", "attempt"])["step"].transform("max")
+        inner = bool(((p["open_gaps"] > 0) & (p["step"] < last)).any())
+        source = "rows" if inner else "(SELECT * FROM rows WHERE false)"
         self.con.execute(
             "CREATE OR REPLACE TEMP TABLE _holes AS "
             "SELECT h.run_id, h.attempt, h.rank, h.step, "
             "n.t_start_s - h.t_start_s - h.step_s AS gap "
-            "FROM (SELECT run_id, attempt, rank, step, t_start_s, step_s FROM rows "
+            f"FROM (SELECT run_id, attempt, rank, step, t_start_s, step_s FROM {source} "
             "      WHERE gap_s IS NULL) h "
-            "JOIN (SELECT run_id, attempt, rank, step, t_start_s FROM rows) n "
+            f"JOIN (SELECT run_id, attempt, rank, step, t_start_s FROM {source}) n "
             "ON n.run_id = h.run_id AND n.attempt = h.attempt AND n.rank = h.rank "
             "AND n.step = h.step + 1"
         )
 
     def per_rank(self) -> pd.DataFrame:
-        """Per run and rank, in one pass: over the measured rows ``measured_steps`` (rows),
-        ``world_size`` (largest), ``host`` (the first traced), for each of
-        :data:`PER_RANK_MOMENTS` the mean and ``<name>_std`` (ddof 1), for each of
-        :data:`PER_RANK_MEANS` the mean (missing values left out), ``backward_s_n`` (rows with a
-        backward time), ``hosts`` (every host the rank ran on) and ``window_s`` (the rank's own
-        window, attempts added); over all rows ``all_world_size``, ``all_host``,
-        ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes`` and
-        ``device_peak_bytes`` (maxima, warm-up included).
+        """Per run and rank: over the measured rows ``measured_steps`` (rows), ``world_size``
+        (largest), ``host`` (the first traced), for each of :data:`PER_RANK_MOMENTS` the mean
+        and ``<name>_std`` (ddof 1), for each of :data:`PER_RANK_MEANS` the mean (missing
+        values left out), ``backward_s_n`` (rows with a backward time), ``hosts`` (every host
+        the rank ran on), ``attempts`` (those with measured rows) and ``window_s`` (the rank's
+        own window, attempts added); over all rows ``all_world_size``, ``all_host``,
+        ``all_attempts``, ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes``
+        and ``device_peak_bytes`` (maxima, warm-up included). Two passes: the measured rows
+        per attempt (attempts merged here), and all rows.
 
         What follows a step (``workbench.analysis.breakdown``): ``gap`` is ``gap_s``, or the
         next row's start less this step's end where the trace has none; ``save_s`` and
@@ -137,40 +199,35 @@ class StepDigest:
         the gap less both; all three are 0 where the gap is unknown (an attempt's last step).
         ``other_s`` is the step less its traced phases (a missing phase counts 0), clipped at 0.
         """
-        import pandas as pd
-
         self._hole_gaps()
         evals = self._evals
         if evals is not None and len(evals):
             e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
-            per_step = e.groupby(["run_id", "attempt", "rank", "step"], as_index=False)[
-                "eval_s"
-            ].sum()
+            keys = ["run_id", "attempt", "rank", "step"]
+            per_step = e.groupby(keys, as_index=False)["eval_s"].sum()
         else:
             per_step = pd.DataFrame(
                 {"run_id": [], "attempt": [], "rank": [], "step": [], "eval_s": []}
             ).astype({"run_id": "object", "attempt": "int64", "rank": "int64", "step": "int64"})
         self.con.register("_evals_after", per_step)
         order = "(attempt::BIGINT * 4294967296 + step)"
-        moments = []
+        stats = []
         for c in PER_RANK_MOMENTS:
-            moments += [
-                f"avg({c}) FILTER (WHERE m) AS {c}",
-                f"stddev_samp({c}) FILTER (WHERE m) AS {c}_std",
-            ]
-        means = [f"avg({c}) FILTER (WHERE m) AS {c}" for c in PER_RANK_MEANS]
-        per_rank = self._df(
+            stats += [f"count({c}) AS {c}_n", f"avg({c}) AS {c}", f"var_samp({c}) AS {c}_var"]
+        stats += [f"count({c}) AS {c}_n, avg({c}) AS {c}" for c in PER_RANK_MEANS]
+        phases = (
+            "(coalesce(data_s, 0) + coalesce(forward_s, 0) + coalesce(backward_s, 0) "
+            "+ coalesce(optimizer_s, 0))"
+        )
+        per_attempt = self._df(
             "WITH r AS ("
             "  SELECT s.run_id, s.rank, s.attempt, s.step, s.world_size, s.host, s.t_start_s, "
             "  s.step_s, s.data_s, s.forward_s, s.backward_s, s.optimizer_s, s.comm_s, "
             "  s.comm_bytes, s.comm_buckets, s.comm_exposed_s, s.backward_compute_s, "
-            "  s.rss_bytes, s.mem_peak_bytes, s.mem_reserved_bytes, s.mem_device_bytes, "
-            "  (NOT coalesce(s.warmup, false) AND (s.last_warmup_step IS NULL "
-            "   OR s.step > s.last_warmup_step)) AS m, "
             "  coalesce(s.gap_s, h.gap) AS gap, "
             "  coalesce(s.save_s, 0) AS save0, coalesce(e.eval_s, 0) AS eval0 "
-            "  FROM rows s "
-            "  LEFT JOIN _holes h ON s.gap_s IS NULL AND h.run_id = s.run_id "
+            "  FROM measured s "
+            "  LEFT JOIN _holes h ON h.run_id = s.run_id "
             "    AND h.attempt = s.attempt AND h.rank = s.rank AND h.step = s.step "
             "  LEFT JOIN _evals_after e ON e.run_id = s.run_id AND e.attempt = s.attempt "
             "    AND e.rank = s.rank AND e.step = s.step"
@@ -179,32 +236,30 @@ class StepDigest:
             "  CASE WHEN gap IS NULL THEN 0 ELSE save0 END AS save_s, "
             "  CASE WHEN gap IS NULL THEN 0 ELSE eval0 END AS eval_s, "
             "  CASE WHEN gap IS NULL THEN 0 ELSE gap - save0 - eval0 END AS between_s, "
-            "  CASE WHEN step_s - (coalesce(data_s, 0) + coalesce(forward_s, 0) "
-            "    + coalesce(backward_s, 0) + coalesce(optimizer_s, 0)) < 0 THEN 0 "
-            "    ELSE step_s - (coalesce(data_s, 0) + coalesce(forward_s, 0) "
-            "    + coalesce(backward_s, 0) + coalesce(optimizer_s, 0)) END AS other_s "
+            f"  CASE WHEN step_s - {phases} < 0 THEN 0 ELSE step_s - {phases} END AS other_s "
             "  FROM r"
             "), q AS (SELECT *, step_s + between_s + save_s + eval_s AS wall_step_s FROM p) "
-            "SELECT run_id, rank, "
-            "count(*) FILTER (WHERE m) AS measured_steps, "
-            "max(world_size) FILTER (WHERE m) AS world_size, "
-            f"arg_min(host, {order}) FILTER (WHERE m AND host IS NOT NULL) AS host, "
-            f"{', '.join(moments)}, {', '.join(means)}, "
-            "count(backward_s) FILTER (WHERE m) AS backward_s_n, "
-            "list(DISTINCT host) FILTER (WHERE m AND host IS NOT NULL) AS hosts, "
-            "max(world_size) AS all_world_size, "
+            "SELECT run_id, rank, attempt, count(*) AS measured_steps, "
+            "max(world_size) AS world_size, "
+            f"arg_min(host, {order}) FILTER (WHERE host IS NOT NULL) AS host, "
+            f"{', '.join(stats)}, "
+            "list(DISTINCT host) FILTER (WHERE host IS NOT NULL) AS hosts, "
+            "max(t_start_s + step_s) - min(t_start_s) AS window_s "
+            "FROM q GROUP BY run_id, rank, attempt ORDER BY run_id, rank, attempt"
+        )
+        every = self._df(
+            "SELECT run_id, rank, max(world_size) AS all_world_size, "
             f"arg_min(host, {order}) FILTER (WHERE host IS NOT NULL) AS all_host, "
+            "list(DISTINCT attempt ORDER BY attempt) AS all_attempts, "
             "max(rss_bytes) AS rss_peak_bytes, max(mem_peak_bytes) AS cuda_peak_bytes, "
             "max(mem_reserved_bytes) AS cuda_reserved_peak_bytes, "
             "max(mem_device_bytes) AS device_peak_bytes "
-            "FROM q GROUP BY run_id, rank ORDER BY run_id, rank"
+            "FROM rows GROUP BY run_id, rank ORDER BY run_id, rank"
         )
-        spans = self._df(
-            "SELECT run_id, rank, sum(e - s) AS window_s FROM ("
-            "  SELECT run_id, rank, attempt, min(t_start_s) AS s, max(t_start_s + step_s) AS e "
-            "  FROM measured GROUP BY ALL) GROUP BY ALL"
+        measured = merge_attempts(per_attempt)
+        return every.merge(measured, on=["run_id", "rank"], how="left").fillna(
+            {"measured_steps": 0}
         )
-        return per_rank.merge(spans, on=["run_id", "rank"], how="left")
 
     def sampled(self) -> pd.DataFrame:
         """The measured rows where one of DDP's timers ran (``comm_s``, ``comm_exposed_s`` or
@@ -233,54 +288,46 @@ class StepDigest:
     def last_step_loss(self) -> pd.DataFrame:
         """Per run with measured rows: the mean loss over ranks at the last step of its last
         attempt (``final_loss``; NaN when no rank traced a loss there)."""
-        return self._df(
-            "WITH last AS (SELECT run_id, max(attempt) AS attempt FROM measured GROUP BY run_id), "
-            "last_step AS (SELECT m.run_id, m.attempt, max(m.step) AS step FROM measured m "
-            "  JOIN last USING (run_id, attempt) GROUP BY ALL) "
-            "SELECT m.run_id, avg(m.loss) AS final_loss FROM measured m "
-            "JOIN last_step USING (run_id, attempt, step) GROUP BY m.run_id ORDER BY m.run_id"
-        )
+        m = self.measured_steps()
+        m = m[m["attempt"] == m.groupby("run_id")["attempt"].transform("max")]
+        last = m[m["step"] == m.groupby("run_id")["step"].transform("max")]
+        out = last[["run_id", "loss"]].rename(columns={"loss": "final_loss"})
+        return out.sort_values("run_id").reset_index(drop=True)
 
     def loss_per_step(self) -> pd.DataFrame:
         """Per run and step over all rows (warm-up included, attempts together): the mean loss
         over ranks, the largest world size and the samples of all ranks (``samples``)."""
-        return self._df(
-            "SELECT run_id, step, avg(loss) AS loss, max(world_size) AS world_size, "
-            "coalesce(sum(samples), 0) AS samples FROM rows "
-            "GROUP BY run_id, step ORDER BY run_id, step"
-        )
+        g = self.per_step.groupby(["run_id", "step"], sort=True)
+        loss_n = g["loss_n"].sum()
+        return pd.DataFrame(
+            {
+                "loss": g["loss_sum"].sum(min_count=1) / loss_n.where(loss_n > 0),
+                "world_size": g["all_world_size"].max(),
+                "samples": g["all_samples"].sum(),
+            }
+        ).reset_index()
 
     def attempt_ends(self) -> pd.DataFrame:
         """Per run and attempt over all rows: ``end_s``, the last step's end
         (``t_start_s + step_s``, largest over ranks)."""
-        return self._df(
-            "SELECT run_id, attempt, max(t_start_s + step_s) AS end_s FROM rows "
-            "GROUP BY ALL ORDER BY ALL"
-        )
+        g = self.per_step.groupby(["run_id", "attempt"], sort=True)["all_end_s"].max()
+        return g.rename("end_s").reset_index()
 
-    def attempt_ranks(self) -> pd.DataFrame:
-        """Per run and attempt over all rows: the ranks with rows (``ranks``, a sorted list)
-        and the run's largest world size (``world_size``)."""
-        return self._df(
-            "WITH a AS (SELECT run_id, attempt, list(DISTINCT rank ORDER BY rank) AS ranks "
-            "  FROM rows GROUP BY ALL), "
-            "w AS (SELECT run_id, max(world_size) AS world_size FROM rows GROUP BY run_id) "
-            "SELECT a.run_id, a.attempt, a.ranks, w.world_size FROM a JOIN w USING (run_id) "
-            "ORDER BY a.run_id, a.attempt"
-        )
-
-    def binned(self, run_id: str, value: str, max_bins: int) -> tuple[pd.DataFrame, int]:
-        """One run's measured ``value`` (a step column, or ``compute_s``: :data:`COMPUTE`) per
-        rank and bin of consecutive steps: the distinct measured steps (sorted) cut into bins of
-        ``ceil(n / max_bins)``, each labelled by its first step, the median of the bin's values
-        (missing ones left out; NaN when all are). Returns ``(frame of rank, step, v, host;
-        steps per bin)``; ``host`` is each rank's first traced host (the same on its rows)."""
-        expr = COMPUTE if value == "compute_s" else value
+    def binned(self, run_id: str, values: Sequence[str], max_bins: int) -> tuple[pd.DataFrame, int]:
+        """One run's measured ``values`` (step columns, or ``compute_s``: :data:`COMPUTE`) per
+        rank and bin of consecutive steps, in one pass: the distinct measured steps (sorted) cut
+        into bins of ``ceil(n / max_bins)``, each labelled by its first step, the median of the
+        bin's values (missing ones left out; NaN when all are). Returns ``(frame of rank, step,
+        host and one column per value; steps per bin)``; ``host`` is each rank's first traced
+        host."""
         n = self.con.execute(
             "SELECT count(DISTINCT step) FROM measured WHERE run_id = $run", {"run": run_id}
         ).fetchone()
         count = int(n[0]) if n else 0
         size = max(1, -(-count // max(1, max_bins)))
+        medians = ", ".join(
+            f"median(({COMPUTE if v == 'compute_s' else v})::DOUBLE) AS {v}" for v in values
+        )
         frame = self._df(
             "WITH xs AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // $size AS b "
             "  FROM (SELECT DISTINCT step FROM measured WHERE run_id = $run)), "
@@ -288,11 +335,52 @@ class StepDigest:
             "hosts AS (SELECT rank, arg_min(host, attempt::BIGINT * 4294967296 + step) "
             "  FILTER (WHERE host IS NOT NULL) AS host FROM measured WHERE run_id = $run "
             "  GROUP BY rank) "
-            f"SELECT m.rank, l.bin AS step, median(({expr})::DOUBLE) AS v, "
-            "any_value(h.host) AS host "
+            f"SELECT m.rank, l.bin AS step, any_value(h.host) AS host, {medians} "
             "FROM measured m JOIN labels l ON m.step = l.step "
             "LEFT JOIN hosts h ON h.rank = m.rank WHERE m.run_id = $run "
             "GROUP BY m.rank, l.bin ORDER BY m.rank, l.bin",
             {"run": run_id, "size": size},
         )
         return frame, size
+
+
+def merge_attempts(per_attempt: pd.DataFrame) -> pd.DataFrame:
+    """:meth:`StepDigest.per_rank`'s measured columns from its per-attempt rows: counts added,
+    means weighted by their counts, variances pooled (each attempt's sum of squared deviations
+    plus its count times its mean's squared distance to the pooled mean; ddof 1), hosts joined,
+    the first attempt's first host, windows added. A rank with one attempt keeps its row's
+    values as they are."""
+    keys = ["run_id", "rank"]
+    g = per_attempt.groupby(keys, sort=True)
+    out = g.agg(
+        measured_steps=("measured_steps", "sum"),
+        world_size=("world_size", "max"),
+        host=("host", "first"),
+        window_s=("window_s", "sum"),
+        attempts=("attempt", list),
+        hosts=("hosts", lambda h: sorted({x for part in h if part is not None for x in part})),
+    )
+    for c in (*PER_RANK_MOMENTS, *PER_RANK_MEANS):
+        n = per_attempt[f"{c}_n"].astype("float64")
+        mean = per_attempt[c].astype("float64")
+        total = n.groupby([per_attempt[k] for k in keys]).sum()
+        weighted = (mean * n).groupby([per_attempt[k] for k in keys]).sum(min_count=1)
+        pooled = weighted / total.where(total > 0)
+        out[c] = pooled
+        if c == "backward_s":
+            out["backward_s_n"] = total.astype("int64")
+        if c in PER_RANK_MOMENTS:
+            var = per_attempt[f"{c}_var"].astype("float64").fillna(0.0)
+            mine = pooled.reindex(pd.MultiIndex.from_frame(per_attempt[keys])).to_numpy()
+            m2 = var * (n - 1).clip(lower=0) + n * (mean - mine) ** 2
+            m2 = m2.where(n > 0, 0.0).groupby([per_attempt[k] for k in keys]).sum()
+            out[f"{c}_std"] = (m2 / (total - 1).where(total > 1)) ** 0.5
+    single = g.size() == 1  # one attempt: its own figures, not re-derived
+    if single.any():
+        own = per_attempt.set_index(keys)
+        for c in (*PER_RANK_MOMENTS, *PER_RANK_MEANS):
+            out.loc[single, c] = own.loc[single[single].index, c]
+            if c in PER_RANK_MOMENTS:
+                std = own.loc[single[single].index, f"{c}_var"] ** 0.5
+                out.loc[single, f"{c}_std"] = std
+    return out.reset_index()
