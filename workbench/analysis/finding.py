@@ -193,7 +193,11 @@ def findings(
     if found is not None:
         slow = found
     else:
-        slow = stragglers_in_store(steps.run_dirs) if is_stored(steps) else stragglers(steps)
+        slow = (
+            stragglers_in_store(steps.run_dirs, stored=steps)
+            if is_stored(steps)
+            else stragglers(steps)
+        )
     if len(slow):
         for row in slow.itertuples():
             words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))

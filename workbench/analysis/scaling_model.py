@@ -305,7 +305,7 @@ class _CurveRows:
     def multi_median(self, column: str) -> float:
         """The median of ``column`` over the multi-rank runs' measured rows (NaN: none)."""
         if is_stored(self.steps):
-            return self.steps.median(column, self.curve_runs, 1)
+            return self.steps.multi_rank_median(column, self.curve_runs)
         return float(self.multi[column].median())
 
     def base_backward_compute(self, exposed_s: float) -> float:

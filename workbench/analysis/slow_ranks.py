@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.rank_cells import RankCells, rank_cells, scattered_cells
+from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
 from workbench.store.measured_query import BACKWARD_COMPUTE, measured_rows
@@ -302,12 +303,14 @@ def stragglers_in_store(
     min_steps: int = 10,
     persistence: float = 0.8,
     measure: str = "compute_s",
+    stored: StoredSteps | None = None,
 ) -> pd.DataFrame:
     """:func:`stragglers` of the runs in ``run_dirs`` (run folders), read through the engine:
     each run's measured rows come out of its files with only the columns the rule needs (warm-up
     filtered in the engine), one run at a time, and are laid out as step x rank matrices once.
     The same rule and columns as :func:`stragglers` of ``load_traces(run_dirs)``, in a fraction
-    of its time and memory on a large sweep."""
+    of its time and memory on a large sweep. ``stored``: the same runs' step rows in the
+    engine, whose passes already found the warm-up and the hosts (only the rows are read)."""
     _check_rule(threshold, min_steps, persistence)
     float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64"]
     if measure != "compute_s" and measure not in float_cols:
@@ -318,7 +321,8 @@ def stragglers_in_store(
         columns["_value"] = measure
     found: list[dict[str, Any]] = []
     for run_dir in run_dirs:
-        for part in measured_rows(run_dir, columns, detected_warmup):
+        known = None if stored is None else stored.known
+        for part in measured_rows(run_dir, columns, detected_warmup, known):
             cells = scattered_cells(
                 part.steps, part.ranks, part.batches, part.step_world, part.hosts
             )

@@ -16,11 +16,13 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
+from workbench.store.measured_query import KnownSteps
 from workbench.store.window_query import WindowParts
 
 
@@ -75,6 +77,12 @@ class StoredSteps:
         return self.per_rank[self.per_rank["measured_steps"] > 0].reset_index(drop=True)
 
     @cached_property
+    def known(self) -> KnownSteps:
+        """What the digest's passes found that the straggler pass needs (after :attr:`per_rank`)."""
+        _ = self.per_rank
+        return self.digest.known()
+
+    @cached_property
     def window_parts(self) -> WindowParts:
         """The measured window's parts (:meth:`StepDigest.window_parts`)."""
         attempts = self.measured_per_rank[["run_id", "rank", "attempts"]].explode("attempts")
@@ -104,6 +112,27 @@ class StoredSteps:
     ) -> float:
         """:meth:`StepDigest.median` (one pass over the rows of ``run_ids``)."""
         return self.digest.median(column, [str(r) for r in run_ids], min_world_size)
+
+    @cached_property
+    def byte_counts(self) -> pd.DataFrame:
+        """:meth:`StepDigest.byte_counts`."""
+        return self.digest.byte_counts()
+
+    def multi_rank_median(self, column: str, run_ids: Sequence[object]) -> float:
+        """The median of ``comm_bytes`` or ``comm_buckets`` over the measured multi-rank rows of
+        ``run_ids`` (as pandas takes it: missing values left out, the mean of the two middle
+        values of an even count; NaN without a value), from :attr:`byte_counts`."""
+        c = self.byte_counts
+        c = c[c["run_id"].isin([str(r) for r in run_ids]) & c[column].notna()]
+        per_value = c.groupby(column, sort=True)["rows"].sum()
+        total = int(per_value.sum())
+        if total == 0:
+            return float("nan")
+        ends = per_value.cumsum().to_numpy()
+        values = per_value.index.to_numpy(dtype="float64")
+        lower = values[np.searchsorted(ends, (total - 1) // 2 + 1)]
+        upper = values[np.searchsorted(ends, total // 2 + 1)]
+        return float((lower + upper) / 2)
 
     @cached_property
     def final_loss(self) -> pd.DataFrame:

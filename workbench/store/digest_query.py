@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.store.engine import steps_view
-from workbench.store.measured_query import BACKWARD_COMPUTE
+from workbench.store.measured_query import BACKWARD_COMPUTE, KnownSteps
 from workbench.store.window_query import WindowParts
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
@@ -99,7 +99,7 @@ class StepDigest:
     def _df(self, sql: str, params: dict[str, object] | None = None) -> pd.DataFrame:
         frame = self.con.execute(sql, params or {}).df()
         for c in frame.columns:  # plain object strings: pandas' Arrow strings are slow in isin
-            if frame[c].dtype == "string" or str(frame[c].dtype).startswith("string"):
+            if pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
                 frame[c] = frame[c].astype(object)
         return frame
 
@@ -124,6 +124,14 @@ class StepDigest:
             "count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps "
             "FROM steps GROUP BY ALL ORDER BY ALL"
         )
+
+    def known(self) -> KnownSteps:
+        """What :func:`workbench.store.measured_query.measured_rows` would find again: the
+        per-step maxima, the warm-up cut and each attempt's ranks' hosts (after
+        :meth:`per_rank`)."""
+        nw = self.per_step[self.per_step["measured"]]
+        per_step = nw[["run_id", "attempt", "step", "step_s", "world_size"]]
+        return KnownSteps(per_step.reset_index(drop=True), self.cut, self.attempt_hosts)
 
     def measured_steps(self) -> pd.DataFrame:
         """:attr:`per_step` of the measured steps (after each attempt's detected warm-up)."""
@@ -256,6 +264,7 @@ class StepDigest:
             "max(mem_device_bytes) AS device_peak_bytes "
             "FROM rows GROUP BY run_id, rank ORDER BY run_id, rank"
         )
+        self.attempt_hosts = per_attempt[["run_id", "attempt", "rank", "host"]]
         measured = merge_attempts(per_attempt)
         return every.merge(measured, on=["run_id", "rank"], how="left").fillna(
             {"measured_steps": 0}
@@ -284,6 +293,16 @@ class StepDigest:
             f"SELECT median({column}::DOUBLE) FROM measured WHERE {where}", {"ids": list(run_ids)}
         ).fetchone()
         return float("nan") if value is None or value[0] is None else float(value[0])
+
+    def byte_counts(self) -> pd.DataFrame:
+        """Per run, how many measured rows of a multi-rank world size handed each
+        (``comm_bytes``, ``comm_buckets``) to allreduce (``rows``; nulls as NaN): exact medians
+        over any set of runs, from one pass."""
+        return self._df(
+            "SELECT run_id, comm_bytes::DOUBLE AS comm_bytes, comm_buckets::DOUBLE AS "
+            "comm_buckets, count(*) AS rows FROM measured WHERE world_size > 1 "
+            "GROUP BY ALL ORDER BY ALL"
+        )
 
     def last_step_loss(self) -> pd.DataFrame:
         """Per run with measured rows: the mean loss over ranks at the last step of its last

@@ -45,10 +45,23 @@ class AttemptRows:
 BATCH_ROWS = 1 << 20
 
 
+@dataclass
+class KnownSteps:
+    """What an earlier pass over the same runs found, so that :func:`measured_rows` reads only
+    the rows: ``per_step`` (per run, attempt and step with rows that are not traced warm-up:
+    ``step_s`` and ``world_size``, the largest), ``cut`` (the warm-up rule's answer) and
+    ``hosts`` (per run, attempt and rank with measured rows, its first traced host)."""
+
+    per_step: pd.DataFrame
+    cut: pd.DataFrame
+    hosts: pd.DataFrame
+
+
 def measured_rows(
     run_dir: str | Path,
     columns: dict[str, str],
     warmup: Callable[[pd.DataFrame], pd.DataFrame],
+    known: KnownSteps | None = None,
 ) -> Iterator[AttemptRows]:
     """The measured rows of the run folder, per run and attempt: ``columns`` maps each name to
     its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine.
@@ -57,17 +70,24 @@ def measured_rows(
     the rows that are not traced warm-up (a small frame, handed to ``warmup``: the analysis's
     rule, :func:`workbench.analysis.windows.detected_warmup`, which returns ``run_id, attempt,
     last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
-    rank's host, then the rows, streamed."""
+    rank's host, then the rows, streamed. With ``known`` (from a pass over these runs) only
+    the rows are read."""
     import numpy as np
 
     con = steps_view([run_dir])
     try:
-        per_step = con.execute(
-            "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
-            "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
-            "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
-        ).df()
-        cut = warmup(per_step).set_index(["run_id", "attempt"])["last_warmup_step"]
+        if known is None:
+            per_step = con.execute(
+                "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
+                "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
+                "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
+            ).df()
+            found = warmup(per_step)
+        else:
+            mine = set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
+            per_step = known.per_step[known.per_step["run_id"].isin(mine)]
+            found = known.cut
+        cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
         select = ", ".join(  # NaN, not NULL: plain arrays, no masks
             f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
         )
@@ -81,11 +101,19 @@ def measured_rows(
                 "AND NOT coalesce(warmup, false) AND step > $bound"
             )
             args = {"run": run_id, "attempt": int(attempt), "bound": bound}
-            hosts = con.execute(
-                "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
-                f"FROM steps {where} GROUP BY rank ORDER BY rank",
-                args,
-            ).fetchall()
+            if known is None:
+                hosts = con.execute(
+                    "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
+                    f"FROM steps {where} GROUP BY rank ORDER BY rank",
+                    args,
+                ).fetchall()
+            else:
+                h = known.hosts
+                h = h[(h["run_id"] == run_id) & (h["attempt"] == attempt)].sort_values("rank")
+                hosts = [
+                    (int(r), None if not isinstance(x, str) else x)
+                    for r, x in zip(h["rank"], h["host"], strict=True)
+                ]
             reader = con.sql(  # a relation streams its rows (no copy of the whole result)
                 f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
                 params=args,

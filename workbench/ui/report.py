@@ -111,7 +111,11 @@ def _figures_tables_context(
         return [], {}, None
     keys = resolve_group_by(runs, group_by)
     if found is None:
-        found = stragglers_in_store(steps.run_dirs) if is_stored(steps) else stragglers(steps)
+        found = (
+            stragglers_in_store(steps.run_dirs, stored=steps)
+            if is_stored(steps)
+            else stragglers(steps)
+        )
     ctx = figure_context(runs, steps, evals, keys, focus=focus_run(steps, found), network=network)
     # the context's, so that the figures that draw it reuse it
     comm = ctx.comm if ctx.comm is not None else communication(steps, runs, group_by=keys)
@@ -346,6 +350,7 @@ def report_from_store(
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
     evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
     with StoredSteps(run_dirs, evals) as steps:  # the step rows stay in the engine
+        found = stragglers_in_store(run_dirs, stored=steps)  # reads only the rows it ranks
         return write_report(
             runs,
             steps,
@@ -354,5 +359,5 @@ def report_from_store(
             title=title or f"Scaling report: {target_path.name}",
             summary_csv=summary_csv,
             plotly_js=plotly_js,
-            found=stragglers_in_store(run_dirs),  # through the engine: one pass per run
+            found=found,
         )
