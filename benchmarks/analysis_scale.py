@@ -12,9 +12,12 @@ and peak RSS):
 4. ``workbench report`` end to end (with ``--report``): time, peak RSS, HTML size, and whether
    the finding names the planted straggler.
 
+With ``--repeat N`` every stage runs N rounds (the order reversed every other round), each
+timed against the same round's pyarrow read: the median time and ratio and the ratios' range.
+
 Prints each figure and the ratios to (1). ``--smoke``: a small sweep (seconds). Usage:
 ``python benchmarks/analysis_scale.py [--smoke] [--max-ranks 512 --steps 10000] [--store DIR]
-[--report] [--frames]``.
+[--report] [--frames] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ def main() -> None:
     parser.add_argument("--store", type=Path, help="build (or reuse) the store here")
     parser.add_argument("--report", action="store_true", help="also time `workbench report`")
     parser.add_argument("--frames", action="store_true", help="also time the frames path")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds; each stage's ratio to the same round's read"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.max_ranks, args.steps, args.report, args.frames = 8, 300, True, True
@@ -114,20 +120,32 @@ def main() -> None:
         stage("pyarrow read", root)  # warm the page cache: untimed
         run_id, rank = planted(counts)
         expect = f"rank {rank} of run {run_id} is a straggler"
-        got = {name: stage(name, root, expect) for name in names}
-    floor = float(got["pyarrow read"]["seconds"])  # type: ignore[arg-type]
+        rounds = []
+        for round_ in range(max(1, args.repeat)):  # the read beside each stage, order swapped
+            order = names if round_ % 2 == 0 else names[::-1]
+            rounds.append({name: stage(name, root, expect) for name in order})
+    got = rounds[-1]
+
+    def ratio(r: dict[str, dict[str, object]], name: str) -> float:
+        return float(r[name]["seconds"]) / float(r["pyarrow read"]["seconds"])  # type: ignore[arg-type]
+
+    ratios = {name: sorted(ratio(r, name) for r in rounds) for name in names}
     rows = got["pyarrow read"]["rows"]
     print(
         f"{rows:,} step rows in {got['pyarrow read']['files']} files "
         f"({len(counts)} runs, 1 to {max(counts)} ranks x {args.steps:,} steps)"
     )
-    for name, figures in got.items():
+    for name in names:
+        seconds = sorted(float(r[name]["seconds"]) for r in rounds)
+        peak = max(float(r[name]["peak_rss_mib"]) for r in rounds)
         extra = ""
-        if "html_mb" in figures:
-            extra = f", HTML {figures['html_mb']:.1f} MB"
+        if "html_mb" in got[name]:
+            extra = f", HTML {got[name]['html_mb']:.1f} MB"
+        ratio = ratios[name]
+        spread = f" ({ratio[0]:.2f}-{ratio[-1]:.2f})" if len(ratio) > 1 else ""
         print(
-            f"  {name:<22} {figures['seconds']:8.2f} s  {figures['seconds'] / floor:6.2f}x "
-            f"pyarrow  peak RSS {figures['peak_rss_mib']:7.0f} MiB{extra}"
+            f"  {name:<22} {seconds[len(seconds) // 2]:8.2f} s  "
+            f"{ratio[len(ratio) // 2]:6.2f}x pyarrow{spread}  peak RSS {peak:7.0f} MiB{extra}"
         )
     found = got["stragglers (engine)"]["found"]
     print(f"stragglers found: {found}")

@@ -159,7 +159,7 @@ def _fit_runs(
     if m.empty:
         return m, "no network fit: no multi-rank run with communication times"
     if runs is not None and "nodes" in runs.columns:
-        nodes = sorted(set(runs.loc[runs["run_id"].isin(m["run_id"]), "nodes"]))
+        nodes = sorted(set(runs.loc[runs["run_id"].isin(pd.unique(m["run_id"])), "nodes"]))
         if len(nodes) > 1:
             return m, (
                 f"no network fit: the runs span {', '.join(map(str, nodes))} nodes, whose links "

@@ -24,6 +24,7 @@ import pandas as pd
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.network import NetworkModel
 from workbench.analysis.scaling_model import predicted_vs_measured
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns
 
 #: The columns of :func:`predict`, after the curve's group columns.
@@ -127,6 +128,15 @@ def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd
     return rms.rename("model_error").reset_index()
 
 
+def _gradient_traffic(steps: pd.DataFrame | StoredSteps, run_ids: pd.Series) -> bool:
+    """Whether a multi-rank run of ``run_ids`` handed gradient bytes to allreduce."""
+    if is_stored(steps):
+        p = steps.per_rank
+        return bool((p.loc[p["run_id"].isin(run_ids), "multi_rank_bytes"].fillna(0) > 0).any())
+    multi = steps[steps["run_id"].isin(run_ids) & (steps["world_size"] > 1)]
+    return not multi.empty and bool((multi["comm_bytes"].fillna(0) > 0).any())
+
+
 def predict(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -146,8 +156,7 @@ def predict(
         raise ValueError(f"world sizes must be 1 or more, got {list(world_sizes)}")
     check_columns(steps, ("run_id", "world_size", "comm_bytes"), "steps")
     done = runs if "status" not in runs.columns else runs[runs["status"] == "completed"]
-    multi = steps[steps["run_id"].isin(done["run_id"]) & (steps["world_size"] > 1)]
-    if multi.empty or not (multi["comm_bytes"].fillna(0) > 0).any():
+    if not _gradient_traffic(steps, done["run_id"]):
         raise PredictionError(
             "no completed multi-rank run with gradient traffic: the model needs the gradient "
             "bytes and the overlap measured at 2 ranks or more; run the config at 1 and 2 ranks "

@@ -53,14 +53,15 @@ def add_predict(sub: Any) -> None:
 
 
 def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
-    from workbench.store.load import iter_run_dirs, load_runs, load_traces
+    from workbench.analysis.stored import StoredSteps
+    from workbench.store.load import iter_run_dirs, load_runs
 
     path = Path(sweep)
     root, name = (path.parent, path.name) if path.is_dir() else (Path(output_dir), sweep)
     runs = load_runs(root, [name])
     if runs.empty:
         raise ValueError(f"no runs of sweep {name!r} under {root}")
-    return runs, load_traces(list(iter_run_dirs(root, [name])), "steps")
+    return runs, StoredSteps(iter_run_dirs(root, [name]))  # the rows stay in the engine
 
 
 def _clean(value: Any) -> Any:
@@ -89,7 +90,8 @@ def predict_command(args: argparse.Namespace) -> int:
             latency_s=parse_seconds(args.latency),
         )
         runs, steps = _load(args.sweep, args.output_dir)
-        table = predict(runs, steps, args.world_sizes, network)
+        with steps:
+            table = predict(runs, steps, args.world_sizes, network)
     except PredictionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

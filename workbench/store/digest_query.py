@@ -197,8 +197,9 @@ class StepDigest:
         values left out), ``backward_s_n`` (rows with a backward time), ``hosts`` (every host
         the rank ran on), ``attempts`` (those with measured rows) and ``window_s`` (the rank's
         own window, attempts added); over all rows ``all_world_size``, ``all_host``,
-        ``all_attempts``, ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes``
-        and ``device_peak_bytes`` (maxima, warm-up included). Two passes: the measured rows
+        ``all_attempts``, ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes``,
+        ``device_peak_bytes`` and ``multi_rank_bytes`` (the most gradient bytes of a row at a
+        world size above 1) (maxima, warm-up included). Two passes: the measured rows
         per attempt (attempts merged here), and all rows.
 
         What follows a step (``workbench.analysis.breakdown``): ``gap`` is ``gap_s``, or the
@@ -261,7 +262,8 @@ class StepDigest:
             "list(DISTINCT attempt ORDER BY attempt) AS all_attempts, "
             "max(rss_bytes) AS rss_peak_bytes, max(mem_peak_bytes) AS cuda_peak_bytes, "
             "max(mem_reserved_bytes) AS cuda_reserved_peak_bytes, "
-            "max(mem_device_bytes) AS device_peak_bytes "
+            "max(mem_device_bytes) AS device_peak_bytes, "
+            "max(comm_bytes) FILTER (WHERE world_size > 1) AS multi_rank_bytes "
             "FROM rows GROUP BY run_id, rank ORDER BY run_id, rank"
         )
         self.attempt_hosts = per_attempt[["run_id", "attempt", "rank", "host"]]

@@ -26,6 +26,7 @@ from workbench.analysis.groups import (
     default_group_by,
     resolve_group_by,
 )
+from workbench.analysis.stored import StoredSteps
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.baseline import NO_BASELINE, baseline_notes, honest_table, speedup_rows
 from workbench.ui.catalogue import (
@@ -126,7 +127,9 @@ class Dashboard(widgets.VBox):
         self, output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
     ) -> None:
         self.output_dir = Path(output_dir)
-        self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]] = {}
+        self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+        # the selected runs' step rows, left in the engine (by the runs' folders)
+        self._stored: tuple[tuple[str, ...], StoredSteps] | None = None
         self._busy = False  # set while controls are filled in code: one redraw, not many
         self._built: tuple[Any, FigureContext | None] | None = None
         self._said: list[str] = []  # the finding for the selection of ``_built``
@@ -177,28 +180,33 @@ class Dashboard(widgets.VBox):
         self.refresh_button.on_click(lambda _: self.refresh())
 
     # -- data
-    def _sweep_data(self, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    def _sweep_data(self, sweep: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         if sweep not in self._cache:
             dirs = iter_run_dirs(self.output_dir, [sweep])
-            self._cache[sweep] = (
-                load_runs(self.output_dir, [sweep]),
-                load_traces(dirs, "steps"),
-                load_traces(dirs, "eval"),
-            )
+            self._cache[sweep] = (load_runs(self.output_dir, [sweep]), load_traces(dirs, "eval"))
         return self._cache[sweep]
 
-    def selection(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        """runs, steps and evals of the selected runs."""
+    def selection(self) -> tuple[pd.DataFrame, StoredSteps, pd.DataFrame]:
+        """runs, steps (left in the engine: a sweep of a thousand ranks stays small here) and
+        evals of the selected runs."""
         parts = [self._sweep_data(s) for s in self.sweeps.value]
-        if not parts:
-            return pd.DataFrame(columns=["run_id"]), load_traces([]), load_traces([], "eval")
-        runs, steps, evals = (pd.concat([p[i] for p in parts], ignore_index=True) for i in range(3))
-        chosen = list(self.runs.value)
-        return (
-            runs[runs["run_id"].isin(chosen)].reset_index(drop=True),
-            steps[steps["run_id"].isin(chosen)].reset_index(drop=True),
-            evals[evals["run_id"].isin(chosen)].reset_index(drop=True),
-        )
+        if parts:
+            runs, evals = (pd.concat([p[i] for p in parts], ignore_index=True) for i in range(2))
+            chosen = list(self.runs.value)
+            runs = runs[runs["run_id"].isin(chosen)].reset_index(drop=True)
+            evals = evals[evals["run_id"].isin(chosen)].reset_index(drop=True)
+        else:
+            runs, evals = pd.DataFrame(columns=["run_id", "path"]), load_traces([], "eval")
+        key = tuple(str(p) for p in runs["path"])
+        if self._stored is None or self._stored[0] != key:
+            self._close_stored()
+            self._stored = (key, StoredSteps(key, evals))
+        return runs, self._stored[1], evals
+
+    def _close_stored(self) -> None:
+        if self._stored is not None:
+            self._stored[1].close()
+            self._stored = None
 
     # -- controls
     def _fill_sweeps(self, wanted: list[str] | None) -> None:
@@ -284,6 +292,7 @@ class Dashboard(widgets.VBox):
     def refresh(self) -> None:
         """Reload the store (new runs, finished runs) and redraw."""
         self._cache.clear()
+        self._close_stored()
         self._built = None
         self._fill_sweeps(None)
         self._fill_runs()
@@ -326,7 +335,7 @@ class Dashboard(widgets.VBox):
             self._built, self._said = None, []  # until this selection's table is made
             runs, steps, evals = self.selection()
             ctx = None
-            if len(steps):
+            if not steps.empty:
                 keys = resolve_group_by(runs, group_by)
                 ctx = figure_context(runs, steps, evals, keys)
                 self._said = findings(
