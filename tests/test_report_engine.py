@@ -1,0 +1,99 @@
+"""The report from a store reads its step rows through the engine and says what the report from
+frames says: with every ``load_traces`` of step rows made to fail, ``report_from_store`` still
+writes the report, and its text and every number in it (the figures' arrays included) equal
+the report written from ``load_traces`` frames, numbers to 1e-9 relative."""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.frames import ddp_steps, make_evals, scaling_sweep, write_run
+from workbench.analysis.slow_ranks import stragglers_in_store
+from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui.report import report_from_store, write_report
+
+
+def _store(root: Path) -> Path:
+    """A weak-scaling sweep with evaluations and a 4-rank run with a slow rank 1."""
+    runs, steps, evals = scaling_sweep()
+    for run in runs.itertuples():
+        mine = steps["run_id"] == run.run_id
+        write_run(
+            root,
+            "weak",
+            run.run_id,
+            steps[mine],
+            evals[evals["run_id"] == run.run_id],
+            world_size=run.world_size,
+            per_device_batch_size=8,
+            train_samples=640,
+        )
+    slow = ddp_steps(world_size=4, slow_rank=1, slow_from=30).assign(run_id="slow")
+    no_evals = make_evals("slow", world_size=4).iloc[:0]
+    write_run(root, "weak", "slow", slow, no_evals, world_size=4, per_device_batch_size=8)
+    return root / "weak"
+
+
+def _numbers(page: str) -> tuple[str, list[np.ndarray], np.ndarray]:
+    """The page without its time stamp, its numbers and plotly's binary arrays taken out: the
+    text left, the arrays, and the decimal numbers."""
+    page = re.sub(r"written [^<]*", "", page)
+    arrays: list[np.ndarray] = []
+
+    def array(m: re.Match[str]) -> str:
+        raw = base64.b64decode(m.group(2).encode().decode("unicode_escape"))
+        arrays.append(np.frombuffer(raw, dtype=np.dtype(m.group(1))).astype("float64"))
+        return "#"
+
+    page = re.sub(r'"dtype":"(\w+)","bdata":"([^"]*)"', array, page)
+    numbers: list[float] = []
+
+    def number(m: re.Match[str]) -> str:
+        numbers.append(float(m.group(0)))
+        return "N"
+
+    page = re.sub(r"(?<![\w#.])-?\d+\.\d+(e-?\d+)?", number, page)
+    return page, arrays, np.array(numbers)
+
+
+def test_the_report_from_a_store_loads_no_step_row_and_says_what_frames_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = _store(tmp_path)
+    dirs = iter_run_dirs(tmp_path, ["weak"])
+    frames = write_report(
+        load_runs(tmp_path, ["weak"]),
+        load_traces(dirs),
+        load_traces(dirs, "eval"),
+        tmp_path / "frames.html",
+        title="Scaling report: weak",
+        found=stragglers_in_store(dirs),
+    ).read_text()
+
+    def no_step_rows(paths: Any, kind: str = "steps") -> pd.DataFrame:
+        assert kind != "steps", "step rows loaded into pandas"
+        return load_traces(paths, kind)
+
+    patched = 0
+    for name, module in list(sys.modules.items()):
+        if name.startswith("workbench") and getattr(module, "load_traces", None) is load_traces:
+            monkeypatch.setattr(module, "load_traces", no_step_rows)
+            patched += 1
+    assert patched  # the report's own module among them
+    engine = report_from_store(sweep, tmp_path / "engine.html").read_text()
+    assert "rank 1 of run slow is a straggler" in engine
+    text, arrays, numbers = _numbers(engine)
+    want_text, want_arrays, want_numbers = _numbers(frames)
+    assert text == want_text
+    assert len(arrays) == len(want_arrays) and len(numbers) == len(want_numbers)
+    for got, want in zip(arrays, want_arrays, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, equal_nan=True)
+    np.testing.assert_allclose(numbers, want_numbers, rtol=1e-9, equal_nan=True)
