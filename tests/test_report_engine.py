@@ -17,6 +17,7 @@ import pytest
 
 from tests.frames import ddp_steps, make_evals, scaling_sweep, write_run
 from workbench.analysis.slow_ranks import stragglers_in_store
+from workbench.analysis.stored import StoredSteps
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.report import report_from_store, write_report
 
@@ -97,3 +98,26 @@ def test_the_report_from_a_store_loads_no_step_row_and_says_what_frames_say(
     for got, want in zip(arrays, want_arrays, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-9, equal_nan=True)
     np.testing.assert_allclose(numbers, want_numbers, rtol=1e-9, equal_nan=True)
+
+
+@pytest.mark.parametrize("bins", [400, 7])
+def test_values_binned_from_the_straggler_matrices_equal_the_engine_query(
+    tmp_path: Path, bins: int
+) -> None:
+    """The report bins each run's step and compute time from the matrices its straggler pass
+    built (one read); the engine's own binning query is the reference (7 bins: several steps a
+    bin, a shorter last one)."""
+    _store(tmp_path)
+    dirs = iter_run_dirs(tmp_path, ["weak"])
+    with StoredSteps(dirs) as fresh, StoredSteps(dirs) as kept:
+        kept.heatmap_bins = bins
+        stragglers_in_store(dirs, stored=kept)
+        assert len(kept._binned) == len(fresh.run_ids)  # every run, one attempt each
+        for run in fresh.run_ids:
+            for value in ("step_s", "compute_s"):
+                got, got_size = kept.binned(run, value, bins)
+                want, size = fresh.binned(run, value, bins)
+                assert got_size == size
+                pd.testing.assert_frame_equal(
+                    got.reset_index(drop=True), want.reset_index(drop=True), rtol=1e-9
+                )

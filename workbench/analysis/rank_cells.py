@@ -6,6 +6,7 @@ from a frame's columns (:func:`rank_cells`) or from batches of rows streamed out
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -59,6 +60,47 @@ def rank_cells(
         values[name] = mat.reshape(shape)
     world = step_world.reindex(steps).to_numpy(dtype="int64")
     return RankCells(steps, ranks, (counts > 0).reshape(shape), values, world, hosts)
+
+
+#: Most step bins a heatmap of a run draws (its columns); the figures' ``MAX_COLUMNS``.
+HEATMAP_BINS = 400
+
+
+def binned_medians(
+    cells: RankCells, columns: dict[str, np.ndarray], max_bins: int = HEATMAP_BINS
+) -> tuple[pd.DataFrame, int]:
+    """Each matrix of ``columns`` (by name, over ``cells``' steps and ranks) per rank and bin of
+    consecutive steps: the steps cut into bins of ``ceil(n / max_bins)``, each labelled by its
+    first step, a cell the median of its bin's values (missing ones left out; NaN when all
+    are), a row for each rank and bin the rank has a row in. The binning of
+    :meth:`workbench.store.digest_query.StepDigest.binned`, from matrices already in memory.
+    Returns ``(frame of rank, step, host and one column per name; steps per bin)``."""
+    n_steps, n_ranks = cells.present.shape
+    size = max(1, -(-n_steps // max(1, max_bins)))
+    bins = -(-n_steps // size) if n_steps else 0
+    pad = bins * size - n_steps
+
+    def folded(mat: np.ndarray, fill: object) -> np.ndarray:
+        if pad:
+            mat = np.concatenate([mat, np.full((pad, n_ranks), fill, dtype=mat.dtype)])
+        return mat.reshape(bins, size, n_ranks)
+
+    has = folded(cells.present, False).any(axis=1)  # bins x ranks
+    b, r = np.nonzero(has)
+    out = pd.DataFrame(
+        {
+            "rank": cells.ranks[r],
+            "step": cells.steps[b * size],
+            "host": pd.Series([cells.hosts.get(int(x)) for x in cells.ranks[r]], dtype=object),
+        }
+    )
+    for name, mat in columns.items():
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin: NaN, as meant
+            medians = np.nanmedian(folded(mat, np.nan), axis=1)
+        out[name] = medians[b, r]
+    order = np.lexsort((out["step"].to_numpy(), out["rank"].to_numpy()))
+    return out.iloc[order].reset_index(drop=True), size
 
 
 def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

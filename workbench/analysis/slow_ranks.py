@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.rank_cells import RankCells, rank_cells, scattered_cells
+from workbench.analysis.rank_cells import RankCells, binned_medians, rank_cells, scattered_cells
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
@@ -319,6 +319,8 @@ def stragglers_in_store(
     columns = {**{p: p for p in HOST_PHASES}, "_backward_compute_s": BACKWARD_COMPUTE}
     if measure != "compute_s":
         columns["_value"] = measure
+    if stored is not None:  # the heatmaps' step time, binned from the same read
+        columns["step_s"] = "step_s"
     found: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         known = None if stored is None else stored.known
@@ -328,6 +330,11 @@ def stragglers_in_store(
             )
             run_id, attempt = part.run_id, part.attempt
             del part
+            if stored is not None and stored.attempts_measured(run_id) == [attempt]:
+                compute = cells.values["_host_s"] + cells.values["_backward_compute_s"]
+                both = {"step_s": cells.values["step_s"], "compute_s": compute}
+                stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
+                del compute, both
             for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
                 found.append({"run_id": run_id, "attempt": attempt, **row})
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)

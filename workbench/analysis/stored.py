@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
@@ -40,6 +41,8 @@ class StoredSteps:
         self.run_dirs = [Path(p) for p in run_dirs]
         self.digest = StepDigest(self.run_dirs, detected_warmup, evals)
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
+        #: The step bins the straggler pass keeps each run's values at (the heatmaps').
+        self.heatmap_bins = HEATMAP_BINS
 
     def close(self) -> None:
         """Free the engine."""
@@ -157,6 +160,18 @@ class StoredSteps:
         p = p.rename(columns={"all_attempts": "attempt"}).astype({"attempt": "int64"})
         world = self.runs.set_index("run_id")["world_size"]
         return p.assign(world_size=p["run_id"].map(world).to_numpy())
+
+    def attempts_measured(self, run_id: str) -> list[int]:
+        """The attempts of ``run_id`` with measured rows, in order."""
+        p = self.measured_per_rank
+        attempts = p.loc[p["run_id"] == run_id, "attempts"]
+        return sorted({int(a) for part in attempts for a in part})
+
+    def keep_binned(self, run_id: str, found: tuple[pd.DataFrame, int]) -> None:
+        """Keep a run's step and compute time binned at :attr:`heatmap_bins` (``rank, step,
+        host, step_s, compute_s`` and the bin size) from matrices the straggler pass built:
+        :meth:`binned` then reads no row again."""
+        self._binned[(run_id, self.heatmap_bins)] = found
 
     def binned(self, run_id: str, value: str, max_bins: int) -> tuple[pd.DataFrame, int]:
         """One run's ``value`` per rank and step bin (:meth:`StepDigest.binned`) as ``rank,

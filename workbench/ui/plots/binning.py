@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.windows import check_columns
 
 #: Most step columns of a heatmap (a wide figure shows about this many).
-MAX_COLUMNS = 400
+MAX_COLUMNS = HEATMAP_BINS
 #: Most rank rows of a heatmap; past this many ranks, rows are hosts or blocks of ranks.
 MAX_ROWS = 128
 #: Most ranks a per-rank chart draws one by one; past this many, the ranks at ``QUANTILES``.
