@@ -334,7 +334,7 @@ def stragglers_in_store(
                 compute = cells.values["_host_s"] + cells.values["_backward_compute_s"]
                 both = {"step_s": cells.values["step_s"], "compute_s": compute}
                 stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
-                del compute, both
+                del compute, both, cells.values["step_s"]  # the rule does not read it
             for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
                 found.append({"run_id": run_id, "attempt": attempt, **row})
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
