@@ -6,7 +6,6 @@ from a frame's columns (:func:`rank_cells`) or from batches of rows streamed out
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -95,12 +94,20 @@ def binned_medians(
         }
     )
     for name, mat in columns.items():
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin: NaN, as meant
-            medians = np.nanmedian(folded(mat, np.nan), axis=1)
-        out[name] = medians[b, r]
+        out[name] = _bin_medians(folded(mat, np.nan))[b, r]
     order = np.lexsort((out["step"].to_numpy(), out["rank"].to_numpy()))
     return out.iloc[order].reset_index(drop=True), size
+
+
+def _bin_medians(folded: np.ndarray) -> np.ndarray:
+    """The median over axis 1 of ``folded`` (bins x steps x ranks), NaN left out (NaN where a
+    bin has no value): sorted once (NaN last), the middle one or two of each bin's values."""
+    ordered = np.sort(folded, axis=1)
+    n = np.sum(~np.isnan(ordered), axis=1)  # bins x ranks
+    low = np.take_along_axis(ordered, np.maximum((n - 1) // 2, 0)[:, None, :], axis=1)[:, 0]
+    high = np.take_along_axis(ordered, (n // 2)[:, None, :], axis=1)[:, 0]
+    with np.errstate(invalid="ignore"):
+        return np.where(n > 0, (low + high) / 2, np.nan)
 
 
 def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
