@@ -1,6 +1,7 @@
 """The scaling model's base, measured: DDP's sampled timers on their own steps (never carried to
 the steps between), the overlap they calibrate, the exposed communication and the backward
-compute of a base run. Pure pandas/numpy; no torch.
+compute of a base run, and the rows of a curve they are read from (:class:`CurveRows`, from a
+frame or from the engine). No torch.
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import sampled_comm
+from workbench.analysis.stored import StoredSteps, is_stored
+from workbench.analysis.windows import measured_steps, sampled_comm
 
 
 def sampled_medians(m: pd.DataFrame) -> tuple[float, float, bool]:
@@ -54,3 +56,62 @@ def calibrated_overlap(exposed_s: float, span_s: float, measured: bool) -> float
 def exposed_at_base(exposed_s: float, span_s: float, measured: bool, overlap: float) -> float:
     """The base's exposed communication per step: measured, else ``(1 - overlap) x span``."""
     return exposed_s if measured else (1 - overlap) * span_s
+
+
+class CurveRows:
+    """The measured rows of one curve the scaling model's base needs, from a frame or from the
+    engine: the multi-rank runs' (``multi``) and the base repeats' (``base_sampled``)."""
+
+    COLUMNS = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
+    COLUMNS += ["backward_s", "backward_compute_s"]
+
+    def __init__(
+        self, steps: pd.DataFrame | StoredSteps, curve_runs: pd.Series, base_runs: pd.Series
+    ):
+        self.steps = steps
+        self.curve_runs = list(curve_runs)
+        self.base_runs = list(base_runs)
+        if is_stored(steps):
+            self.multi = steps.sampled_of(self.curve_runs, 1)
+            self.base_sampled = steps.sampled_of(self.base_runs)
+        else:
+            curve = steps[steps["run_id"].isin(self.curve_runs) & (steps["world_size"] > 1)]
+            self.multi = measured_steps(curve, self.COLUMNS)
+            base = steps[steps["run_id"].isin(self.base_runs)]
+            self.base_sampled = measured_steps(base, self.COLUMNS)
+
+    @property
+    def smallest(self) -> pd.DataFrame:
+        """The rows of the multi-rank runs at their smallest world size."""
+        m = self.multi
+        if is_stored(self.steps):  # the smallest with measured rows, sampled or not
+            p = self.steps.measured_per_rank
+            sizes = p.loc[p["run_id"].isin(self.curve_runs) & (p["world_size"] > 1), "world_size"]
+            return m[m["world_size"] == sizes.min()]
+        return m[m["world_size"] == m["world_size"].min()]
+
+    def has_bytes(self) -> bool:
+        """Whether a multi-rank run handed gradient bytes to allreduce."""
+        if is_stored(self.steps):
+            p = self.steps.measured_per_rank
+            p = p[p["run_id"].isin(self.curve_runs) & (p["world_size"] > 1)]
+            return bool((p["comm_bytes"].fillna(0) > 0).any())
+        return bool(len(self.multi)) and bool((self.multi["comm_bytes"].fillna(0) > 0).any())
+
+    def multi_median(self, column: str) -> float:
+        """The median of ``column`` over the multi-rank runs' measured rows (NaN: none)."""
+        if is_stored(self.steps):
+            return self.steps.multi_rank_median(column, self.curve_runs)
+        return float(self.multi[column].median())
+
+    def base_backward_compute(self, exposed_s: float) -> float:
+        """:func:`backward_compute` of the base repeats' measured rows."""
+        if not is_stored(self.steps):
+            return backward_compute(self.base_sampled, exposed_s)
+        timer = self.base_sampled["backward_compute_s"].dropna()
+        if len(timer):  # DDP's timer runs on the sampled rows alone
+            return float(timer.median())
+        median = self.steps.median("backward_s", self.base_runs)
+        if not np.isfinite(median):
+            return float("nan")
+        return max(median - (exposed_s if np.isfinite(exposed_s) else 0.0), 0.0)

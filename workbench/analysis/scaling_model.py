@@ -24,6 +24,7 @@ import pandas as pd
 
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.model_base import (
+    CurveRows,
     backward_compute,
     calibrated_overlap,
     exposed_at_base,
@@ -42,7 +43,6 @@ from workbench.analysis.network import (
     ring_allreduce_time,
 )
 from workbench.analysis.scaling import run_table
-from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns, measured_steps, measured_window
 
 __all__ = [
@@ -224,7 +224,7 @@ def _curve_base(
     repeats = curve[curve["world_size"] == base_n]
     cols = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
     cols += ["backward_s", "backward_compute_s"]
-    rows = _CurveRows(steps, curve["run_id"], repeats["run_id"])
+    rows = CurveRows(steps, curve["run_id"], repeats["run_id"])
     if not rows.has_bytes():
         return None, "no gradient bytes: the curve has no multi-rank run, no prediction", 0.0
     exposed, span, measured = sampled_medians(rows.base_sampled if base_n > 1 else rows.smallest)
@@ -260,65 +260,6 @@ def _curve_base(
     if unknown:
         note += " (no batch columns: assumed weak)"
     return base, note, overlap
-
-
-class _CurveRows:
-    """The measured rows of one curve the base needs, from a frame or from the engine: the
-    multi-rank runs' (``multi``), and the base repeats' (``base``)."""
-
-    COLUMNS = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    COLUMNS += ["backward_s", "backward_compute_s"]
-
-    def __init__(
-        self, steps: pd.DataFrame | StoredSteps, curve_runs: pd.Series, base_runs: pd.Series
-    ):
-        self.steps = steps
-        self.curve_runs = list(curve_runs)
-        self.base_runs = list(base_runs)
-        if is_stored(steps):
-            self.multi = steps.sampled_of(self.curve_runs, 1)
-            self.base_sampled = steps.sampled_of(self.base_runs)
-        else:
-            curve = steps[steps["run_id"].isin(self.curve_runs) & (steps["world_size"] > 1)]
-            self.multi = measured_steps(curve, self.COLUMNS)
-            base = steps[steps["run_id"].isin(self.base_runs)]
-            self.base_sampled = measured_steps(base, self.COLUMNS)
-
-    @property
-    def smallest(self) -> pd.DataFrame:
-        """The rows of the multi-rank runs at their smallest world size."""
-        m = self.multi
-        if is_stored(self.steps):  # the smallest with measured rows, sampled or not
-            p = self.steps.measured_per_rank
-            sizes = p.loc[p["run_id"].isin(self.curve_runs) & (p["world_size"] > 1), "world_size"]
-            return m[m["world_size"] == sizes.min()]
-        return m[m["world_size"] == m["world_size"].min()]
-
-    def has_bytes(self) -> bool:
-        """Whether a multi-rank run handed gradient bytes to allreduce."""
-        if is_stored(self.steps):
-            p = self.steps.measured_per_rank
-            p = p[p["run_id"].isin(self.curve_runs) & (p["world_size"] > 1)]
-            return bool((p["comm_bytes"].fillna(0) > 0).any())
-        return bool(len(self.multi)) and bool((self.multi["comm_bytes"].fillna(0) > 0).any())
-
-    def multi_median(self, column: str) -> float:
-        """The median of ``column`` over the multi-rank runs' measured rows (NaN: none)."""
-        if is_stored(self.steps):
-            return self.steps.multi_rank_median(column, self.curve_runs)
-        return float(self.multi[column].median())
-
-    def base_backward_compute(self, exposed_s: float) -> float:
-        """:func:`backward_compute` of the base repeats' measured rows."""
-        if not is_stored(self.steps):
-            return backward_compute(self.base_sampled, exposed_s)
-        timer = self.base_sampled["backward_compute_s"].dropna()
-        if len(timer):  # DDP's timer runs on the sampled rows alone
-            return float(timer.median())
-        median = self.steps.median("backward_s", self.base_runs)
-        if not np.isfinite(median):
-            return float("nan")
-        return max(median - (exposed_s if np.isfinite(exposed_s) else 0.0), 0.0)
 
 
 def _predict_curve(

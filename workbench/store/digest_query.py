@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.store.attempts import MEANS, MOMENTS, merge_attempts
 from workbench.store.engine import steps_view
 from workbench.store.measured_query import BACKWARD_COMPUTE, KnownSteps
 from workbench.store.window_query import WindowParts
@@ -27,22 +28,47 @@ MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > 
 #: data, forward and optimizer, plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
 #: The columns whose mean and sample standard deviation per rank :meth:`StepDigest.per_rank`
-#: gives (over measured rows): the phases, what follows a step, and the derived step parts.
-PER_RANK_MOMENTS = (
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "comm_s",
-    "step_s",
-    "other_s",
-    "between_s",
-    "save_s",
-    "eval_s",
-    "wall_step_s",
+#: gives, and those whose mean alone (over measured rows, missing values left out).
+PER_RANK_MOMENTS, PER_RANK_MEANS = MOMENTS, MEANS
+#: Rows in order within a rank: by attempt, then step.
+_ORDER = "(attempt::BIGINT * 4294967296 + step)"
+_PHASES = (
+    "(coalesce(data_s, 0) + coalesce(forward_s, 0) + coalesce(backward_s, 0) "
+    "+ coalesce(optimizer_s, 0))"
 )
-#: Columns whose mean alone per rank is given (over measured rows, missing values left out).
-PER_RANK_MEANS = ("comm_bytes", "comm_buckets", "comm_exposed_s", "backward_compute_s")
+_STATS = ", ".join(
+    [f"count({c}) AS {c}_n, avg({c}) AS {c}, var_samp({c}) AS {c}_var" for c in MOMENTS]
+    + [f"count({c}) AS {c}_n, avg({c}) AS {c}" for c in MEANS]
+)
+#: :meth:`StepDigest.per_rank`'s pass over the measured rows, per run, rank and attempt (the
+#: open gaps ``_holes`` and the evaluations ``_evals_after`` joined).
+_PER_ATTEMPT_SQL = (
+    "WITH r AS ("
+    "  SELECT s.run_id, s.rank, s.attempt, s.step, s.world_size, s.host, s.t_start_s, "
+    "  s.step_s, s.data_s, s.forward_s, s.backward_s, s.optimizer_s, s.comm_s, "
+    "  s.comm_bytes, s.comm_buckets, s.comm_exposed_s, s.backward_compute_s, "
+    "  coalesce(s.gap_s, h.gap) AS gap, "
+    "  coalesce(s.save_s, 0) AS save0, coalesce(e.eval_s, 0) AS eval0 "
+    "  FROM measured s "
+    "  LEFT JOIN _holes h ON h.run_id = s.run_id "
+    "    AND h.attempt = s.attempt AND h.rank = s.rank AND h.step = s.step "
+    "  LEFT JOIN _evals_after e ON e.run_id = s.run_id AND e.attempt = s.attempt "
+    "    AND e.rank = s.rank AND e.step = s.step"
+    "), p AS ("
+    "  SELECT *, "
+    "  CASE WHEN gap IS NULL THEN 0 ELSE save0 END AS save_s, "
+    "  CASE WHEN gap IS NULL THEN 0 ELSE eval0 END AS eval_s, "
+    "  CASE WHEN gap IS NULL THEN 0 ELSE gap - save0 - eval0 END AS between_s, "
+    f"  CASE WHEN step_s - {_PHASES} < 0 THEN 0 ELSE step_s - {_PHASES} END AS other_s "
+    "  FROM r"
+    "), q AS (SELECT *, step_s + between_s + save_s + eval_s AS wall_step_s FROM p) "
+    "SELECT run_id, rank, attempt, count(*) AS measured_steps, "
+    "max(world_size) AS world_size, "
+    f"arg_min(host, {_ORDER}) FILTER (WHERE host IS NOT NULL) AS host, {_STATS}, "
+    "list(DISTINCT host) FILTER (WHERE host IS NOT NULL) AS hosts, "
+    "max(t_start_s + step_s) - min(t_start_s) AS window_s "
+    "FROM q GROUP BY run_id, rank, attempt ORDER BY run_id, rank, attempt"
+)
 #: Columns of the rows where a DDP timer ran (:meth:`StepDigest.sampled`).
 SAMPLED_COLUMNS = (
     "world_size",
@@ -170,6 +196,20 @@ class StepDigest:
             }
         ).reset_index()
 
+    def _register_evals_after(self) -> None:
+        """Register ``_evals_after``: per run, attempt, rank and step, the evaluation time the
+        rank spent after that step (from the evaluations the digest was given)."""
+        evals = self._evals
+        if evals is not None and len(evals):
+            e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
+            keys = ["run_id", "attempt", "rank", "step"]
+            per_step = e.groupby(keys, as_index=False)["eval_s"].sum()
+        else:
+            per_step = pd.DataFrame(
+                {"run_id": [], "attempt": [], "rank": [], "step": [], "eval_s": []}
+            ).astype({"run_id": "object", "attempt": "int64", "rank": "int64", "step": "int64"})
+        self.con.register("_evals_after", per_step)
+
     def _hole_gaps(self) -> None:
         """Register ``_holes``: each row without a traced ``gap_s`` that has a next row (steps
         count consecutively in an attempt), its gap from that row's start (the arithmetic of
@@ -209,56 +249,11 @@ class StepDigest:
         ``other_s`` is the step less its traced phases (a missing phase counts 0), clipped at 0.
         """
         self._hole_gaps()
-        evals = self._evals
-        if evals is not None and len(evals):
-            e = evals if "attempt" in evals.columns else evals.assign(attempt=0)
-            keys = ["run_id", "attempt", "rank", "step"]
-            per_step = e.groupby(keys, as_index=False)["eval_s"].sum()
-        else:
-            per_step = pd.DataFrame(
-                {"run_id": [], "attempt": [], "rank": [], "step": [], "eval_s": []}
-            ).astype({"run_id": "object", "attempt": "int64", "rank": "int64", "step": "int64"})
-        self.con.register("_evals_after", per_step)
-        order = "(attempt::BIGINT * 4294967296 + step)"
-        stats = []
-        for c in PER_RANK_MOMENTS:
-            stats += [f"count({c}) AS {c}_n", f"avg({c}) AS {c}", f"var_samp({c}) AS {c}_var"]
-        stats += [f"count({c}) AS {c}_n, avg({c}) AS {c}" for c in PER_RANK_MEANS]
-        phases = (
-            "(coalesce(data_s, 0) + coalesce(forward_s, 0) + coalesce(backward_s, 0) "
-            "+ coalesce(optimizer_s, 0))"
-        )
-        per_attempt = self._df(
-            "WITH r AS ("
-            "  SELECT s.run_id, s.rank, s.attempt, s.step, s.world_size, s.host, s.t_start_s, "
-            "  s.step_s, s.data_s, s.forward_s, s.backward_s, s.optimizer_s, s.comm_s, "
-            "  s.comm_bytes, s.comm_buckets, s.comm_exposed_s, s.backward_compute_s, "
-            "  coalesce(s.gap_s, h.gap) AS gap, "
-            "  coalesce(s.save_s, 0) AS save0, coalesce(e.eval_s, 0) AS eval0 "
-            "  FROM measured s "
-            "  LEFT JOIN _holes h ON h.run_id = s.run_id "
-            "    AND h.attempt = s.attempt AND h.rank = s.rank AND h.step = s.step "
-            "  LEFT JOIN _evals_after e ON e.run_id = s.run_id AND e.attempt = s.attempt "
-            "    AND e.rank = s.rank AND e.step = s.step"
-            "), p AS ("
-            "  SELECT *, "
-            "  CASE WHEN gap IS NULL THEN 0 ELSE save0 END AS save_s, "
-            "  CASE WHEN gap IS NULL THEN 0 ELSE eval0 END AS eval_s, "
-            "  CASE WHEN gap IS NULL THEN 0 ELSE gap - save0 - eval0 END AS between_s, "
-            f"  CASE WHEN step_s - {phases} < 0 THEN 0 ELSE step_s - {phases} END AS other_s "
-            "  FROM r"
-            "), q AS (SELECT *, step_s + between_s + save_s + eval_s AS wall_step_s FROM p) "
-            "SELECT run_id, rank, attempt, count(*) AS measured_steps, "
-            "max(world_size) AS world_size, "
-            f"arg_min(host, {order}) FILTER (WHERE host IS NOT NULL) AS host, "
-            f"{', '.join(stats)}, "
-            "list(DISTINCT host) FILTER (WHERE host IS NOT NULL) AS hosts, "
-            "max(t_start_s + step_s) - min(t_start_s) AS window_s "
-            "FROM q GROUP BY run_id, rank, attempt ORDER BY run_id, rank, attempt"
-        )
+        self._register_evals_after()
+        per_attempt = self._df(_PER_ATTEMPT_SQL)
         every = self._df(
             "SELECT run_id, rank, max(world_size) AS all_world_size, "
-            f"arg_min(host, {order}) FILTER (WHERE host IS NOT NULL) AS all_host, "
+            f"arg_min(host, {_ORDER}) FILTER (WHERE host IS NOT NULL) AS all_host, "
             "list(DISTINCT attempt ORDER BY attempt) AS all_attempts, "
             "max(rss_bytes) AS rss_peak_bytes, max(mem_peak_bytes) AS cuda_peak_bytes, "
             "max(mem_reserved_bytes) AS cuda_reserved_peak_bytes, "
@@ -353,7 +348,7 @@ class StepDigest:
             "WITH xs AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // $size AS b "
             "  FROM (SELECT DISTINCT step FROM measured WHERE run_id = $run)), "
             "labels AS (SELECT step, min(step) OVER (PARTITION BY b) AS bin FROM xs), "
-            "hosts AS (SELECT rank, arg_min(host, attempt::BIGINT * 4294967296 + step) "
+            f"hosts AS (SELECT rank, arg_min(host, {_ORDER}) "
             "  FILTER (WHERE host IS NOT NULL) AS host FROM measured WHERE run_id = $run "
             "  GROUP BY rank) "
             f"SELECT m.rank, l.bin AS step, any_value(h.host) AS host, {medians} "
@@ -363,45 +358,3 @@ class StepDigest:
             {"run": run_id, "size": size},
         )
         return frame, size
-
-
-def merge_attempts(per_attempt: pd.DataFrame) -> pd.DataFrame:
-    """:meth:`StepDigest.per_rank`'s measured columns from its per-attempt rows: counts added,
-    means weighted by their counts, variances pooled (each attempt's sum of squared deviations
-    plus its count times its mean's squared distance to the pooled mean; ddof 1), hosts joined,
-    the first attempt's first host, windows added. A rank with one attempt keeps its row's
-    values as they are."""
-    keys = ["run_id", "rank"]
-    g = per_attempt.groupby(keys, sort=True)
-    out = g.agg(
-        measured_steps=("measured_steps", "sum"),
-        world_size=("world_size", "max"),
-        host=("host", "first"),
-        window_s=("window_s", "sum"),
-        attempts=("attempt", list),
-        hosts=("hosts", lambda h: sorted({x for part in h if part is not None for x in part})),
-    )
-    for c in (*PER_RANK_MOMENTS, *PER_RANK_MEANS):
-        n = per_attempt[f"{c}_n"].astype("float64")
-        mean = per_attempt[c].astype("float64")
-        total = n.groupby([per_attempt[k] for k in keys]).sum()
-        weighted = (mean * n).groupby([per_attempt[k] for k in keys]).sum(min_count=1)
-        pooled = weighted / total.where(total > 0)
-        out[c] = pooled
-        if c == "backward_s":
-            out["backward_s_n"] = total.astype("int64")
-        if c in PER_RANK_MOMENTS:
-            var = per_attempt[f"{c}_var"].astype("float64").fillna(0.0)
-            mine = pooled.reindex(pd.MultiIndex.from_frame(per_attempt[keys])).to_numpy()
-            m2 = var * (n - 1).clip(lower=0) + n * (mean - mine) ** 2
-            m2 = m2.where(n > 0, 0.0).groupby([per_attempt[k] for k in keys]).sum()
-            out[f"{c}_std"] = (m2 / (total - 1).where(total > 1)) ** 0.5
-    single = g.size() == 1  # one attempt: its own figures, not re-derived
-    if single.any():
-        own = per_attempt.set_index(keys)
-        for c in (*PER_RANK_MOMENTS, *PER_RANK_MEANS):
-            out.loc[single, c] = own.loc[single[single].index, c]
-            if c in PER_RANK_MOMENTS:
-                std = own.loc[single[single].index, f"{c}_var"] ** 0.5
-                out.loc[single, f"{c}_std"] = std
-    return out.reset_index()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from workbench.store.engine import steps_view
 
 if TYPE_CHECKING:
+    import duckdb
     import numpy as np
     import pandas as pd
 
@@ -43,6 +44,45 @@ class AttemptRows:
 
 #: Rows per batch handed out of the engine (a batch of six columns is about 50 MB).
 BATCH_ROWS = 1 << 20
+
+
+def _per_step_and_cut(
+    con: duckdb.DuckDBPyConnection,
+    warmup: Callable[[pd.DataFrame], pd.DataFrame],
+    known: KnownSteps | None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Each step's slowest ``step_s`` and largest ``world_size`` over the rows that are not
+    traced warm-up, and the warm-up rule's answer: from ``known``, or one pass."""
+    if known is not None:
+        mine = set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
+        return known.per_step[known.per_step["run_id"].isin(mine)], known.cut
+    per_step = con.execute(
+        "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
+        "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
+        "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
+    ).df()
+    return per_step, warmup(per_step)
+
+
+def _hosts(
+    con: duckdb.DuckDBPyConnection,
+    where: str,
+    args: dict[str, object],
+    known: KnownSteps | None,
+) -> list[tuple[int, object]]:
+    """Each rank of an attempt's measured rows (``where``) and its first traced host."""
+    if known is None:
+        return con.execute(
+            "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
+            f"FROM steps {where} GROUP BY rank ORDER BY rank",
+            args,
+        ).fetchall()
+    h = known.hosts
+    h = h[(h["run_id"] == args["run"]) & (h["attempt"] == args["attempt"])].sort_values("rank")
+    return [
+        (int(r), x if isinstance(x, str) else None)
+        for r, x in zip(h["rank"], h["host"], strict=True)
+    ]
 
 
 @dataclass
@@ -76,17 +116,7 @@ def measured_rows(
 
     con = steps_view([run_dir])
     try:
-        if known is None:
-            per_step = con.execute(
-                "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
-                "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
-                "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
-            ).df()
-            found = warmup(per_step)
-        else:
-            mine = set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
-            per_step = known.per_step[known.per_step["run_id"].isin(mine)]
-            found = known.cut
+        per_step, found = _per_step_and_cut(con, warmup, known)
         cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
         select = ", ".join(  # NaN, not NULL: plain arrays, no masks
             f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
@@ -101,19 +131,7 @@ def measured_rows(
                 "AND NOT coalesce(warmup, false) AND step > $bound"
             )
             args = {"run": run_id, "attempt": int(attempt), "bound": bound}
-            if known is None:
-                hosts = con.execute(
-                    "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
-                    f"FROM steps {where} GROUP BY rank ORDER BY rank",
-                    args,
-                ).fetchall()
-            else:
-                h = known.hosts
-                h = h[(h["run_id"] == run_id) & (h["attempt"] == attempt)].sort_values("rank")
-                hosts = [
-                    (int(r), None if not isinstance(x, str) else x)
-                    for r, x in zip(h["rank"], h["host"], strict=True)
-                ]
+            hosts = _hosts(con, where, args, known)
             reader = con.sql(  # a relation streams its rows (no copy of the whole result)
                 f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
                 params=args,

@@ -292,10 +292,7 @@ def write_report(
     if plotly_js == "directory" and figs:
         _write_plotly_js(out.parent)
     esc = html.escape
-    if is_stored(steps):
-        traced = len(steps.run_ids)
-    else:
-        traced = steps["run_id"].nunique() if len(steps) else 0
+    traced = len(steps.run_ids) if is_stored(steps) else steps["run_id"].nunique()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     table_parts = _tables_html(tables, keys)
     parts = [
