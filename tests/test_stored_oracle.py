@@ -7,7 +7,8 @@ breakdown (with the evaluations and without), communication, memory, the network
 scaling model, the per-run loss parts, the finding's sentences, the focus run and the figures'
 data (the step-time heatmap, the rank spread and the loss curves). Frames must have the same
 rows (sorted by their keys), the same columns in the same order, compatible dtypes, floats equal
-to 1e-9 relative (NaN equals NaN) and every other value exactly. The point: the report of a sweep
+to 1e-9 relative (NaN equals NaN; within 1e-12 of an exact 0, round-off) and every other value
+exactly. The point: the report of a sweep
 too large for pandas says exactly what the frame path says of a small one.
 
 Hypothesis generates small stores in the store's own layout with the strategy of
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.frames import make_evals, make_runs, make_steps, room_for_evals
@@ -47,13 +48,17 @@ from workbench.store.load import load_traces
 from workbench.ui.catalogue import focus_run
 from workbench.ui.plots import loss_curves_figure, rank_spread_figure, step_time_heatmap
 
+#: No shrinking: every example writes and reads a store, so shrinking a failure takes minutes;
+#: the failure lists every difference of the example hypothesis prints instead.
 SETTINGS = settings(
     max_examples=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
-#: The groupings tried: the default (every config column and the scaling families) and one group.
-GROUPINGS = st.sampled_from([None, []])
+#: The groupings tried: the default (every config column and the scaling families), one group
+#: for all runs, and one named column.
+GROUPINGS = st.sampled_from([None, [], ["model"]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,53 +79,126 @@ def _kind(dtype: Any) -> str:
     return "object"
 
 
+def _is_list(value: object) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
 def _same_value(a: object, b: object) -> bool:
-    """Exact equality, NaN and None equal to themselves; lists and arrays element by element."""
-    if isinstance(a, (list, tuple, np.ndarray)) or isinstance(b, (list, tuple, np.ndarray)):
-        if not isinstance(a, (list, tuple, np.ndarray)) or not isinstance(
-            b, (list, tuple, np.ndarray)
-        ):
+    """Exact equality; a missing value (None, NaN, NA) equals only the same kind of missing
+    value; lists and arrays element by element."""
+    if _is_list(a) or _is_list(b):
+        if not (_is_list(a) and _is_list(b)) or len(a) != len(b):  # type: ignore[arg-type]
             return False
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
-    a_missing = a is None or (isinstance(a, float) and np.isnan(a))
-    b_missing = b is None or (isinstance(b, float) and np.isnan(b))
+        return all(_same_value(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[call-overload]
+    a_missing, b_missing = bool(pd.isna(a)), bool(pd.isna(b))
     if a_missing or b_missing:
         return a_missing and b_missing and type(a) is type(b)
     return bool(a == b)
 
 
-def assert_floats(got: object, want: object, what: str) -> None:
-    """Floats to 1e-9 relative, NaN equal to NaN, same shape."""
+#: Beside 1e-9 relative, how far from an exact 0 a float may be: the standard deviation of a
+#: constant column pooled over attempts, or a difference of equal sums, is 0 in one path and
+#: round-off (1e-17 .. 1e-15) in the other; every value compared is seconds, bytes or a count.
+ATOL = 1e-12
+
+
+def _float_diff(got: object, want: object) -> str | None:
+    """Why ``got`` is not ``want`` to 1e-9 relative (NaN equal to NaN; :data:`ATOL` near 0), or
+    ``None``."""
     a = np.asarray(got, dtype="float64")
     b = np.asarray(want, dtype="float64")
-    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
-    np.testing.assert_allclose(a, b, rtol=1e-9, atol=0, equal_nan=True, err_msg=what)
+    if a.shape != b.shape:
+        return f"shape {a.shape} != {b.shape}"
+    try:
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=ATOL, equal_nan=True)
+    except AssertionError:
+        bad = ~(np.isclose(a, b, rtol=1e-9, atol=ATOL) | (np.isnan(a) & np.isnan(b)))
+        where = np.argwhere(bad)[:5].tolist()
+        pairs = [f"at {i}: stored {a[tuple(i)]!r}, frame {b[tuple(i)]!r}" for i in where]
+        return f"{int(bad.sum())} of {a.size} differ; " + "; ".join(pairs)
+    return None
 
 
-def assert_frames(got: pd.DataFrame, want: pd.DataFrame, keys: Sequence[str], what: str) -> None:
-    """``got`` (the stored path) equals ``want`` (the frame path): same columns in the same
-    order, same rows once both are sorted by ``keys`` (stable), dtypes of one family, floats to
-    1e-9 relative, everything else exactly."""
-    assert list(got.columns) == list(want.columns), (
-        f"{what}: columns\n{list(got.columns)}\n!=\n{list(want.columns)}"
-    )
-    assert len(got) == len(want), f"{what}: {len(got)} rows != {len(want)}\n{got}\n!=\n{want}"
-    by = [k for k in keys if k in want.columns]
-    if by:
-        got = got.sort_values(by, kind="stable")
-        want = want.sort_values(by, kind="stable")
-    got, want = got.reset_index(drop=True), want.reset_index(drop=True)
-    for column in want.columns:
-        a, b = got[column], want[column]
-        where = f"{what}.{column}"
-        if not len(b):
-            continue
-        assert _kind(a.dtype) == _kind(b.dtype), f"{where}: dtype {a.dtype} != {b.dtype}"
-        if _kind(b.dtype) in ("float", "int"):
-            assert_floats(a, b, f"{where}\n{got}\n!=\n{want}")
-        else:
-            same = [_same_value(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
-            assert all(same), f"{where}: {a.tolist()} != {b.tolist()}"
+class Diffs:
+    """Every difference between the stored path (``got``) and the frame path (``want``) of one
+    store, collected so that one failure shows them all; :meth:`done` fails with the list."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def add(self, what: str, why: str) -> None:
+        self.found.append(f"{what}: {why}")
+
+    def done(self) -> None:
+        assert not self.found, "stored != frames:\n" + "\n".join(self.found)
+
+    def equal(self, got: object, want: object, what: str) -> None:
+        """Exactly equal (missing values as in :func:`_same_value`)."""
+        if not _same_value(got, want):
+            self.add(what, f"stored {got!r} != frame {want!r}")
+
+    def floats(self, got: object, want: object, what: str) -> None:
+        why = _float_diff(got, want)
+        if why is not None:
+            self.add(what, why)
+
+    def frames(self, got: pd.DataFrame, want: pd.DataFrame, keys: Sequence[str], what: str) -> None:
+        """Same columns in the same order, same rows once both are sorted by ``keys`` (stable),
+        dtypes of one family, floats to 1e-9 relative, everything else exactly."""
+        if list(got.columns) != list(want.columns):
+            self.add(what, f"columns\n  stored {list(got.columns)}\n  frame  {list(want.columns)}")
+            return
+        if len(got) != len(want):
+            self.add(what, f"{len(got)} rows != {len(want)}\n{got}\n!=\n{want}")
+            return
+        by = [k for k in keys if k in want.columns]
+        if by:
+            got = got.sort_values(by, kind="stable")
+            want = want.sort_values(by, kind="stable")
+        got, want = got.reset_index(drop=True), want.reset_index(drop=True)
+        for column in want.columns:
+            a, b = got[column], want[column]
+            where = f"{what}.{column}"
+            if not len(b):
+                continue
+            kinds = {_kind(a.dtype), _kind(b.dtype)}
+            if len(kinds) > 1:
+                self.add(where, f"dtype stored {a.dtype} != frame {b.dtype}")
+            if kinds <= {"float", "int"}:  # the values too, whatever the dtypes
+                self.floats(a, b, where)
+            elif len(kinds) == 1:
+                same = [_same_value(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+                if not all(same):
+                    self.add(where, f"stored {a.tolist()} != frame {b.tolist()}")
+
+    def outcomes(
+        self, got: Callable[[], Any], want: Callable[[], Any], what: str
+    ) -> tuple[Any, Any] | None:
+        """Both calls refused alike (``None``) or both gave a result (the pair, to compare)."""
+        a, b = _outcome(got), _outcome(want)
+        if a[0] != b[0] or (b[0] == "raised" and a[1] != b[1]):
+            self.add(what, f"stored {_short(a)} != frame {_short(b)}")
+            return None
+        return (a[1], b[1]) if b[0] == "ok" else None
+
+    def figures(self, got: go.Figure, want: go.Figure, what: str, axes: str = "xy") -> None:
+        """Same traces (type, name and ``axes`` data) and the same title and subtitle."""
+        self.equal(_texts(got), _texts(want), f"{what} layout text")
+        if len(got.data) != len(want.data):
+            self.add(what, f"{len(got.data)} != {len(want.data)} traces")
+            return
+        for i, (a, b) in enumerate(zip(got.data, want.data, strict=True)):
+            self.equal((a.type, a.name), (b.type, b.name), f"{what} trace {i}")
+            for axis in axes:
+                kind_a, va = _values(getattr(a, axis))
+                kind_b, vb = _values(getattr(b, axis))
+                where = f"{what} trace {i} ({b.name}) {axis}"
+                if kind_a != kind_b:
+                    self.add(where, f"stored {kind_a} {va} != frame {kind_b} {vb}")
+                elif kind_b == "number":
+                    self.floats(va, vb, where)
+                else:
+                    self.equal(va, vb, where)
 
 
 def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
@@ -128,19 +206,13 @@ def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
     paths must refuse the same inputs the same way."""
     try:
         return "ok", call()
-    except (ValueError, KeyError, IndexError) as error:
+    except (ValueError, KeyError, IndexError, TypeError) as error:
         return "raised", (type(error).__name__, str(error))
 
 
-def _same_outcome(
-    got: tuple[str, Any], want: tuple[str, Any], what: str
-) -> tuple[Any, Any] | None:
-    """Both raised alike (``None``) or both gave a result (the pair, to compare)."""
-    assert got[0] == want[0], f"{what}: stored {got} != frame {want}"
-    if want[0] == "raised":
-        assert got[1] == want[1], f"{what}: stored raised {got[1]}, frame raised {want[1]}"
-        return None
-    return got[1], want[1]
+def _short(outcome: tuple[str, Any]) -> str:
+    kind, value = outcome
+    return f"raised {value}" if kind == "raised" else f"gave {type(value).__name__}"
 
 
 def _texts(fig: go.Figure) -> tuple[str | None, list[str | None]]:
@@ -158,23 +230,6 @@ def _values(values: object) -> tuple[str, list[object]]:
     return "other", array.tolist()
 
 
-def assert_figures(got: go.Figure, want: go.Figure, what: str, axes: str = "xy") -> None:
-    """Same traces (type, name and ``axes`` data) and the same title and subtitle."""
-    assert _texts(got) == _texts(want), f"{what}: layout text"
-    assert len(got.data) == len(want.data), f"{what}: {len(got.data)} != {len(want.data)} traces"
-    for i, (a, b) in enumerate(zip(got.data, want.data, strict=True)):
-        assert (a.type, a.name) == (b.type, b.name), f"{what}: trace {i}"
-        for axis in axes:
-            kind_a, va = _values(getattr(a, axis))
-            kind_b, vb = _values(getattr(b, axis))
-            where = f"{what}: trace {i} ({b.name}) {axis}"
-            assert kind_a == kind_b, f"{where}: {kind_a} != {kind_b}"
-            if kind_b == "number":
-                assert_floats(va, vb, where)
-            else:
-                assert _same_value(va, vb), f"{where}: {va} != {vb}"
-
-
 # ---------------------------------------------------------------------------------------------
 # Inputs
 
@@ -186,140 +241,184 @@ def runs_of(steps: pd.DataFrame) -> pd.DataFrame:
     return make_runs([{"run_id": str(r), "world_size": int(n)} for r, n in sizes.items()])
 
 
-def _evals_or_none(evals: pd.DataFrame) -> pd.DataFrame | None:
-    """The evaluation rows, ``None`` for none (as the report passes them)."""
-    return evals if len(evals) else None
-
-
 class Store:
-    """One generated store: its run folders, both paths' step rows, its evaluations and runs."""
+    """One written store: its run folders, the frame path's step rows (``frame``), its runs
+    frame, its evaluations (``evals``: ``None`` for none, as the report passes them), the
+    evaluations both paths are given (``given``: ``evals``, or ``None`` with ``use_evals``
+    false) and the stored path's steps, built with ``given`` (``stored``; close the store)."""
 
-    def __init__(self, dirs: list[Path]) -> None:
+    def __init__(self, dirs: list[Path], use_evals: bool = True) -> None:
         self.dirs = dirs
         self.frame = load_traces(dirs)
-        self.evals = _evals_or_none(load_traces(dirs, "eval"))
         self.runs = runs_of(self.frame)
+        evals = load_traces(dirs, "eval")
+        self.evals = evals if len(evals) else None
+        self.given = self.evals if use_evals else None
+        self.stored = StoredSteps(dirs, self.given)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stored.close()
 
 
-def _with_store(runs: list[pd.DataFrame], evals: bool, check: Callable[[Store], None]) -> None:
-    """Write ``runs`` in the store's layout (in a fresh temporary folder) and run ``check``."""
+def _with_store(
+    runs: list[pd.DataFrame],
+    evals: bool,
+    checks: Sequence[Callable[[Store, Diffs], None]],
+    use_evals: bool = True,
+) -> None:
+    """Write ``runs`` in the store's layout (in a fresh temporary folder), run every check on it
+    (one ``StoredSteps``: the digest is computed once) and fail with every difference found."""
+    diffs = Diffs()
     with tempfile.TemporaryDirectory() as folder:
-        check(Store(_write(Path(folder), runs, evals)))
+        with Store(_write(Path(folder), runs, evals), use_evals) as store:
+            for check in checks:
+                check(store, diffs)
+    diffs.done()
 
 
 # ---------------------------------------------------------------------------------------------
-# The comparisons, one per group of entry points
+# The comparisons, one per group of entry points (three tests below share them out: one
+# store written and one digest computed per example serves several, which keeps the file's run
+# time near a minute; a difference in one test does not stop hypothesis exploring the others)
 
 
-def check_windows(s: Store, use_evals: bool) -> None:
-    """measured_window, eval_rows and phase_breakdown (the stored steps built with the same
-    evaluations as the frame path is given: ``None`` or the evaluation rows)."""
-    evals = s.evals if use_evals else None
-    with StoredSteps(s.dirs, evals) as stored:
-        assert_frames(
-            measured_window(stored, evals),
-            measured_window(s.frame, evals),
-            ["run_id"],
-            "measured_window",
+def check_window(s: Store, d: Diffs) -> None:
+    """measured_window and eval_rows (the stored steps built with the evaluations the frame
+    path is given: ``None`` or the evaluation rows)."""
+    evals = s.given
+    stored = s.stored
+    d.frames(measured_window(stored, evals), measured_window(s.frame, evals), ["run_id"], "window")
+    if s.evals is not None:
+        d.frames(
+            eval_rows(s.evals, stored),
+            eval_rows(s.evals, s.frame),
+            ["run_id", "attempt", "step"],
+            "eval_rows",
         )
-        if s.evals is not None:
-            assert_frames(
-                eval_rows(s.evals, stored),
-                eval_rows(s.evals, s.frame),
-                ["run_id", "attempt", "step"],
-                "eval_rows",
+
+
+def check_breakdown(s: Store, d: Diffs) -> None:
+    """phase_breakdown: ``StoredSteps`` counts the evaluations it was built with, so both
+    paths get the same (``None`` or the evaluation rows)."""
+    evals = s.given
+    stored = s.stored
+    d.frames(
+        phase_breakdown(stored, evals),
+        phase_breakdown(s.frame, evals),
+        ["run_id", "rank"],
+        f"phase_breakdown(evals={'rows' if evals is not None else None})",
+    )
+
+
+def check_tables(s: Store, d: Diffs, group_by: list[str] | None) -> None:
+    """run_table and scaling_table."""
+    stored = s.stored
+    d.frames(
+        run_table(s.runs, stored, s.given, group_by),
+        run_table(s.runs, s.frame, s.given, group_by),
+        ["run_id", "scaling"],
+        "run_table",
+    )
+    pair = d.outcomes(
+        lambda: scaling_table(s.runs, stored, s.given, group_by),
+        lambda: scaling_table(s.runs, s.frame, s.given, group_by),
+        "scaling_table",
+    )
+    if pair is not None:
+        d.frames(*pair, [*(group_by or []), "scaling", "world_size", "nodes"], "scaling_table")
+
+
+def check_comm(s: Store, d: Diffs, group_by: list[str] | None) -> None:
+    """communication (with and without runs) and run_parts (given the frame path's
+    communication and run table, so that only its steps input differs)."""
+    stored = s.stored
+    comm = communication(s.frame, s.runs, group_by)
+    d.frames(communication(stored, s.runs, group_by), comm, ["run_id", "rank"], "comm")
+    d.frames(communication(stored), communication(s.frame), ["run_id", "rank"], "comm()")
+    per_run = run_table(s.runs, s.frame, s.given, group_by).drop_duplicates("run_id")
+    d.frames(
+        run_parts(stored, comm, per_run).reset_index(),
+        run_parts(s.frame, comm, per_run).reset_index(),
+        ["run_id"],
+        "run_parts",
+    )
+
+
+def check_memory(s: Store, d: Diffs) -> None:
+    """memory_by_rank."""
+    stored = s.stored
+    d.frames(memory_by_rank(stored), memory_by_rank(s.frame), ["run_id", "rank"], "memory")
+
+
+def check_network(s: Store, d: Diffs, group_by: list[str] | None) -> None:
+    """fit_network (with and without runs) and predicted_vs_measured."""
+    stored = s.stored
+    for runs in (s.runs, None):
+        what = f"fit_network(runs={'runs' if runs is not None else None})"
+        got, want = fit_network(stored, runs), fit_network(s.frame, runs)
+        d.equal(got.note, want.note, f"{what} note")
+        d.equal(got.world_sizes, want.world_sizes, f"{what} world sizes")
+        d.floats(got.residual_s, want.residual_s, f"{what} residual")
+        d.equal(got.model is None, want.model is None, f"{what} model is None")
+        if want.model is not None and got.model is not None:
+            d.equal(got.model.name, want.model.name, f"{what} model name")
+            d.equal(got.model.description, want.model.description, f"{what} description")
+            d.floats(
+                [got.model.bandwidth_bytes_per_s, got.model.latency_s],
+                [want.model.bandwidth_bytes_per_s, want.model.latency_s],
+                f"{what} bandwidth, latency",
             )
-        assert_frames(
-            phase_breakdown(stored, evals),
-            phase_breakdown(s.frame, evals),
-            ["run_id", "rank"],
-            f"phase_breakdown(evals={'rows' if evals is not None else None})",
-        )
+    pair = d.outcomes(
+        lambda: predicted_vs_measured(s.runs, stored, None, group_by),
+        lambda: predicted_vs_measured(s.runs, s.frame, None, group_by),
+        "predicted_vs_measured",
+    )
+    if pair is not None:
+        curve = [*(group_by or []), "scaling", "nodes", "world_size"]
+        d.frames(*pair, curve, "predicted_vs_measured")
 
 
-def check_tables(s: Store, group_by: list[str] | None) -> None:
-    """run_table, scaling_table, communication, run_parts and memory_by_rank."""
-    keys = ["run_id", "scaling"]
-    with StoredSteps(s.dirs, s.evals) as stored:
-        per_run = run_table(s.runs, s.frame, s.evals, group_by)
-        assert_frames(run_table(s.runs, stored, s.evals, group_by), per_run, keys, "run_table")
-        want = _outcome(lambda: scaling_table(s.runs, s.frame, s.evals, group_by))
-        got = _outcome(lambda: scaling_table(s.runs, stored, s.evals, group_by))
-        pair = _same_outcome(got, want, "scaling_table")
-        if pair is not None:
-            point = [*(group_by or []), "scaling", "world_size", "nodes"]
-            assert_frames(*pair, point, "scaling_table")
-        comm = communication(s.frame, s.runs, group_by)
-        assert_frames(communication(stored, s.runs, group_by), comm, ["run_id", "rank"], "comm")
-        assert_frames(
-            communication(stored), communication(s.frame), ["run_id", "rank"], "comm(no runs)"
-        )
-        unique = per_run.drop_duplicates("run_id")
-        assert_frames(
-            run_parts(stored, comm, unique).reset_index(),
-            run_parts(s.frame, comm, unique).reset_index(),
-            ["run_id"],
-            "run_parts",
-        )
-        assert_frames(
-            memory_by_rank(stored), memory_by_rank(s.frame), ["run_id", "rank"], "memory_by_rank"
-        )
-
-
-def check_models(s: Store, group_by: list[str] | None) -> None:
-    """fit_network, predicted_vs_measured, findings and focus_run."""
+def check_finding(s: Store, d: Diffs, group_by: list[str] | None) -> None:
+    """findings (given the frame path's stragglers) and focus_run (with them and with none)."""
     found = stragglers(s.frame)
-    with StoredSteps(s.dirs, s.evals) as stored:
-        for runs in (s.runs, None):
-            got, want = fit_network(stored, runs), fit_network(s.frame, runs)
-            assert got.note == want.note, f"fit_network note: {got.note!r} != {want.note!r}"
-            assert (got.model is None) == (want.model is None), "fit_network model"
-            if want.model is not None and got.model is not None:
-                assert (got.model.name, got.model.description) == (
-                    want.model.name,
-                    want.model.description,
-                )
-                assert_floats(
-                    [got.model.bandwidth_bytes_per_s, got.model.latency_s],
-                    [want.model.bandwidth_bytes_per_s, want.model.latency_s],
-                    "fit_network model",
-                )
-            assert got.world_sizes == want.world_sizes, "fit_network world sizes"
-            assert_floats(got.residual_s, want.residual_s, "fit_network residual")
-        want_p = _outcome(lambda: predicted_vs_measured(s.runs, s.frame, None, group_by))
-        got_p = _outcome(lambda: predicted_vs_measured(s.runs, stored, None, group_by))
-        pair = _same_outcome(got_p, want_p, "predicted_vs_measured")
-        if pair is not None:
-            curve = [*(group_by or []), "scaling", "nodes", "world_size"]
-            assert_frames(*pair, curve, "predicted_vs_measured")
-        said = findings(s.runs, s.frame, group_by, s.evals, found=found)
-        assert findings(s.runs, stored, group_by, s.evals, found=found) == said
-        for straggling in (found, found.iloc[0:0]):
-            assert focus_run(stored, straggling) == focus_run(s.frame, straggling)
+    stored = s.stored
+    pair = d.outcomes(
+        lambda: findings(s.runs, stored, group_by, s.given, found=found),
+        lambda: findings(s.runs, s.frame, group_by, s.given, found=found),
+        "findings",
+    )
+    if pair is not None:
+        d.equal(*pair, "findings")
+    for straggling in (found, found.iloc[0:0]):
+        what = f"focus_run({len(straggling)} stragglers)"
+        d.equal(focus_run(stored, straggling), focus_run(s.frame, straggling), what)
 
 
-def check_figures(s: Store) -> None:
+def check_figures(s: Store, d: Diffs) -> None:
     """The heatmap (both values) and the rank spread of every run, and the loss curves."""
-    with StoredSteps(s.dirs, s.evals) as stored:
-        for run_id in sorted(s.frame["run_id"].unique()):
-            for value in ("step_s", "compute_s"):
-                what = f"step_time_heatmap({run_id}, {value})"
-                pair = _same_outcome(
-                    _outcome(lambda r=run_id, v=value: step_time_heatmap(stored, r, v)),
-                    _outcome(lambda r=run_id, v=value: step_time_heatmap(s.frame, r, v)),
-                    what,
-                )
-                if pair is not None:
-                    assert_figures(*pair, what, axes="zxy")
-            what = f"rank_spread_figure({run_id})"
-            pair = _same_outcome(
-                _outcome(lambda r=run_id: rank_spread_figure(stored, r)),
-                _outcome(lambda r=run_id: rank_spread_figure(s.frame, r)),
+    stored = s.stored
+    for run_id in sorted(s.frame["run_id"].unique()):
+        for value in ("step_s", "compute_s"):
+            what = f"step_time_heatmap({run_id}, {value})"
+            pair = d.outcomes(
+                lambda r=run_id, v=value: step_time_heatmap(stored, r, v),
+                lambda r=run_id, v=value: step_time_heatmap(s.frame, r, v),
                 what,
             )
             if pair is not None:
-                assert_figures(*pair, what)
-        assert_figures(loss_curves_figure(stored), loss_curves_figure(s.frame), "loss_curves")
+                d.figures(*pair, what, axes="zxy")
+        what = f"rank_spread_figure({run_id})"
+        pair = d.outcomes(
+            lambda r=run_id: rank_spread_figure(stored, r),
+            lambda r=run_id: rank_spread_figure(s.frame, r),
+            what,
+        )
+        if pair is not None:
+            d.figures(*pair, what)
+    d.figures(loss_curves_figure(stored), loss_curves_figure(s.frame), "loss_curves")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,32 +427,36 @@ def check_figures(s: Store) -> None:
 
 @SETTINGS
 @given(stores(), st.booleans(), st.booleans())
-def test_windows_and_breakdown_equal_the_frames(
+def test_window_breakdown_memory_and_figures_equal_the_frames(
     runs: list[pd.DataFrame], evals: bool, use_evals: bool
 ) -> None:
-    _with_store(runs, evals, lambda s: check_windows(s, use_evals))
+    _with_store(
+        runs, evals, [check_window, check_breakdown, check_memory, check_figures], use_evals
+    )
 
 
 @SETTINGS
 @given(stores(), st.booleans(), GROUPINGS)
-def test_tables_equal_the_frames(
+def test_tables_and_communication_equal_the_frames(
     runs: list[pd.DataFrame], evals: bool, group_by: list[str] | None
 ) -> None:
-    _with_store(runs, evals, lambda s: check_tables(s, group_by))
+    _with_store(
+        runs,
+        evals,
+        [lambda s, d: check_tables(s, d, group_by), lambda s, d: check_comm(s, d, group_by)],
+    )
 
 
 @SETTINGS
 @given(stores(), st.booleans(), GROUPINGS)
-def test_models_and_finding_equal_the_frames(
+def test_network_fit_scaling_model_and_finding_equal_the_frames(
     runs: list[pd.DataFrame], evals: bool, group_by: list[str] | None
 ) -> None:
-    _with_store(runs, evals, lambda s: check_models(s, group_by))
-
-
-@SETTINGS
-@given(stores(), st.booleans())
-def test_figures_equal_the_frames(runs: list[pd.DataFrame], evals: bool) -> None:
-    _with_store(runs, evals, check_figures)
+    _with_store(
+        runs,
+        evals,
+        [lambda s, d: check_network(s, d, group_by), lambda s, d: check_finding(s, d, group_by)],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,19 +518,27 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
         for rank, rows in evals.groupby("rank"):
             rows.to_parquet(traces / schema.eval_file(int(rank)))
     dirs = [tmp_path / "sweep" / f"ws{n}" for n in SWEEP]
-    s = Store(dirs)
-    assert s.evals is not None and set(s.frame["attempt"]) == {0, 1}
-    found = stragglers(s.frame)
-    assert found[["run_id", "rank", "start_step"]].values.tolist() == [
-        [SLOW_RUN, SLOW_RANK, SLOW_FROM]
-    ]
-    window = measured_window(s.frame, s.evals).set_index("run_id")
-    assert window.loc["ws2", "warmup_detected_steps"] == 1
-    assert window.loc["ws3", "attempts"] == 2
-    assert fit_network(s.frame, s.runs).model is not None
-    for use_evals in (True, False):
-        check_windows(s, use_evals)
-    for group_by in (None, []):
-        check_tables(s, group_by)
-        check_models(s, group_by)
-    check_figures(s)
+    d = Diffs()
+    with Store(dirs) as s:
+        assert s.evals is not None and set(s.frame["attempt"]) == {0, 1}
+        found = stragglers(s.frame)
+        assert found[["run_id", "rank", "start_step"]].values.tolist() == [
+            [SLOW_RUN, SLOW_RANK, SLOW_FROM]
+        ]
+        window = measured_window(s.frame, s.evals).set_index("run_id")
+        assert window.loc["ws2", "warmup_detected_steps"] == 1
+        assert window.loc["ws3", "attempts"] == 2
+        assert fit_network(s.frame, s.runs).model is not None
+        check_window(s, d)
+        check_breakdown(s, d)
+        for group_by in (None, []):
+            check_tables(s, d, group_by)
+            check_comm(s, d, group_by)
+            check_network(s, d, group_by)
+            check_finding(s, d, group_by)
+        check_memory(s, d)
+        check_figures(s, d)
+    with Store(dirs, use_evals=False) as s:
+        check_window(s, d)
+        check_breakdown(s, d)
+    d.done()

@@ -105,7 +105,7 @@ def _stored_means(steps: StoredSteps) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     weighted = (p["backward_s"] * p["backward_s_n"]).groupby(p["run_id"]).sum(min_count=1)
     per_run = pd.DataFrame(
         {
-            "world_size": p.groupby("run_id")["world_size"].max(),
+            "world_size": p.groupby("run_id")["world_size"].max().astype("int64"),
             "backward_s": weighted / p.groupby("run_id")["backward_s_n"].sum().replace(0, np.nan),
         }
     )

@@ -183,7 +183,11 @@ def findings(
     varying = [k for k in curve_keys if per_run[k].map(str).nunique() > 1]
     out = []
     # a group id, not a merge on the key columns (None and NaN keys do not merge reliably)
-    curve_id = per_run.groupby(curve_keys, dropna=False, sort=False).ngroup() if curve_keys else 0
+    curve_id = (
+        per_run.groupby(curve_keys, dropna=False, sort=False).ngroup()
+        if curve_keys
+        else pd.Series(0, index=per_run.index)  # one curve (a bare 0 would name a column)
+    )
     for _, mine in per_run.groupby(curve_id, sort=True):
         points = points_table(mine, keys).sort_values("world_size")
         sentence = _curve_sentence(points, mine, parts)

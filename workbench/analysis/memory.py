@@ -17,9 +17,10 @@ def memory_by_rank(steps: pd.DataFrame) -> pd.DataFrame:
     of this process on its GPU); the CUDA ones are NaN on CPU.
     """
     if is_stored(steps):
-        p = steps.per_rank.rename(columns={"all_world_size": "world_size", "all_host": "host"})
-        cols = ["run_id", "rank", "world_size", "host", "rss_peak_bytes", "cuda_peak_bytes"]
-        return p[[*cols, "cuda_reserved_peak_bytes", "device_peak_bytes"]]
+        cols = ["run_id", "rank", "all_world_size", "all_host", "rss_peak_bytes"]
+        cols += ["cuda_peak_bytes", "cuda_reserved_peak_bytes", "device_peak_bytes"]
+        p = steps.per_rank[cols]  # over all rows: warm-up included
+        return p.rename(columns={"all_world_size": "world_size", "all_host": "host"})
     check_columns(steps, ("run_id", "rank", "world_size", "rss_bytes"), "steps")
     aggs: dict[str, tuple[str, str]] = {"world_size": ("world_size", "max")}
     if "host" in steps.columns:

@@ -219,8 +219,10 @@ def rank_step_values(steps: pd.DataFrame, run_id: str, value: str) -> tuple[pd.D
     if value != "compute_s":
         check_columns(steps, [value], "steps")
     cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
-    keep = ["run_id", "rank", "step", "warmup", "host", *cols]
-    m = measured_steps(steps.loc[steps["run_id"] == run_id, [c for c in keep if c in steps]])
+    # step_s and attempt too: the detected warm-up is read from them
+    keep = ["run_id", "rank", "step", "attempt", "warmup", "host", "step_s", *cols]
+    keep = [c for c in dict.fromkeys(keep) if c in steps]
+    m = measured_steps(steps.loc[steps["run_id"] == run_id, keep])
     v = rank_compute(m)["compute_s"] if value == "compute_s" else m[value]
     frame = pd.DataFrame({"rank": m["rank"], "step": m["step"], "v": v.astype("float64")})
     if "host" in m.columns:
