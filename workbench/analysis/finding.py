@@ -16,7 +16,7 @@ from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
-from workbench.analysis.stored import is_stored
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.tune_plan import SAID, advice, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
@@ -155,6 +155,25 @@ def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame,
     )
 
 
+def _straggler_lines(steps: pd.DataFrame | StoredSteps, found: pd.DataFrame | None) -> list[str]:
+    """A line per straggler (``found``, or ranked here), or ``no slow rank``."""
+    if found is None:
+        found = (
+            stragglers_in_store(steps.run_dirs, stored=steps)
+            if is_stored(steps)
+            else stragglers(steps)
+        )
+    out = []
+    for row in found.itertuples():
+        words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))
+        phase = f", mostly in {words}" if row.slow_phase else ""
+        out.append(
+            f"rank {row.rank} of run {row.run_id} is a straggler from step {row.start_step}: "
+            f"{ratio(row.ratio)} the others' compute time{phase}"
+        )
+    return out or ["no slow rank"]
+
+
 def findings(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -194,24 +213,7 @@ def findings(
         label = _label(mine.iloc[0], varying)
         out.append(f"{label}: {sentence}" if label else sentence)
     out += [verified(t) for t in tunes]
-    if found is not None:
-        slow = found
-    else:
-        slow = (
-            stragglers_in_store(steps.run_dirs, stored=steps)
-            if is_stored(steps)
-            else stragglers(steps)
-        )
-    if len(slow):
-        for row in slow.itertuples():
-            words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))
-            phase = f", mostly in {words}" if row.slow_phase else ""
-            out.append(
-                f"rank {row.rank} of run {row.run_id} is a straggler from step {row.start_step}: "
-                f"{ratio(row.ratio)} the others' compute time{phase}"
-            )
-    else:
-        out.append("no slow rank")
+    out += _straggler_lines(steps, found)
     memory = memory_by_rank(steps)
     peak = memory["cuda_peak_bytes"].max()
     if not math.isfinite(peak):
