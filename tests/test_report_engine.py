@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.frames import ddp_steps, make_evals, scaling_sweep, write_run
+from workbench.analysis.rank_cells import scattered_cells
 from workbench.analysis.slow_ranks import stragglers_in_store
 from workbench.analysis.stored import StoredSteps
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
@@ -121,3 +122,19 @@ def test_values_binned_from_the_straggler_matrices_equal_the_engine_query(
                 pd.testing.assert_frame_equal(
                     got.reset_index(drop=True), want.reset_index(drop=True), rtol=1e-9
                 )
+
+
+def test_rows_a_live_run_wrote_after_its_steps_were_read_are_left_out() -> None:
+    """The straggler pass reads a run's steps and ranks first, then its rows: a live rank may
+    have written another step (or a new rank its first) in between; such rows are left out,
+    not scattered into another cell."""
+    steps, ranks = np.array([3, 4, 5]), np.array([0, 1])
+    batch = {
+        "step": np.array([3, 4, 5, 6, 2, 4]),
+        "rank": np.array([0, 1, 0, 0, 1, 2]),
+        "data_s": np.array([1.0, 2.0, 3.0, 9.0, 9.0, 9.0]),
+    }
+    cells = scattered_cells(steps, ranks, [batch], pd.Series(2, index=steps), {})
+    want = np.array([[1.0, np.nan], [np.nan, 2.0], [3.0, np.nan]])
+    np.testing.assert_array_equal(cells.values["data_s"], want)
+    assert cells.present.sum() == 3

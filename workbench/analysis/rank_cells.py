@@ -139,6 +139,15 @@ class _DerivedCompute(dict):  # type: ignore[type-arg]
         raise KeyError(name)
 
 
+def _positions(at: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each offset falls in ``at`` (a lookup by value less the smallest), and which
+    offsets are known there."""
+    inside = (offsets >= 0) & (offsets < len(at))
+    found = np.full(len(offsets), -1)
+    found[inside] = at[offsets[inside]]
+    return found >= 0, found
+
+
 def scattered_cells(
     steps: np.ndarray,
     ranks: np.ndarray,
@@ -149,7 +158,8 @@ def scattered_cells(
     """:class:`RankCells` built from batches of rows (``step``, ``rank``, ``data_s``,
     ``forward_s``, ``optimizer_s``, ``_backward_compute_s`` and, for another measure than
     ``compute_s``, ``_value``), each batch scattered into the matrices as it comes, so only one
-    batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted.
+    batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted;
+    a row of another step or rank (a live run's, written since they were read) is left out.
     One row per cell (the store writes one row per rank and step of an attempt)."""
     shape = (len(steps), len(ranks))
     step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if len(steps) else 0, -1)
@@ -159,12 +169,16 @@ def scattered_cells(
     values: dict[str, np.ndarray] = _DerivedCompute()
     present = np.zeros(shape, dtype=bool)
     for batch in batches:
-        flat = step_at[batch.pop("step") - steps.min()] * shape[1]
-        flat += rank_at[batch.pop("rank") - ranks.min()]
+        si, ri = _positions(step_at, batch.pop("step") - steps.min())
+        rj, rk = _positions(rank_at, batch.pop("rank") - ranks.min())
+        keep = (
+            si & rj
+        )  # a row of a live run written after ``steps`` and ``ranks`` were read: left out
+        flat = ri[keep] * shape[1] + rk[keep]
         present.flat[flat] = True
         for name, col in batch.items():
             if name not in values:
                 values[name] = np.full(shape, np.nan)
-            values[name].flat[flat] = col
+            values[name].flat[flat] = col[keep]
     world = step_world.reindex(steps).to_numpy(dtype="int64")
     return RankCells(steps, ranks, present, values, world, hosts)
