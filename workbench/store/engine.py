@@ -12,6 +12,7 @@ torch.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Iterable
@@ -48,31 +49,38 @@ def connect() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _files(run_dirs: Iterable[str | Path], kind: str) -> tuple[list[str], list[Path]]:
-    """The Parquet files and the live files (Arrow streams, JSONL) of ``kind`` in the runs."""
+def _files(run_dirs: Iterable[str | Path], kind: str) -> tuple[list[str], set[str], list[Path]]:
+    """The readable Parquet files of ``kind`` in the runs, the columns they hold (any of them),
+    and the live files (Arrow streams, JSONL)."""
     parquet: list[str] = []
+    present: set[str] = set()
     live: list[Path] = []
     for run in run_dirs:
         traces = Path(run) / schema.TRACES_DIR
-        found = sorted(traces.glob(f"{kind}-rank*.{schema.FINAL_SUFFIX}"))
-        parquet += [str(p) for p in found if _readable_parquet(p)]
+        for path in sorted(traces.glob(f"{kind}-rank*.{schema.FINAL_SUFFIX}")):
+            stat = path.stat()
+            names = _parquet_columns(str(path), stat.st_mtime_ns, stat.st_size)
+            if names is not None:
+                parquet.append(str(path))
+                present.update(names)
         for suffix in (schema.LIVE_SUFFIX, schema.LEGACY_LIVE_SUFFIX):
             live += sorted(traces.glob(f"{kind}-rank*.{suffix}"))
-    return parquet, live
+    return parquet, present, live
 
 
-def _readable_parquet(path: Path) -> bool:
-    """Whether ``path``'s Parquet footer reads (a few hundred bytes); a truncated or corrupt file
-    is skipped with the warning :func:`workbench.store.load.load_traces` gives, so it cannot hide
-    the other ranks' rows."""
+@functools.lru_cache(maxsize=1 << 16)
+def _parquet_columns(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+    """The columns of ``path``'s Parquet footer (a few hundred bytes read), or None when it does
+    not read: a truncated or corrupt file is skipped with the warning
+    :func:`workbench.store.load.load_traces` gives, so it cannot hide the other ranks' rows.
+    Kept by path, modification time and size: a report's passes open each file's footer once."""
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(path)
+        return tuple(pq.read_schema(path).names)
     except Exception as exc:
-        warnings.warn(f"skipping unreadable trace file {path}: {exc}", stacklevel=4)
-        return False
-    return True
+        warnings.warn(f"skipping unreadable trace file {path}: {exc}", stacklevel=5)
+        return None
 
 
 def _select_list(present: set[str], columns: dict[str, str]) -> str:
@@ -112,12 +120,11 @@ def steps_view(run_dirs: Iterable[str | Path], kind: str = "steps") -> duckdb.Du
     rows of ``run_dirs`` in the schema's columns; an empty view when the runs have no traces."""
     columns = schema.trace_columns(kind)
     con = connect()
-    parquet, live = _files(run_dirs, kind)
+    parquet, present, live = _files(run_dirs, kind)
     parts = []
     if parquet:
         listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in parquet) + "]"
         source = f"read_parquet({listed}, union_by_name = true)"
-        present = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         parts.append(f"SELECT {_select_list(present, columns)} FROM {source}")
     table = _live_table(live, kind) if live else None
     if table is not None:
