@@ -184,12 +184,13 @@ def _attempt_stragglers(
     phases over every step, and the whole compute over the sampled steps alone (those where
     every rank's row has it: a rank slow in backward shows nowhere else); a rank found by both
     is reported from its earlier start."""
-    value, present = cells.values["_value"], cells.present
+    missing = np.isnan(cells.values["_value"]) & cells.present  # derived: not held after
     every = np.ones(len(cells.steps), dtype=bool)
-    if measure != "compute_s" or not np.isnan(value[present]).any():
+    if measure != "compute_s" or not missing.any():
         return _found(cells, every, "_value", threshold, min_steps, persistence)
+    sampled = ~missing.any(axis=1)
+    del missing
     host = _found(cells, every, "_host_s", threshold, min_steps, persistence)
-    sampled = ~(np.isnan(value) & present).any(axis=1)
     full = _found(cells, sampled, "_value", threshold, min_steps, persistence)
     best: dict[int, dict[str, Any]] = {}
     for row in (*host, *full):
@@ -215,9 +216,9 @@ def _found(
     a = _select(cells.values[column], rows, cols)
     steps, ranks = cells.steps[rows], cells.ranks[cols]
     ref = _median_of_others(a)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(ref > 0, a / ref, np.nan)
-    slow = np.nan_to_num(ratio, nan=0.0) > 1 + threshold
+    ratio = np.full_like(a, np.nan)  # one matrix: a / ref where ref > 0
+    np.divide(a, ref, out=ratio, where=ref > 0)
+    slow = ratio > 1 + threshold  # NaN is not slow
     csum = np.vstack([np.zeros((1, a.shape[1]), "int32"), np.cumsum(slow, axis=0, dtype="int32")])
     window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
     qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
