@@ -42,8 +42,9 @@ class AttemptRows:
     batches: Iterator[dict[str, np.ndarray]]
 
 
-#: Rows per batch handed out of the engine (a batch of six columns is about 50 MB).
-BATCH_ROWS = 1 << 20
+#: Rows per batch handed out of the engine (a batch of seven columns is about 14 MB; the engine
+#: reads ahead, so a larger batch costs several times its size in memory).
+BATCH_ROWS = 1 << 18
 
 
 def _per_step_and_cut(
