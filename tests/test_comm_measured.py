@@ -124,7 +124,7 @@ def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) ->
     dist.destroy_process_group()
 
 
-def test_network_busbw_within_3x_of_a_bare_allreduce_loop(comm_runs) -> None:
+def test_network_busbw_within_4x_of_a_bare_allreduce_loop(comm_runs) -> None:
     _, run = _measured(comm_runs["two"])
     row = max(run["network"]["sizes"], key=lambda r: r["bytes"])
     with mp.Manager() as manager:
@@ -141,9 +141,9 @@ def test_network_busbw_within_3x_of_a_bare_allreduce_loop(comm_runs) -> None:
     )
     # What this guards: units (bytes, not bits: 8x), the bus factor, the time per allreduce (not
     # per loop: 10x or more). Not tighter: a CPU allreduce of two ranks on two shared cores
-    # halves whenever a third process wants a core, and the two loops run seconds apart
-    # (0.43 and 0.47 were seen in full suites, 0.97 alone).
-    assert 1 / 3 <= ratio <= 3.0
+    # halves whenever a third process wants a core, and the two loops run minutes apart
+    # (0.43 and 0.47 were seen in full suites, 0.97 alone, 3.19 with a benchmark beside it).
+    assert 1 / 4 <= ratio <= 4.0
 
 
 def test_network_benchmark_can_be_turned_off(store) -> None:
