@@ -3,7 +3,7 @@ is too large for pandas.
 
 :class:`StoredSteps` wraps the engine's digest of the runs' step rows
 (:class:`workbench.store.digest_query.StepDigest`, the warm-up rule of
-:func:`workbench.analysis.windows.detected_warmup` applied in it) and hands out its small
+:func:`workbench.analysis.warmup.detected_warmup` applied in it) and hands out its small
 frames, each computed once. The report's entry points (the run and scaling tables, the phase
 breakdown, communication, memory, the network fit and the scaling model, the finding, the
 figures' data) accept it wherever they accept ``steps``, and give the same columns and values as

@@ -3,11 +3,12 @@ analysis is computed from, so that no step row of a large sweep reaches pandas.
 
 :class:`StepDigest` holds one engine connection over the runs' step rows (``steps``, see
 :mod:`workbench.store.engine`) and the warm-up rule's answer (``cut``), from which a view
-``measured`` (the rows that are neither traced nor detected warm-up) is made. Each method is one
-pass over the files, reading only the columns it needs, and returns a small frame: per run and
-rank (:meth:`per_rank`), per run, attempt and step (window parts, losses), the rows where DDP's
-timers ran (:meth:`sampled`), one run's values binned for a heatmap (:meth:`binned`). The
-analysis composes them into its tables (``workbench.analysis.digest``). No torch.
+``measured`` (the rows that are neither traced nor detected warm-up) is made. A pass over the
+files reads only the columns it needs and returns a small frame: per run, attempt and step
+(:attr:`per_step`, on construction: the window's parts, losses, attempt ends), per run and rank
+(:meth:`per_rank`), the rows where DDP's timers ran (:meth:`sampled`), a histogram of gradient
+bytes (:meth:`byte_counts`), one run's values binned for a heatmap (:meth:`binned`). The
+analysis composes them into its tables (``workbench.analysis.stored``). No torch.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > 
 #: What a rank computes itself in a step (``workbench.analysis.slow_ranks.rank_compute``):
 #: data, forward and optimizer, plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
-#: The columns whose mean and sample standard deviation per rank :meth:`StepDigest.per_rank`
-#: gives, and those whose mean alone (over measured rows, missing values left out).
-PER_RANK_MOMENTS, PER_RANK_MEANS = MOMENTS, MEANS
 #: Rows in order within a rank: by attempt, then step.
 _ORDER = "(attempt::BIGINT * 4294967296 + step)"
 _PHASES = (
@@ -232,9 +230,9 @@ class StepDigest:
 
     def per_rank(self) -> pd.DataFrame:
         """Per run and rank: over the measured rows ``measured_steps`` (rows), ``world_size``
-        (largest), ``host`` (the first traced), for each of :data:`PER_RANK_MOMENTS` the mean
-        and ``<name>_std`` (ddof 1), for each of :data:`PER_RANK_MEANS` the mean (missing
-        values left out), ``backward_s_n`` (rows with a backward time), ``hosts`` (every host
+        (largest), ``host`` (the first traced), for each of ``attempts.MOMENTS`` the mean and
+        ``<name>_std`` (ddof 1), for each of ``attempts.MEANS`` the mean (missing values left
+        out), ``backward_s_n`` (rows with a backward time), ``hosts`` (every host
         the rank ran on), ``attempts`` (those with measured rows) and ``window_s`` (the rank's
         own window, attempts added); over all rows ``all_world_size``, ``all_host``,
         ``all_attempts``, ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes``,
