@@ -143,8 +143,11 @@ def _positions(at: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndar
     """Where each offset falls in ``at`` (a lookup by value less the smallest), and which
     offsets are known there."""
     inside = (offsets >= 0) & (offsets < len(at))
-    found = np.full(len(offsets), -1)
-    found[inside] = at[offsets[inside]]
+    if inside.all():  # the usual case: the lookup alone
+        found = at[offsets]
+    else:
+        found = np.full(len(offsets), -1)
+        found[inside] = at[offsets[inside]]
     return found >= 0, found
 
 
@@ -169,16 +172,15 @@ def scattered_cells(
     values: dict[str, np.ndarray] = _DerivedCompute()
     present = np.zeros(shape, dtype=bool)
     for batch in batches:
-        si, ri = _positions(step_at, batch.pop("step") - steps.min())
-        rj, rk = _positions(rank_at, batch.pop("rank") - ranks.min())
-        keep = (
-            si & rj
-        )  # a row of a live run written after ``steps`` and ``ranks`` were read: left out
-        flat = ri[keep] * shape[1] + rk[keep]
+        known_step, row = _positions(step_at, batch.pop("step") - steps.min())
+        known_rank, column = _positions(rank_at, batch.pop("rank") - ranks.min())
+        keep = known_step & known_rank  # a live run's row written since: left out
+        every = bool(keep.all())
+        flat = row * shape[1] + column if every else row[keep] * shape[1] + column[keep]
         present.flat[flat] = True
         for name, col in batch.items():
             if name not in values:
                 values[name] = np.full(shape, np.nan)
-            values[name].flat[flat] = col[keep]
+            values[name].flat[flat] = col if every else col[keep]
     world = step_world.reindex(steps).to_numpy(dtype="int64")
     return RankCells(steps, ranks, present, values, world, hosts)
