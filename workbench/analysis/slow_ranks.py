@@ -331,11 +331,13 @@ def stragglers_in_store(
             )
             run_id, attempt = part.run_id, part.attempt
             del part
+            step_s = cells.values.pop("step_s", None)  # the heatmaps', not the rule's
             if stored is not None and stored.attempts_measured(run_id) == [attempt]:
                 compute = cells.values["_host_s"] + cells.values["_backward_compute_s"]
-                both = {"step_s": cells.values["step_s"], "compute_s": compute}
+                both = {"step_s": step_s, "compute_s": compute}
                 stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
-                del compute, both, cells.values["step_s"]  # the rule does not read it
+                del compute, both
+            del step_s
             for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
                 found.append({"run_id": run_id, "attempt": attempt, **row})
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
