@@ -17,9 +17,9 @@ from workbench.analysis import (
     phase_breakdown,
     resolve_group_by,
     scaling_table,
-    slow_ranks,
     stragglers,
 )
+from workbench.analysis.others_median import median_of_others
 from workbench.analysis.scaling_model import (
     NETWORK_PRESETS,
     NetworkModel,
@@ -377,7 +377,7 @@ def test_median_of_others_matches_brute_force() -> None:
     for n in (2, 3, 4, 7):
         a = rng.normal(size=(20, n))
         a[rng.uniform(size=a.shape) < 0.15] = np.nan
-        got = slow_ranks._median_of_others(a)
+        got = median_of_others(a)
         for i in range(a.shape[0]):
             for j in range(n):
                 others = np.delete(a[i], j)

@@ -27,6 +27,22 @@ class RankCells:
     step_world: np.ndarray
     hosts: dict[int, object]
 
+    def rows(self, name: str, at: np.ndarray | slice, column: int | None = None) -> np.ndarray:
+        """Rows ``at`` of the matrix ``name`` (of one ``column`` only, when given), held or
+        derived from held ones (``_host_s``: the host phases' sum; ``_compute_s``, and
+        ``_value`` where not held: that plus the backward compute), the sums of
+        :func:`workbench.analysis.slow_ranks.rank_compute`: a block at a time, so a derived
+        matrix is never held whole."""
+        values = self.values
+        if name in values:
+            return values[name][at] if column is None else values[name][at, column]
+        if name == "_host_s":
+            phases = [self.rows(p, at, column) for p in ("data_s", "forward_s", "optimizer_s")]
+            return 0.0 + phases[0] + phases[1] + phases[2]
+        if name in ("_compute_s", "_value"):
+            return self.rows("_host_s", at, column) + self.rows("_backward_compute_s", at, column)
+        raise KeyError(name)
+
 
 def rank_cells(
     step: np.ndarray,
@@ -66,25 +82,35 @@ HEATMAP_BINS = 400
 
 
 def binned_medians(
-    cells: RankCells, columns: dict[str, np.ndarray], max_bins: int = HEATMAP_BINS
+    cells: RankCells, names: dict[str, str], max_bins: int = HEATMAP_BINS
 ) -> tuple[pd.DataFrame, int]:
-    """Each matrix of ``columns`` (by name, over ``cells``' steps and ranks) per rank and bin of
-    consecutive steps: the steps cut into bins of ``ceil(n / max_bins)``, each labelled by its
-    first step, a cell the median of its bin's values (missing ones left out; NaN when all
-    are), a row for each rank and bin the rank has a row in. The binning of
-    :meth:`workbench.store.digest_query.StepDigest.binned`, from matrices already in memory.
-    Returns ``(frame of rank, step, host and one column per name; steps per bin)``."""
+    """The matrices ``names`` (output name: the cells' name, held or derived, see
+    :meth:`RankCells.rows`) per rank and bin of consecutive steps: the steps cut into bins of
+    ``ceil(n / max_bins)``, each labelled by its first step, a cell the median of its bin's
+    values (missing ones left out; NaN when all are), a row for each rank and bin the rank has
+    a row in. The binning of :meth:`workbench.store.digest_query.StepDigest.binned`, from
+    matrices already in memory, a few bins at a time. Returns ``(frame of rank, step, host
+    and one column per name; steps per bin)``."""
     n_steps, n_ranks = cells.present.shape
     size = max(1, -(-n_steps // max(1, max_bins)))
     bins = -(-n_steps // size) if n_steps else 0
-    pad = bins * size - n_steps
+    has = np.zeros((bins, n_ranks), dtype=bool)
+    medians = {name: np.full((bins, n_ranks), np.nan) for name in names}
+    chunk = max(1, _BIN_BLOCK_ROWS // size)  # bins at a time
 
-    def folded(mat: np.ndarray, fill: object) -> np.ndarray:
+    def folded(mat: np.ndarray, fill: object, count: int) -> np.ndarray:
+        pad = count * size - mat.shape[0]
         if pad:
             mat = np.concatenate([mat, np.full((pad, n_ranks), fill, dtype=mat.dtype)])
-        return mat.reshape(bins, size, n_ranks)
+        return mat.reshape(count, size, n_ranks)
 
-    has = folded(cells.present, False).any(axis=1)  # bins x ranks
+    for b0 in range(0, bins, chunk):
+        count = min(bins, b0 + chunk) - b0
+        rows = slice(b0 * size, min(n_steps, (b0 + count) * size))
+        has[b0 : b0 + count] = folded(cells.present[rows], False, count).any(axis=1)
+        for name, source in names.items():
+            block = folded(cells.rows(source, rows), np.nan, count)
+            medians[name][b0 : b0 + count] = _bin_medians(block)
     b, r = np.nonzero(has)
     out = pd.DataFrame(
         {
@@ -93,10 +119,14 @@ def binned_medians(
             "host": pd.Series([cells.hosts.get(int(x)) for x in cells.ranks[r]], dtype=object),
         }
     )
-    for name, mat in columns.items():
-        out[name] = _bin_medians(folded(mat, np.nan))[b, r]
+    for name in names:
+        out[name] = medians[name][b, r]
     order = np.lexsort((out["step"].to_numpy(), out["rank"].to_numpy()))
     return out.iloc[order].reset_index(drop=True), size
+
+
+#: Step rows per block of :func:`binned_medians` (whole bins; at least one bin).
+_BIN_BLOCK_ROWS = 8192
 
 
 def _bin_medians(folded: np.ndarray) -> np.ndarray:
@@ -124,19 +154,6 @@ def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     seen[values - low] = True
     where = np.cumsum(seen) - 1
     return np.flatnonzero(seen) + low, where[values - low]
-
-
-class _DerivedCompute(dict):  # type: ignore[type-arg]
-    """The matrices by name, with ``_host_s`` and (unless given) ``_value`` (``compute_s``)
-    derived from the phases when asked for, not held: the same sums as :func:`rank_compute`'s
-    per row, since each cell holds one row."""
-
-    def __missing__(self, name: str) -> np.ndarray:
-        if name == "_host_s":
-            return 0.0 + self["data_s"] + self["forward_s"] + self["optimizer_s"]
-        if name == "_value":
-            return self["_host_s"] + self["_backward_compute_s"]
-        raise KeyError(name)
 
 
 def _positions(at: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,7 +186,7 @@ def scattered_cells(
     step_at[steps - steps.min()] = np.arange(len(steps))
     rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if len(ranks) else 0, -1)
     rank_at[ranks - ranks.min()] = np.arange(len(ranks))
-    values: dict[str, np.ndarray] = _DerivedCompute()
+    values: dict[str, np.ndarray] = {}
     present = np.zeros(shape, dtype=bool)
     for batch in batches:
         known_step, row = _positions(step_at, batch.pop("step") - steps.min())

@@ -6,18 +6,25 @@ the submodule's own name would shadow the submodule.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.others_median import (
+    BLOCK_ROWS,
+    RowStats,
+    others_median,
+    row_stats,
+    row_stats_blocked,
+)
 from workbench.analysis.rank_cells import RankCells, binned_medians, rank_cells, scattered_cells
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
-from workbench.store.measured_query import BACKWARD_COMPUTE, measured_rows
+from workbench.store.measured_query import BACKWARD_COMPUTE, AttemptRows, measured_rows
 
 STRAGGLER_COLUMNS = [
     "run_id",
@@ -39,53 +46,6 @@ STRAGGLER_COLUMNS = [
 #: The traced phases a straggler's extra time is attributed to (backward compute: DDP's timer on
 #: its sampled steps, never the backward that holds the wait for a slow rank).
 SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
-
-
-#: Rows per block of :func:`_median_of_others` (bounds its working memory on a large run).
-_BLOCK_ROWS = 1024
-
-
-def _median_of_others(a: np.ndarray) -> np.ndarray:
-    """:func:`_median_of_others_block` over blocks of rows (each row's median is its own)."""
-    if a.shape[0] <= _BLOCK_ROWS:
-        return _median_of_others_block(a)
-    out = np.empty_like(a, dtype="float64")
-    for i in range(0, a.shape[0], _BLOCK_ROWS):
-        out[i : i + _BLOCK_ROWS] = _median_of_others_block(a[i : i + _BLOCK_ROWS])
-    return out
-
-
-def _median_of_others_block(a: np.ndarray) -> np.ndarray:
-    """Row-wise median of the other columns for each cell of ``a`` (steps x ranks; NaN = absent).
-
-    With a row's ``c`` values sorted as ``v``, the others' median of a cell ``x`` is the mean of
-    ``pick((c - 2) // 2)`` and ``pick((c - 1) // 2)``, where ``pick(i)`` is ``v[i]`` when
-    ``v[i] < x`` and ``v[i + 1]`` otherwise (``x`` removed from the sorted row; which of several
-    equal values is removed does not change the rest). So three order statistics per row serve
-    every cell: one partial sort (``np.partition``, linear) per row, no full sort.
-    """
-    count = np.sum(~np.isnan(a), axis=1)
-    med = np.full(a.shape, np.nan)
-    for c in np.unique(count):
-        if c < 2:
-            continue
-        at = None if bool((count == c).all()) else np.flatnonzero(count == c)
-        sub = a if at is None else a[at]
-        lo, hi = (int(c) - 2) // 2, (int(c) - 1) // 2
-        kth = sorted({lo, lo + 1, min(lo + 2, int(c) - 1)})
-        part = np.partition(sub, kth, axis=1)  # NaN sorts last: the c values come first
-        v0, v1 = part[:, lo : lo + 1], part[:, lo + 1 : lo + 2]
-        low = np.where(v0 < sub, v0, v1)
-        if hi == lo:
-            high = low
-        else:
-            high = np.where(v1 < sub, v1, part[:, lo + 2 : lo + 3])
-        got = (low + high) / 2
-        got[np.isnan(sub)] = np.nan
-        if at is None:
-            return got
-        med[at] = got
-    return med
 
 
 #: The phases every step times on its own rank (no waiting for the others in them).
@@ -140,64 +100,116 @@ def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
     )
 
 
-def _select(mat: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``mat[rows][:, cols]``, without a copy when they select everything."""
-    if rows.all():
-        return mat if cols.all() else mat[:, cols]
-    return mat[rows][:, cols] if not cols.all() else mat[rows]
+#: A phase's step x rank matrix, read when a straggler needs it and the cells do not hold it.
+PhaseSource = Callable[[str], np.ndarray]
 
 
 def _slow_phases(
-    cells: RankCells, rows: np.ndarray, cols: np.ndarray, candidates: list[tuple[int, np.ndarray]]
+    cells: RankCells,
+    at: np.ndarray,
+    col_at: np.ndarray,
+    candidates: list[tuple[int, np.ndarray]],
+    phase_source: PhaseSource | None = None,
 ) -> list[tuple[str, float]]:
-    """For each candidate (column ``j``, its slow rows ``idx``): the traced phase in which it
-    exceeds the median of the other ranks the most over those rows (median excess, seconds);
-    ``("", nan)`` when no phase exceeds it. Each phase's medians are computed once, for all
-    candidates, over the rows any of them needs."""
+    """For each candidate (column ``j`` of ``col_at``, its slow rows ``idx`` of ``at``): the
+    traced phase in which it exceeds the median of the other ranks the most over those rows
+    (median excess, seconds); ``("", nan)`` when no phase exceeds it. Each phase's order
+    statistics are computed once, for all candidates, over the rows any of them needs; a phase
+    the cells do not hold comes from ``phase_source``, one at a time."""
     best: list[tuple[str, float]] = [("", float("nan"))] * len(candidates)
     if not candidates:
         return best
     needed = np.unique(np.concatenate([idx for _, idx in candidates]))
     for phase in SLOW_PHASES:
         column = "_backward_compute_s" if phase == "backward_compute_s" else phase
-        if column not in cells.values:
+        mat = cells.values.get(column)
+        if mat is None and phase_source is not None:
+            mat = phase_source(column)
+        if mat is None:
             continue
-        a = _select(cells.values[column], rows, cols)[needed]
-        med = _median_of_others(a)
+        stats = row_stats_blocked(mat, at[needed], col_at)
         for k, (j, idx) in enumerate(candidates):
-            at = np.searchsorted(needed, idx)
-            excess = a[at, j] - med[at, j]
+            x = mat[at[idx], col_at[j]]
+            excess = x - others_median(x, stats.take(np.searchsorted(needed, idx)))
             if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
                 continue
             extra = float(np.nanmedian(excess))
             if extra > 0 and not extra <= best[k][1]:
                 best[k] = (phase, extra)
+        del mat
     return best
 
 
 def _attempt_stragglers(
-    cells: RankCells, threshold: float, min_steps: int, persistence: float, measure: str
+    cells: RankCells,
+    threshold: float,
+    min_steps: int,
+    persistence: float,
+    measure: str,
+    phase_source: PhaseSource | None = None,
 ) -> list[dict[str, Any]]:
-    """The stragglers of one run attempt's measured cells (``_value`` holds the measure).
+    """The stragglers of one run attempt's measured cells (``_value`` holds the measure, or is
+    derived as the compute).
 
     ``compute_s`` with backward compute on some steps only (DDP's sampled timer): the host
     phases over every step, and the whole compute over the sampled steps alone (those where
     every rank's row has it: a rank slow in backward shows nowhere else); a rank found by both
     is reported from its earlier start."""
-    missing = np.isnan(cells.values["_value"]) & cells.present  # derived: not held after
+    rule = (threshold, min_steps, persistence, phase_source)
     every = np.ones(len(cells.steps), dtype=bool)
-    if measure != "compute_s" or not missing.any():
-        return _found(cells, every, "_value", threshold, min_steps, persistence)
-    sampled = ~missing.any(axis=1)
-    del missing
-    host = _found(cells, every, "_host_s", threshold, min_steps, persistence)
-    full = _found(cells, sampled, "_value", threshold, min_steps, persistence)
+    if measure != "compute_s":
+        return _found(cells, every, "_value", *rule)
+    sampled = np.empty(len(cells.steps), dtype=bool)
+    for i in range(0, len(sampled), BLOCK_ROWS):
+        block = slice(i, i + BLOCK_ROWS)
+        missing = np.isnan(cells.rows("_value", block)) & cells.present[block]
+        sampled[block] = ~missing.any(axis=1)
+    if sampled.all():
+        return _found(cells, every, "_value", *rule)
+    host = _found(cells, every, "_host_s", *rule)
+    full = _found(cells, sampled, "_value", *rule)
     best: dict[int, dict[str, Any]] = {}
     for row in (*host, *full):
         kept = best.get(row["rank"])
         if kept is None or row["start_step"] < kept["start_step"]:
             best[row["rank"]] = row
     return [best[r] for r in sorted(best)]
+
+
+def _slow_cells(
+    cells: RankCells, at: np.ndarray, col_at: np.ndarray, column: str, threshold: float
+) -> tuple[np.ndarray, RowStats]:
+    """Which cells of rows ``at`` and columns ``col_at`` are slow (``column`` over the median of
+    the other ranks' above ``1 + threshold``; NaN is not slow), and each row's order
+    statistics; a block of rows at a time, so no matrix of medians or ratios is held."""
+    every_col = len(col_at) == cells.present.shape[1]
+    stats = RowStats.empty(len(at))
+    slow = np.empty((len(at), len(col_at)), dtype=bool)
+    for i in range(0, len(at), BLOCK_ROWS):
+        a = cells.rows(column, at[i : i + BLOCK_ROWS])
+        a = a if every_col else a[:, col_at]
+        block = row_stats(a)
+        stats.put(i, block)
+        ref = others_median(a, block)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            slow[i : i + BLOCK_ROWS] = (ref > 0) & (a / ref > 1 + threshold)
+    return slow, stats
+
+
+def _starts(slow: np.ndarray, min_steps: int, persistence: float) -> list[tuple[int, int]]:
+    """Per column with one: the first slow row that starts ``min_steps`` consecutive rows of
+    which at least ``persistence`` are slow (``(column, row)``), a few columns at a time."""
+    starts = []
+    for c in range(0, slow.shape[1], 64):
+        part = slow[:, c : c + 64]
+        zero = np.zeros((1, part.shape[1]), "int32")
+        csum = np.vstack([zero, np.cumsum(part, axis=0, dtype="int32")])
+        window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
+        qualifies = part[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
+        starts += [
+            (c + int(j), int(np.argmax(qualifies[:, j]))) for j in np.flatnonzero(qualifies.any(0))
+        ]
+    return starts
 
 
 def _found(
@@ -207,42 +219,38 @@ def _found(
     threshold: float,
     min_steps: int,
     persistence: float,
+    phase_source: PhaseSource | None = None,
 ) -> list[dict[str, Any]]:
     """The ranks whose ``column`` is persistently above the median of the other ranks', over
     the steps ``rows`` selects (the ranks with a row on them)."""
-    cols = cells.present[rows].any(axis=0)
-    if not rows.any() or cols.sum() < 2 or rows.sum() < min_steps:
+    at = np.flatnonzero(rows)
+    col_at = np.flatnonzero(cells.present[at].any(axis=0)) if len(at) else at
+    if not len(at) or len(col_at) < 2 or len(at) < min_steps:
         return []
-    a = _select(cells.values[column], rows, cols)
-    steps, ranks = cells.steps[rows], cells.ranks[cols]
-    ref = _median_of_others(a)
-    ratio = np.full_like(a, np.nan)  # one matrix: a / ref where ref > 0
-    np.divide(a, ref, out=ratio, where=ref > 0)
-    slow = ratio > 1 + threshold  # NaN is not slow
-    csum = np.vstack([np.zeros((1, a.shape[1]), "int32"), np.cumsum(slow, axis=0, dtype="int32")])
-    window = csum[min_steps:] - csum[:-min_steps]  # slow count in [i, i + min_steps)
-    qualifies = slow[: window.shape[0]] & (window >= persistence * min_steps - 1e-9)
+    slow, stats = _slow_cells(cells, at, col_at, column, threshold)
+    starts = _starts(slow, min_steps, persistence)
     world = int(cells.step_world[rows].max())
-    starts = [(int(j), int(np.argmax(qualifies[:, j]))) for j in np.flatnonzero(qualifies.any(0))]
     tails = [(j, i + np.flatnonzero(slow[i:, j])) for j, i in starts]
-    phases = _slow_phases(cells, rows, cols, tails)
+    phases = _slow_phases(cells, at, col_at, tails, phase_source)
     found = []
     for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases, strict=True):
         tail = slow[i:, j]
-        rank = int(ranks[j])
+        rank = int(cells.ranks[col_at[j]])
+        value = cells.rows(column, at[idx], col_at[j])
+        ref = others_median(value, stats.take(idx))
         found.append(
             {
                 "rank": rank,
                 "host": cells.hosts.get(rank),
                 "world_size": world,
-                "start_step": int(steps[i]),
-                "end_step": int(steps[idx[-1]]),
+                "start_step": int(cells.steps[at[i]]),
+                "end_step": int(cells.steps[at[idx[-1]]]),
                 "slow_steps": int(tail.sum()),
                 "slow_fraction": float(tail.mean()),
-                "ratio": float(np.median(ratio[idx, j])),
-                "value_s": float(np.median(a[idx, j])),
-                "others_s": float(np.median(ref[idx, j])),
-                "extra_s": float(np.median(a[idx, j] - ref[idx, j])),
+                "ratio": float(np.median(value / ref)),
+                "value_s": float(np.median(value)),
+                "others_s": float(np.median(ref)),
+                "extra_s": float(np.median(value - ref)),
                 "slow_phase": phase,
                 "slow_phase_extra_s": phase_extra,
             }
@@ -317,7 +325,8 @@ def stragglers_in_store(
     if measure != "compute_s" and measure not in float_cols:
         valid = ", ".join(["compute_s", *float_cols])
         raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
-    columns = {**{p: p for p in HOST_PHASES}, "_backward_compute_s": BACKWARD_COMPUTE}
+    # The host phases come summed out of the engine; each alone only if a straggler needs it.
+    columns = {"_host_s": " + ".join(HOST_PHASES), "_backward_compute_s": BACKWARD_COMPUTE}
     if measure != "compute_s":
         columns["_value"] = measure
     if stored is not None:  # the heatmaps' step time, binned from the same read
@@ -330,15 +339,20 @@ def stragglers_in_store(
                 part.steps, part.ranks, part.batches, part.step_world, part.hosts
             )
             run_id, attempt = part.run_id, part.attempt
-            del part
-            step_s = cells.values.pop("step_s", None)  # the heatmaps', not the rule's
             if stored is not None and stored.attempts_measured(run_id) == [attempt]:
-                compute = cells.values["_host_s"] + cells.values["_backward_compute_s"]
-                both = {"step_s": step_s, "compute_s": compute}
+                both = {"step_s": "step_s", "compute_s": "_compute_s"}
                 stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
-                del compute, both
-            del step_s
-            for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure):
+            cells.values.pop("step_s", None)  # the heatmaps', not the rule's
+
+            def phase(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
+                again = scattered_cells(
+                    cells.steps, cells.ranks, part.read({name: name}), part.step_world, {}
+                )
+                return again.values[name]
+
+            rule = (threshold, min_steps, persistence, measure, phase)
+            for row in _attempt_stragglers(cells, *rule):
                 found.append({"run_id": run_id, "attempt": attempt, **row})
+            del cells, part
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

@@ -7,6 +7,7 @@ matrices once per run (``workbench.analysis.slow_ranks``). No torch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ class AttemptRows:
     step_world: pd.Series
     hosts: dict[int, object]
     batches: Iterator[dict[str, np.ndarray]]
+    #: The same rows again with other columns (name: SQL), while the attempt is current.
+    read: Callable[[dict[str, str]], Iterator[dict[str, np.ndarray]]]
 
 
 #: Rows per batch handed out of the engine (a batch of seven columns is about 14 MB; the engine
@@ -119,9 +122,20 @@ def measured_rows(
     try:
         per_step, found = _per_step_and_cut(con, warmup, known)
         cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
-        select = ", ".join(  # NaN, not NULL: plain arrays, no masks
-            f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
-        )
+
+        def rows(
+            columns: dict[str, str], where: str, args: dict[str, object]
+        ) -> Iterator[dict[str, np.ndarray]]:
+            select = ", ".join(  # NaN, not NULL: plain arrays, no masks
+                f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}"
+                for name, expr in columns.items()
+            )
+            reader = con.sql(  # a relation streams its rows (no copy of the whole result)
+                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
+                params=args,
+            ).to_arrow_reader(BATCH_ROWS)
+            return ({c: b.column(c).to_numpy() for c in b.schema.names} for b in reader)
+
         for (run_id, attempt), part in per_step.groupby(["run_id", "attempt"], sort=True):
             bound = int(cut.get((run_id, attempt), np.iinfo("int64").min))
             part = part[part["step"] > bound]
@@ -133,10 +147,6 @@ def measured_rows(
             )
             args = {"run": run_id, "attempt": int(attempt), "bound": bound}
             hosts = _hosts(con, where, args, known)
-            reader = con.sql(  # a relation streams its rows (no copy of the whole result)
-                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
-                params=args,
-            ).to_arrow_reader(BATCH_ROWS)
             yield AttemptRows(
                 str(run_id),
                 int(attempt),
@@ -144,7 +154,8 @@ def measured_rows(
                 np.array([r for r, _ in hosts], dtype="int64"),
                 part.set_index("step")["world_size"].astype("int64"),
                 {int(r): h for r, h in hosts if h is not None},
-                ({c: batch.column(c).to_numpy() for c in batch.schema.names} for batch in reader),
+                rows(columns, where, args),
+                functools.partial(rows, where=where, args=args),
             )
     finally:
         con.close()
