@@ -180,24 +180,30 @@ def scattered_cells(
     ``compute_s``, ``_value``), each batch scattered into the matrices as it comes, so only one
     batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted;
     a row of another step or rank (a live run's, written since they were read) is left out.
-    One row per cell (the store writes one row per rank and step of an attempt)."""
-    shape = (len(steps), len(ranks))
-    step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if len(steps) else 0, -1)
-    step_at[steps - steps.min()] = np.arange(len(steps))
-    rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if len(ranks) else 0, -1)
-    rank_at[ranks - ranks.min()] = np.arange(len(ranks))
+    One row per cell (the store writes one row per rank and step of an attempt).
+
+    The matrices are laid out rank by rank (a transposed view of rank x step arrays): rows come
+    out of the engine a rank's file at a time, in step order, so each is written next to the
+    last instead of a whole matrix row away."""
+    n_steps, n_ranks = len(steps), len(ranks)
+    step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if n_steps else 0, -1)
+    step_at[steps - steps.min()] = np.arange(n_steps)
+    rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if n_ranks else 0, -1)
+    rank_at[ranks - ranks.min()] = np.arange(n_ranks)
     values: dict[str, np.ndarray] = {}
-    present = np.zeros(shape, dtype=bool)
+    present = np.zeros((n_ranks, n_steps), dtype=bool)
     for batch in batches:
         known_step, row = _positions(step_at, batch.pop("step") - steps.min())
         known_rank, column = _positions(rank_at, batch.pop("rank") - ranks.min())
         keep = known_step & known_rank  # a live run's row written since: left out
         every = bool(keep.all())
-        flat = row * shape[1] + column if every else row[keep] * shape[1] + column[keep]
-        present.flat[flat] = True
+        flat = column * n_steps + row if every else column[keep] * n_steps + row[keep]
+        present.reshape(-1)[flat] = True
         for name, col in batch.items():
             if name not in values:
-                values[name] = np.full(shape, np.nan)
-            values[name].flat[flat] = col if every else col[keep]
+                values[name] = np.full((n_ranks, n_steps), np.nan)
+            values[name].reshape(-1)[flat] = col if every else col[keep]
+    values = {name: mat.T for name, mat in values.items()}
+    present = present.T
     world = step_world.reindex(steps).to_numpy(dtype="int64")
     return RankCells(steps, ranks, present, values, world, hosts)

@@ -6,7 +6,8 @@ the submodule's own name would shadow the submodule.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,11 @@ from workbench.analysis.rank_cells import RankCells, binned_medians, rank_cells,
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
-from workbench.store.measured_query import BACKWARD_COMPUTE, AttemptRows, measured_rows
+from workbench.store.measured_query import (
+    BACKWARD_COMPUTE,
+    AttemptRows,
+    measured_rows,
+)
 
 STRAGGLER_COLUMNS = [
     "run_id",
@@ -104,22 +109,31 @@ def _cells_of_frame(g: pd.DataFrame, names: Sequence[str]) -> RankCells:
 PhaseSource = Callable[[str], np.ndarray]
 
 
-def _slow_phases(
-    cells: RankCells,
-    at: np.ndarray,
-    col_at: np.ndarray,
-    candidates: list[tuple[int, np.ndarray]],
-    phase_source: PhaseSource | None = None,
-) -> list[tuple[str, float]]:
-    """For each candidate (column ``j`` of ``col_at``, its slow rows ``idx`` of ``at``): the
-    traced phase in which it exceeds the median of the other ranks the most over those rows
-    (median excess, seconds); ``("", nan)`` when no phase exceeds it. Each phase's order
-    statistics are computed once, for all candidates, over the rows any of them needs; a phase
-    the cells do not hold comes from ``phase_source``, one at a time."""
-    best: list[tuple[str, float]] = [("", float("nan"))] * len(candidates)
-    if not candidates:
-        return best
-    needed = np.unique(np.concatenate([idx for _, idx in candidates]))
+@dataclass
+class _Found:
+    """One rule's stragglers, before their slow phase: the rows ``at`` and columns ``col_at``
+    the rule compared, each straggler's column and slow rows (``tails``, positions in those),
+    and its figures (``rows``)."""
+
+    at: np.ndarray
+    col_at: np.ndarray
+    tails: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _name_slow_phases(
+    cells: RankCells, found: Sequence[_Found], phase_source: PhaseSource | None
+) -> None:
+    """For each straggler of ``found``: the traced phase in which it exceeds the median of the
+    other ranks the most over its slow rows (``slow_phase``, by ``slow_phase_extra_s``: median
+    excess, seconds); empty and NaN when no phase exceeds it. Each phase is taken once for
+    every rule (a phase the cells do not hold comes from ``phase_source``, one at a time), its
+    order statistics once per rule over the rows any of its stragglers needs."""
+    for f in found:
+        for row in f.rows:
+            row["slow_phase"], row["slow_phase_extra_s"] = "", float("nan")
+    if not any(f.tails for f in found):
+        return
     for phase in SLOW_PHASES:
         column = "_backward_compute_s" if phase == "backward_compute_s" else phase
         mat = cells.values.get(column)
@@ -127,17 +141,18 @@ def _slow_phases(
             mat = phase_source(column)
         if mat is None:
             continue
-        stats = row_stats_blocked(mat, at[needed], col_at)
-        for k, (j, idx) in enumerate(candidates):
-            x = mat[at[idx], col_at[j]]
-            excess = x - others_median(x, stats.take(np.searchsorted(needed, idx)))
-            if not np.isfinite(excess).any():  # not measured on those steps (a sampled timer)
-                continue
-            extra = float(np.nanmedian(excess))
-            if extra > 0 and not extra <= best[k][1]:
-                best[k] = (phase, extra)
+        for f in (f for f in found if f.tails):
+            needed = np.unique(np.concatenate([idx for _, idx in f.tails]))
+            stats = row_stats_blocked(mat, f.at[needed], f.col_at)
+            for (j, idx), row in zip(f.tails, f.rows, strict=True):
+                x = mat[f.at[idx], f.col_at[j]]
+                excess = x - others_median(x, stats.take(np.searchsorted(needed, idx)))
+                if not np.isfinite(excess).any():  # not measured there (a sampled timer)
+                    continue
+                extra = float(np.nanmedian(excess))
+                if extra > 0 and not extra <= row["slow_phase_extra_s"]:
+                    row["slow_phase"], row["slow_phase_extra_s"] = phase, extra
         del mat
-    return best
 
 
 def _attempt_stragglers(
@@ -155,21 +170,22 @@ def _attempt_stragglers(
     phases over every step, and the whole compute over the sampled steps alone (those where
     every rank's row has it: a rank slow in backward shows nowhere else); a rank found by both
     is reported from its earlier start."""
-    rule = (threshold, min_steps, persistence, phase_source)
+    rule = (threshold, min_steps, persistence)
     every = np.ones(len(cells.steps), dtype=bool)
-    if measure != "compute_s":
-        return _found(cells, every, "_value", *rule)
-    sampled = np.empty(len(cells.steps), dtype=bool)
-    for i in range(0, len(sampled), BLOCK_ROWS):
-        block = slice(i, i + BLOCK_ROWS)
-        missing = np.isnan(cells.rows("_value", block)) & cells.present[block]
-        sampled[block] = ~missing.any(axis=1)
+    sampled = every
+    if measure == "compute_s":
+        sampled = np.empty(len(cells.steps), dtype=bool)
+        for i in range(0, len(sampled), BLOCK_ROWS):
+            block = slice(i, i + BLOCK_ROWS)
+            missing = np.isnan(cells.rows("_value", block)) & cells.present[block]
+            sampled[block] = ~missing.any(axis=1)
     if sampled.all():
-        return _found(cells, every, "_value", *rule)
-    host = _found(cells, every, "_host_s", *rule)
-    full = _found(cells, sampled, "_value", *rule)
+        found = [_found(cells, every, "_value", *rule)]
+    else:
+        found = [_found(cells, every, "_host_s", *rule), _found(cells, sampled, "_value", *rule)]
+    _name_slow_phases(cells, found, phase_source)
     best: dict[int, dict[str, Any]] = {}
-    for row in (*host, *full):
+    for row in (row for f in found for row in f.rows):
         kept = best.get(row["rank"])
         if kept is None or row["start_step"] < kept["start_step"]:
             best[row["rank"]] = row
@@ -219,26 +235,24 @@ def _found(
     threshold: float,
     min_steps: int,
     persistence: float,
-    phase_source: PhaseSource | None = None,
-) -> list[dict[str, Any]]:
+) -> _Found:
     """The ranks whose ``column`` is persistently above the median of the other ranks', over
     the steps ``rows`` selects (the ranks with a row on them)."""
     at = np.flatnonzero(rows)
     col_at = np.flatnonzero(cells.present[at].any(axis=0)) if len(at) else at
+    found = _Found(at, col_at)
     if not len(at) or len(col_at) < 2 or len(at) < min_steps:
-        return []
+        return found
     slow, stats = _slow_cells(cells, at, col_at, column, threshold)
-    starts = _starts(slow, min_steps, persistence)
     world = int(cells.step_world[rows].max())
-    tails = [(j, i + np.flatnonzero(slow[i:, j])) for j, i in starts]
-    phases = _slow_phases(cells, at, col_at, tails, phase_source)
-    found = []
-    for (j, i), (_, idx), (phase, phase_extra) in zip(starts, tails, phases, strict=True):
+    for j, i in _starts(slow, min_steps, persistence):
+        idx = i + np.flatnonzero(slow[i:, j])
         tail = slow[i:, j]
         rank = int(cells.ranks[col_at[j]])
         value = cells.rows(column, at[idx], col_at[j])
         ref = others_median(value, stats.take(idx))
-        found.append(
+        found.tails.append((j, idx))
+        found.rows.append(
             {
                 "rank": rank,
                 "host": cells.hosts.get(rank),
@@ -251,8 +265,6 @@ def _found(
                 "value_s": float(np.median(value)),
                 "others_s": float(np.median(ref)),
                 "extra_s": float(np.median(value - ref)),
-                "slow_phase": phase,
-                "slow_phase_extra_s": phase_extra,
             }
         )
     return found
@@ -306,6 +318,16 @@ def _check_rule(threshold: float, min_steps: int, persistence: float) -> None:
         )
 
 
+def _attempt_rows(
+    run_dirs: Iterable[str | Path], columns: dict[str, str], stored: StoredSteps | None
+) -> Iterator[AttemptRows]:
+    """Each run attempt's measured rows, a run folder at a time (with what the passes of
+    ``stored`` found: the warm-up, the steps and the hosts)."""
+    known = None if stored is None else stored.known
+    for run_dir in run_dirs:
+        yield from measured_rows(run_dir, columns, detected_warmup, known)
+
+
 def stragglers_in_store(
     run_dirs: Iterable[str | Path],
     threshold: float = 0.1,
@@ -332,27 +354,23 @@ def stragglers_in_store(
     if stored is not None:  # the heatmaps' step time, binned from the same read
         columns["step_s"] = "step_s"
     found: list[dict[str, Any]] = []
-    for run_dir in run_dirs:
-        known = None if stored is None else stored.known
-        for part in measured_rows(run_dir, columns, detected_warmup, known):
-            cells = scattered_cells(
-                part.steps, part.ranks, part.batches, part.step_world, part.hosts
+    for part in _attempt_rows(run_dirs, columns, stored):
+        cells = scattered_cells(part.steps, part.ranks, part.batches, part.step_world, part.hosts)
+        run_id, attempt = part.run_id, part.attempt
+        if stored is not None and stored.attempts_measured(run_id) == [attempt]:
+            both = {"step_s": "step_s", "compute_s": "_compute_s"}
+            stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
+        cells.values.pop("step_s", None)  # the heatmaps', not the rule's
+
+        def phase(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
+            again = scattered_cells(
+                cells.steps, cells.ranks, part.read({name: name}), part.step_world, {}
             )
-            run_id, attempt = part.run_id, part.attempt
-            if stored is not None and stored.attempts_measured(run_id) == [attempt]:
-                both = {"step_s": "step_s", "compute_s": "_compute_s"}
-                stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
-            cells.values.pop("step_s", None)  # the heatmaps', not the rule's
+            return again.values[name]
 
-            def phase(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
-                again = scattered_cells(
-                    cells.steps, cells.ranks, part.read({name: name}), part.step_world, {}
-                )
-                return again.values[name]
-
-            rule = (threshold, min_steps, persistence, measure, phase)
-            for row in _attempt_stragglers(cells, *rule):
-                found.append({"run_id": run_id, "attempt": attempt, **row})
-            del cells, part
+        rule = (threshold, min_steps, persistence, measure, phase)
+        for row in _attempt_stragglers(cells, *rule):
+            found.append({"run_id": run_id, "attempt": attempt, **row})
+        del cells, part
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

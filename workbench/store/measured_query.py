@@ -116,46 +116,56 @@ def measured_rows(
     last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
     rank's host, then the rows, streamed. With ``known`` (from a pass over these runs) only
     the rows are read."""
-    import numpy as np
-
     con = steps_view([run_dir])
     try:
         per_step, found = _per_step_and_cut(con, warmup, known)
-        cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
-
-        def rows(
-            columns: dict[str, str], where: str, args: dict[str, object]
-        ) -> Iterator[dict[str, np.ndarray]]:
-            select = ", ".join(  # NaN, not NULL: plain arrays, no masks
-                f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}"
-                for name, expr in columns.items()
-            )
-            reader = con.sql(  # a relation streams its rows (no copy of the whole result)
-                f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
-                params=args,
-            ).to_arrow_reader(BATCH_ROWS)
-            return ({c: b.column(c).to_numpy() for c in b.schema.names} for b in reader)
-
-        for (run_id, attempt), part in per_step.groupby(["run_id", "attempt"], sort=True):
-            bound = int(cut.get((run_id, attempt), np.iinfo("int64").min))
-            part = part[part["step"] > bound]
-            if part.empty:
-                continue
-            where = (
-                "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
-                "AND NOT coalesce(warmup, false) AND step > $bound"
-            )
-            args = {"run": run_id, "attempt": int(attempt), "bound": bound}
-            hosts = _hosts(con, where, args, known)
-            yield AttemptRows(
-                str(run_id),
-                int(attempt),
-                part["step"].to_numpy(dtype="int64"),
-                np.array([r for r, _ in hosts], dtype="int64"),
-                part.set_index("step")["world_size"].astype("int64"),
-                {int(r): h for r, h in hosts if h is not None},
-                rows(columns, where, args),
-                functools.partial(rows, where=where, args=args),
-            )
+        yield from _attempts(con, columns, per_step, found, known)
     finally:
         con.close()
+
+
+def _attempts(
+    con: duckdb.DuckDBPyConnection,
+    columns: dict[str, str],
+    per_step: pd.DataFrame,
+    found: pd.DataFrame,
+    known: KnownSteps | None,
+) -> Iterator[AttemptRows]:
+    """The attempts of ``per_step`` (after the warm-up cut ``found``) as :class:`AttemptRows`."""
+    import numpy as np
+
+    cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
+
+    def rows(
+        columns: dict[str, str], where: str, args: dict[str, object]
+    ) -> Iterator[dict[str, np.ndarray]]:
+        select = ", ".join(  # NaN, not NULL: plain arrays, no masks
+            f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
+        )
+        reader = con.sql(  # a relation streams its rows (no copy of the whole result)
+            f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
+            params=args,
+        ).to_arrow_reader(BATCH_ROWS)
+        return ({c: b.column(c).to_numpy() for c in b.schema.names} for b in reader)
+
+    for (run_id, attempt), part in per_step.groupby(["run_id", "attempt"], sort=True):
+        bound = int(cut.get((run_id, attempt), np.iinfo("int64").min))
+        part = part[part["step"] > bound]
+        if part.empty:
+            continue
+        where = (
+            "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
+            "AND NOT coalesce(warmup, false) AND step > $bound"
+        )
+        args = {"run": run_id, "attempt": int(attempt), "bound": bound}
+        hosts = _hosts(con, where, args, known)
+        yield AttemptRows(
+            str(run_id),
+            int(attempt),
+            part["step"].to_numpy(dtype="int64"),
+            np.array([r for r, _ in hosts], dtype="int64"),
+            part.set_index("step")["world_size"].astype("int64"),
+            {int(r): h for r, h in hosts if h is not None},
+            rows(columns, where, args),
+            functools.partial(rows, where=where, args=args),
+        )
