@@ -21,7 +21,13 @@ from workbench.analysis.others_median import (
     row_stats,
     row_stats_blocked,
 )
-from workbench.analysis.rank_cells import RankCells, binned_medians, rank_cells, scattered_cells
+from workbench.analysis.rank_cells import (
+    HEATMAP_BINS,
+    RankCells,
+    binned_medians,
+    rank_cells,
+    scattered_cells,
+)
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, detected_warmup, measured_steps
 from workbench.schema import STEP_COLUMNS
@@ -183,6 +189,8 @@ def _attempt_stragglers(
         found = [_found(cells, every, "_value", *rule)]
     else:
         found = [_found(cells, every, "_host_s", *rule), _found(cells, sampled, "_value", *rule)]
+    if phase_source is not None:  # every phase can be read again: hold one at a time
+        cells.values.clear()
     _name_slow_phases(cells, found, phase_source)
     best: dict[int, dict[str, Any]] = {}
     for row in (row for f in found for row in f.rows):
@@ -351,26 +359,26 @@ def stragglers_in_store(
     columns = {"_host_s": " + ".join(HOST_PHASES), "_backward_compute_s": BACKWARD_COMPUTE}
     if measure != "compute_s":
         columns["_value"] = measure
-    if stored is not None:  # the heatmaps' step time, binned from the same read
-        columns["step_s"] = "step_s"
     found: list[dict[str, Any]] = []
     for part in _attempt_rows(run_dirs, columns, stored):
         cells = scattered_cells(part.steps, part.ranks, part.batches, part.step_world, part.hosts)
         run_id, attempt = part.run_id, part.attempt
-        if stored is not None and stored.attempts_measured(run_id) == [attempt]:
-            both = {"step_s": "step_s", "compute_s": "_compute_s"}
-            stored.keep_binned(run_id, binned_medians(cells, both, stored.heatmap_bins))
-        cells.values.pop("step_s", None)  # the heatmaps', not the rule's
+        heatmap = stored is not None and stored.attempts_measured(run_id) == [attempt]
+        bins = HEATMAP_BINS if stored is None else stored.heatmap_bins
+        compute = binned_medians(cells, {"compute_s": "_compute_s"}, bins) if heatmap else None
 
-        def phase(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
-            again = scattered_cells(
-                cells.steps, cells.ranks, part.read({name: name}), part.step_world, {}
-            )
-            return again.values[name]
+        def read(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
+            sql = BACKWARD_COMPUTE if name == "_backward_compute_s" else name
+            rows = part.read({name: sql})
+            return scattered_cells(cells.steps, cells.ranks, rows, part.step_world, {}).values[name]
 
-        rule = (threshold, min_steps, persistence, measure, phase)
-        for row in _attempt_stragglers(cells, *rule):
+        for row in _attempt_stragglers(cells, threshold, min_steps, persistence, measure, read):
             found.append({"run_id": run_id, "attempt": attempt, **row})
+        if stored is not None and compute is not None:  # the heatmaps' step time: read last
+            cells.values = {"step_s": read("step_s")}
+            step_s = binned_medians(cells, {"step_s": "step_s"}, bins)[0]["step_s"]
+            compute[0].insert(3, "step_s", step_s.to_numpy())
+            stored.keep_binned(run_id, compute)
         del cells, part
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)
