@@ -124,7 +124,8 @@ class StepDigest:
         frame = self.con.execute(sql, params or {}).df()
         for c in frame.columns:  # plain object strings: pandas' Arrow strings are slow in isin
             if pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
-                frame[c] = frame[c].astype(object)
+                # through categories: one string object per distinct value, not one per row
+                frame[c] = frame[c].astype("category").astype(object)
         return frame
 
     def _per_step(self) -> pd.DataFrame:
