@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from tests.frames import ddp_steps, make_evals, scaling_sweep, write_run
+from workbench.analysis import slow_ranks
 from workbench.analysis.rank_cells import scattered_cells
 from workbench.analysis.slow_ranks import stragglers_in_store
 from workbench.analysis.stored import StoredSteps
@@ -101,13 +102,16 @@ def test_the_report_from_a_store_loads_no_step_row_and_says_what_frames_say(
     np.testing.assert_allclose(numbers, want_numbers, rtol=1e-9, equal_nan=True)
 
 
+@pytest.mark.parametrize("large", [False, True])
 @pytest.mark.parametrize("bins", [400, 7])
 def test_values_binned_from_the_straggler_matrices_equal_the_engine_query(
-    tmp_path: Path, bins: int
+    tmp_path: Path, bins: int, large: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The report bins each run's step and compute time from the matrices its straggler pass
-    built (one read); the engine's own binning query is the reference (7 bins: several steps a
-    bin, a shorter last one)."""
+    built (one read; for a large run, the step time read last, alone); the engine's own binning
+    query is the reference (7 bins: several steps a bin, a shorter last one)."""
+    if large:
+        monkeypatch.setattr(slow_ranks, "ONE_AT_A_TIME", 0)
     _store(tmp_path)
     dirs = iter_run_dirs(tmp_path, ["weak"])
     with StoredSteps(dirs) as fresh, StoredSteps(dirs) as kept:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ class RankCells:
     steps: np.ndarray
     ranks: np.ndarray
     present: np.ndarray
-    values: dict[str, np.ndarray]
+    values: dict[str, Any]
     step_world: np.ndarray
     hosts: dict[int, object]
 
@@ -42,6 +43,25 @@ class RankCells:
         if name in ("_compute_s", "_value"):
             return self.rows("_host_s", at, column) + self.rows("_backward_compute_s", at, column)
         raise KeyError(name)
+
+
+class RowSparse:
+    """A step x rank matrix with values on some steps only (DDP's sampled timers: one step in
+    fifty): those rows (``rows``: positions, sorted) are held, every other row is NaN. Indexed
+    as the matrix it stands for, by rows (a slice or positions) and at most one column."""
+
+    def __init__(self, n_rows: int, rows: np.ndarray, held: np.ndarray) -> None:
+        self.rows, self.held = rows, held
+        self.shape = (n_rows, held.shape[1])
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        at, column = key if isinstance(key, tuple) else (key, None)
+        pos = np.arange(self.shape[0])[at] if isinstance(at, slice) else np.asarray(at)
+        k = np.minimum(np.searchsorted(self.rows, pos), max(len(self.rows) - 1, 0))
+        hit = self.rows[k] == pos if len(self.rows) else np.zeros(len(pos), dtype=bool)
+        out = np.full((len(pos),) if column is not None else (len(pos), self.shape[1]), np.nan)
+        out[hit] = self.held[k[hit]] if column is None else self.held[k[hit], column]
+        return out
 
 
 def rank_cells(

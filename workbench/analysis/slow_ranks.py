@@ -6,7 +6,7 @@ the submodule's own name would shadow the submodule.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import pandas as pd
 from workbench.analysis.rank_cells import (
     HEATMAP_BINS,
     RankCells,
+    RowSparse,
     binned_medians,
     rank_cells,
     scattered_cells,
@@ -26,6 +27,7 @@ from workbench.analysis.windows import check_columns, detected_warmup, measured_
 from workbench.schema import STEP_COLUMNS
 from workbench.store.measured_query import (
     BACKWARD_COMPUTE,
+    TIMED,
     AttemptRows,
     measured_rows,
 )
@@ -149,14 +151,63 @@ def _check_rule(threshold: float, min_steps: int, persistence: float) -> None:
         )
 
 
+#: Cells of a run attempt past which the straggler pass holds as few matrices as it can (256
+#: MiB each): their phases summed by the engine and read again one at a time when a straggler
+#: needs them, a sampled timer held on its sampled steps alone, the step time read last.
+ONE_AT_A_TIME = 1 << 25
+
+
+def _rule_cells(part: AttemptRows, measure: str, heatmap: bool) -> tuple[RankCells, bool]:
+    """One attempt's matrices for the rule (the host phases, backward compute, ``_value`` for
+    another measure than ``compute_s``, and the step time when it is to be binned), and
+    whether it is a large one (:data:`ONE_AT_A_TIME`): then the host phases come summed
+    (``_host_s``), the backward compute only on the steps that have it when those are few
+    (DDP's sampled timer: one step in fifty), and no step time."""
+    big = len(part.steps) * len(part.ranks) > ONE_AT_A_TIME
+    sparse = big and 2 * len(part.timed_steps) <= len(part.steps)
+    columns = {"_host_s": " + ".join(HOST_PHASES)} if big else {p: p for p in HOST_PHASES}
+    if not sparse:
+        columns["_backward_compute_s"] = BACKWARD_COMPUTE
+    if measure != "compute_s":
+        columns["_value"] = measure
+    if heatmap and not big:
+        columns["step_s"] = "step_s"
+    cells = scattered_cells(part.steps, part.ranks, part.read(columns), part.step_world, part.hosts)
+    if sparse:
+        held = part.timed_steps
+        some = np.full((len(held), len(part.ranks)), np.nan)
+        if len(held):
+            rows = part.read({"_backward_compute_s": BACKWARD_COMPUTE}, only=TIMED)
+            got = scattered_cells(held, part.ranks, rows, part.step_world, {})
+            some = got.values.get("_backward_compute_s", some)
+        at = np.searchsorted(cells.steps, held)
+        cells.values["_backward_compute_s"] = RowSparse(len(cells.steps), at, some)
+    return cells, big
+
+
+def _reader(part: AttemptRows, cells: RankCells) -> Callable[[str], Any]:
+    """Reads one matrix of the attempt again (the straggler's phases, the step time), alone; a
+    sparse one the cells hold (a sampled timer) is handed over as it is."""
+    kept = {n: m for n, m in cells.values.items() if isinstance(m, RowSparse)}
+
+    def read(name: str) -> Any:
+        if name in kept:
+            return kept.pop(name)
+        sql = BACKWARD_COMPUTE if name == "_backward_compute_s" else name
+        rows = part.read({name: sql})
+        return scattered_cells(cells.steps, cells.ranks, rows, part.step_world, {}).values[name]
+
+    return read
+
+
 def _attempt_rows(
-    run_dirs: Iterable[str | Path], columns: dict[str, str], stored: StoredSteps | None
+    run_dirs: Iterable[str | Path], stored: StoredSteps | None
 ) -> Iterator[AttemptRows]:
     """Each run attempt's measured rows, a run folder at a time (with what the passes of
     ``stored`` found: the warm-up, the steps and the hosts)."""
     known = None if stored is None else stored.known
     for run_dir in run_dirs:
-        yield from measured_rows(run_dir, columns, detected_warmup, known)
+        yield from measured_rows(run_dir, detected_warmup, known)
 
 
 def stragglers_in_store(
@@ -178,30 +229,26 @@ def stragglers_in_store(
     if measure != "compute_s" and measure not in float_cols:
         valid = ", ".join(["compute_s", *float_cols])
         raise ValueError(f"unknown straggler measure {measure!r}; valid names: {valid}")
-    # The host phases come summed out of the engine; each alone only if a straggler needs it.
-    columns = {"_host_s": " + ".join(HOST_PHASES), "_backward_compute_s": BACKWARD_COMPUTE}
-    if measure != "compute_s":
-        columns["_value"] = measure
     found: list[dict[str, Any]] = []
-    for part in _attempt_rows(run_dirs, columns, stored):
-        cells = scattered_cells(part.steps, part.ranks, part.batches, part.step_world, part.hosts)
+    for part in _attempt_rows(run_dirs, stored):
         run_id, attempt = part.run_id, part.attempt
         heatmap = stored is not None and stored.attempts_measured(run_id) == [attempt]
+        cells, big = _rule_cells(part, measure, heatmap)
         bins = HEATMAP_BINS if stored is None else stored.heatmap_bins
-        compute = binned_medians(cells, {"compute_s": "_compute_s"}, bins) if heatmap else None
-
-        def read(name: str, part: AttemptRows = part, cells: RankCells = cells) -> np.ndarray:
-            sql = BACKWARD_COMPUTE if name == "_backward_compute_s" else name
-            rows = part.read({name: sql})
-            return scattered_cells(cells.steps, cells.ranks, rows, part.step_world, {}).values[name]
-
-        for row in attempt_stragglers(cells, threshold, min_steps, persistence, measure, read):
+        binned = {"step_s": "step_s"} if "step_s" in cells.values else {}
+        binned["compute_s"] = "_compute_s"
+        compute = binned_medians(cells, binned, bins) if heatmap else None
+        cells.values.pop("step_s", None)
+        read = _reader(part, cells)
+        rule = (threshold, min_steps, persistence, measure, read if big else None)
+        for row in attempt_stragglers(cells, *rule):
             found.append({"run_id": run_id, "attempt": attempt, **row})
-        if stored is not None and compute is not None:  # the heatmaps' step time: read last
-            cells.values = {"step_s": read("step_s")}
-            step_s = binned_medians(cells, {"step_s": "step_s"}, bins)[0]["step_s"]
-            compute[0].insert(3, "step_s", step_s.to_numpy())
+        if stored is not None and compute is not None:
+            if big:  # the heatmaps' step time, read last and alone
+                cells.values = {"step_s": read("step_s")}
+                step_s = binned_medians(cells, {"step_s": "step_s"}, bins)[0]["step_s"]
+                compute[0].insert(3, "step_s", step_s.to_numpy())
             stored.keep_binned(run_id, compute)
-        del cells, part
+        del cells, part, read
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

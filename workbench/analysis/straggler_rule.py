@@ -28,7 +28,7 @@ from workbench.analysis.rank_cells import RankCells
 SLOW_PHASES = ("data_s", "forward_s", "backward_compute_s", "optimizer_s")
 
 #: A phase's step x rank matrix, read when a straggler needs it and the cells do not hold it.
-PhaseSource = Callable[[str], np.ndarray]
+PhaseSource = Callable[[str], Any]
 
 
 @dataclass
@@ -105,7 +105,7 @@ def attempt_stragglers(
         found = [_found(cells, every, "_value", *rule)]
     else:
         found = [_found(cells, every, "_host_s", *rule), _found(cells, sampled, "_value", *rule)]
-    if phase_source is not None:  # every phase can be read again: hold one at a time
+    if phase_source is not None:  # each matrix can be read again: hold one at a time
         cells.values.clear()
     _name_slow_phases(cells, found, phase_source)
     best: dict[int, dict[str, Any]] = {}

@@ -20,7 +20,7 @@ import pandas as pd
 
 from workbench.store.attempts import MEANS, MOMENTS, merge_attempts
 from workbench.store.engine import steps_view
-from workbench.store.measured_query import BACKWARD_COMPUTE, KnownSteps
+from workbench.store.measured_query import BACKWARD_COMPUTE, TIMED, KnownSteps
 from workbench.store.window_query import WindowParts
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
@@ -134,7 +134,8 @@ class StepDigest:
         start), ``end_s`` (last ``t_start_s + step_s``), ``samples`` (sum), ``save_s``
         (largest), ``world_size`` (largest) and ``loss`` (mean over ranks). Over all rows:
         ``all_world_size``, ``all_end_s``, ``all_samples``, ``loss_sum`` and ``loss_n`` (for
-        means over attempts), ``rows``, and ``open_gaps`` (rows without a traced ``gap_s``)."""
+        means over attempts), ``rows``, ``open_gaps`` (rows without a traced ``gap_s``) and
+        ``timed`` (rows not traced warm-up where a DDP timer or comm hook ran: ``TIMED``)."""
         nw = "FILTER (WHERE NOT coalesce(warmup, false))"
         return self._df(
             "SELECT run_id, coalesce(attempt, 0) AS attempt, step, "
@@ -146,7 +147,8 @@ class StepDigest:
             "max(world_size) AS all_world_size, max(t_start_s + step_s) AS all_end_s, "
             "coalesce(sum(samples), 0) AS all_samples, sum(loss) AS loss_sum, "
             "count(loss) AS loss_n, count(*) AS rows, "
-            "count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps "
+            "count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps, "
+            f"count(*) FILTER (WHERE NOT coalesce(warmup, false) AND ({TIMED})) AS timed "
             "FROM steps GROUP BY ALL ORDER BY ALL"
         )
 
@@ -155,7 +157,7 @@ class StepDigest:
         per-step maxima, the warm-up cut and each attempt's ranks' hosts (after
         :meth:`per_rank`)."""
         nw = self.per_step[self.per_step["measured"]]
-        per_step = nw[["run_id", "attempt", "step", "step_s", "world_size"]]
+        per_step = nw[["run_id", "attempt", "step", "step_s", "world_size", "timed"]]
         return KnownSteps(per_step.reset_index(drop=True), self.cut, self.attempt_hosts)
 
     def measured_steps(self) -> pd.DataFrame:

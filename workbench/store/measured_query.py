@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+#: A row where DDP's timers or a comm hook ran: where :data:`BACKWARD_COMPUTE` can be known (its
+#: columns are null on the other rows of a sampled trace, so this reads almost nothing).
+TIMED = "comm_s IS NOT NULL OR backward_compute_s IS NOT NULL"
 #: Backward compute: DDP's timer where it sampled, else backward less its timed communication.
 BACKWARD_COMPUTE = (
     "coalesce(backward_compute_s, CASE WHEN backward_s - comm_s < 0 THEN 0 "
@@ -30,9 +33,12 @@ BACKWARD_COMPUTE = (
 @dataclass
 class AttemptRows:
     """One run attempt's measured rows: every ``steps`` and ``ranks`` they hold (sorted), the
-    largest world size by step, each rank's host (its first step's), and the rows themselves as
-    ``batches`` (dicts of NumPy arrays: ``step``, ``rank`` and the asked columns, NaN where
-    null), read from the engine as they are consumed: take them before the next attempt."""
+    largest world size by step, each rank's host (its first step's), and the rows themselves,
+    read from the engine as they are consumed, while the attempt is current: ``read`` (columns
+    by name: their SQL; ``only``: an SQL condition the rows must meet) streams batches (dicts
+    of NumPy arrays: ``step``, ``rank`` and the asked columns, NaN where null).
+    ``timed_steps``: the steps with a row where DDP's timers or a comm hook ran
+    (:data:`TIMED`)."""
 
     run_id: str
     attempt: int
@@ -40,9 +46,8 @@ class AttemptRows:
     ranks: np.ndarray
     step_world: pd.Series
     hosts: dict[int, object]
-    batches: Iterator[dict[str, np.ndarray]]
-    #: The same rows again with other columns (name: SQL), while the attempt is current.
-    read: Callable[[dict[str, str]], Iterator[dict[str, np.ndarray]]]
+    read: Callable[..., Iterator[dict[str, np.ndarray]]]
+    timed_steps: np.ndarray
 
 
 #: Rows per batch handed out of the engine (a batch of seven columns is about 14 MB; the engine
@@ -55,14 +60,16 @@ def _per_step_and_cut(
     warmup: Callable[[pd.DataFrame], pd.DataFrame],
     known: KnownSteps | None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each step's slowest ``step_s`` and largest ``world_size`` over the rows that are not
-    traced warm-up, and the warm-up rule's answer: from ``known``, or one pass."""
+    """Each step's slowest ``step_s``, largest ``world_size`` and ``timed`` rows (:data:`TIMED`)
+    over the rows that are not traced warm-up, and the warm-up rule's answer: from ``known``,
+    or one pass."""
     if known is not None:
         mine = set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
         return known.per_step[known.per_step["run_id"].isin(mine)], known.cut
     per_step = con.execute(
         "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
-        "max(step_s) AS step_s, max(world_size) AS world_size FROM steps "
+        "max(step_s) AS step_s, max(world_size) AS world_size, "
+        f"count(*) FILTER (WHERE {TIMED}) AS timed FROM steps "
         "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
     ).df()
     return per_step, warmup(per_step)
@@ -103,30 +110,29 @@ class KnownSteps:
 
 def measured_rows(
     run_dir: str | Path,
-    columns: dict[str, str],
     warmup: Callable[[pd.DataFrame], pd.DataFrame],
     known: KnownSteps | None = None,
 ) -> Iterator[AttemptRows]:
-    """The measured rows of the run folder, per run and attempt: ``columns`` maps each name to
-    its SQL over the step columns (``BACKWARD_COMPUTE`` among them), evaluated in the engine.
+    """The measured rows of the run folder, per run and attempt (:class:`AttemptRows`: the
+    columns asked of it are SQL over the step columns, ``BACKWARD_COMPUTE`` among them,
+    evaluated in the engine).
 
-    Three passes over the files: each step's slowest ``step_s`` and largest ``world_size`` over
+    Passes over the files: each step's slowest ``step_s`` and largest ``world_size`` over
     the rows that are not traced warm-up (a small frame, handed to ``warmup``: the analysis's
     rule, :func:`workbench.analysis.windows.detected_warmup`, which returns ``run_id, attempt,
     last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
-    rank's host, then the rows, streamed. With ``known`` (from a pass over these runs) only
-    the rows are read."""
+    rank's host, then the rows as they are asked for, streamed. With ``known`` (from a pass over
+    these runs) only the rows are read."""
     con = steps_view([run_dir])
     try:
         per_step, found = _per_step_and_cut(con, warmup, known)
-        yield from _attempts(con, columns, per_step, found, known)
+        yield from _attempts(con, per_step, found, known)
     finally:
         con.close()
 
 
 def _attempts(
     con: duckdb.DuckDBPyConnection,
-    columns: dict[str, str],
     per_step: pd.DataFrame,
     found: pd.DataFrame,
     known: KnownSteps | None,
@@ -137,11 +143,12 @@ def _attempts(
     cut = found.set_index(["run_id", "attempt"])["last_warmup_step"]
 
     def rows(
-        columns: dict[str, str], where: str, args: dict[str, object]
+        columns: dict[str, str], where: str, args: dict[str, object], only: str | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
         select = ", ".join(  # NaN, not NULL: plain arrays, no masks
             f"coalesce(({expr})::DOUBLE, 'NaN'::DOUBLE) AS {name}" for name, expr in columns.items()
         )
+        where = where if only is None else f"{where} AND ({only})"
         reader = con.sql(  # a relation streams its rows (no copy of the whole result)
             f"SELECT step::BIGINT AS step, rank::BIGINT AS rank, {select} FROM steps {where}",
             params=args,
@@ -166,6 +173,6 @@ def _attempts(
             np.array([r for r, _ in hosts], dtype="int64"),
             part.set_index("step")["world_size"].astype("int64"),
             {int(r): h for r, h in hosts if h is not None},
-            rows(columns, where, args),
             functools.partial(rows, where=where, args=args),
+            part.loc[part["timed"] > 0, "step"].to_numpy(dtype="int64"),
         )
