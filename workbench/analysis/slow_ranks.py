@@ -151,10 +151,10 @@ def _check_rule(threshold: float, min_steps: int, persistence: float) -> None:
         )
 
 
-#: Cells of a run attempt past which the straggler pass holds as few matrices as it can (256
+#: Cells of a run attempt past which the straggler pass holds as few matrices as it can (64
 #: MiB each): their phases summed by the engine and read again one at a time when a straggler
 #: needs them, a sampled timer held on its sampled steps alone, the step time read last.
-ONE_AT_A_TIME = 1 << 25
+ONE_AT_A_TIME = 1 << 23
 
 
 def _rule_cells(part: AttemptRows, measure: str, heatmap: bool) -> tuple[RankCells, bool]:
