@@ -19,7 +19,8 @@ from workbench.analysis import (
     scaling_table,
     stragglers,
 )
-from workbench.analysis.others_median import median_of_others
+from workbench.analysis.others_median import median_of_others, others_median, row_stats
+from workbench.analysis.rank_cells import RowSparse
 from workbench.analysis.scaling_model import (
     NETWORK_PRESETS,
     NetworkModel,
@@ -384,6 +385,28 @@ def test_median_of_others_matches_brute_force() -> None:
                 others = others[~np.isnan(others)]
                 want = np.median(others) if len(others) and not np.isnan(a[i, j]) else np.nan
                 assert got[i, j] == pytest.approx(want, nan_ok=True)
+
+
+def test_others_median_of_single_cells_equals_the_whole_rows() -> None:
+    """The straggler rule keeps three order statistics per step and works out a cell's others'
+    median when it needs it: for single cells, as for whole rows."""
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(30, 5))
+    a[rng.uniform(size=a.shape) < 0.2] = np.nan
+    whole = median_of_others(a)
+    stats = row_stats(a)
+    rows, cols = np.nonzero(np.ones(a.shape, dtype=bool))
+    single = others_median(a[rows, cols], stats.take(rows))
+    np.testing.assert_array_equal(single, whole[rows, cols])
+
+
+def test_a_row_sparse_matrix_reads_as_the_dense_one() -> None:
+    dense = np.full((10, 3), np.nan)
+    held = np.array([2, 5, 9])
+    dense[held] = np.arange(9.0).reshape(3, 3)
+    sparse = RowSparse(10, held, dense[held])
+    for key in (slice(None), slice(3, 8), np.array([0, 2, 9]), (np.array([5, 6, 9]), 1)):
+        np.testing.assert_array_equal(sparse[key], dense[key])
 
 
 # --- display helper -------------------------------------------------------------------------------
