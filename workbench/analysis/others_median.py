@@ -69,13 +69,13 @@ def row_stats(a: np.ndarray) -> RowStats:
     return stats
 
 
-def row_stats_blocked(a: np.ndarray, rows: np.ndarray, cols: np.ndarray | None = None) -> RowStats:
+def row_stats_blocked(a: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> RowStats:
     """:func:`row_stats` of ``a[rows][:, cols]`` (``rows``: positions), a block of rows at a
     time: no copy of the whole selection is made."""
     stats = RowStats.empty(len(rows))
     for i in range(0, len(rows), BLOCK_ROWS):
         block = a[rows[i : i + BLOCK_ROWS]]
-        stats.put(i, row_stats(block if cols is None else block[:, cols]))
+        stats.put(i, row_stats(block[:, cols]))
     return stats
 
 
