@@ -344,10 +344,12 @@ def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
     # the two highest predictions (PowerSGD, assumed to send a tenth of the bytes, and the
     # larger batch): both measured, the batch must win
     result = tune(demo_runs["mlp"], budget_s=400, top=2, progress=lines.append)
-    if result.diagnosis["cause"] == "compute":
-        # a loaded host can make the 2-rank mlp's short base compute-bound (its ranks share two
-        # cores): the tune then says what to look at and measures nothing, its right answer
+    if result.diagnosis["cause"] in ("compute", "wait"):
+        # a loaded host can make the 2-rank mlp's short base compute-bound, or one rank wait for
+        # the other most of the step (its ranks share two cores): the tune then says what to
+        # look at and measures nothing, its right answer
         assert result.said and all(c["verdict"] == "skipped" for c in result.candidates)
+        assert result.best == {}
         return
     assert result.diagnosis["cause"] == "exposed_transfer"
     tried = [c for c in result.candidates if c["verdict"] != "skipped"]
