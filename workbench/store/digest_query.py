@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.store.attempts import MEANS, MOMENTS, merge_attempts
+from workbench.store.attempts import merge_attempts
 from workbench.store.engine import steps_view
 from workbench.store.measured_query import BACKWARD_COMPUTE, TIMED, KnownSteps
+from workbench.store.rank_pass import ORDER, PER_RANK_SQL, split_groups
 from workbench.store.window_query import WindowParts
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
@@ -28,45 +29,6 @@ MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > 
 #: What a rank computes itself in a step (``workbench.analysis.slow_ranks.rank_compute``):
 #: data, forward and optimizer, plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
-#: Rows in order within a rank: by attempt, then step.
-_ORDER = "(attempt::BIGINT * 4294967296 + step)"
-_PHASES = (
-    "(coalesce(data_s, 0) + coalesce(forward_s, 0) + coalesce(backward_s, 0) "
-    "+ coalesce(optimizer_s, 0))"
-)
-_STATS = ", ".join(
-    [f"count({c}) AS {c}_n, avg({c}) AS {c}, var_samp({c}) AS {c}_var" for c in MOMENTS]
-    + [f"count({c}) AS {c}_n, avg({c}) AS {c}" for c in MEANS]
-)
-#: :meth:`StepDigest.per_rank`'s pass over the measured rows, per run, rank and attempt (the
-#: open gaps ``_holes`` and the evaluations ``_evals_after`` joined).
-_PER_ATTEMPT_SQL = (
-    "WITH r AS ("
-    "  SELECT s.run_id, s.rank, s.attempt, s.step, s.world_size, s.host, s.t_start_s, "
-    "  s.step_s, s.data_s, s.forward_s, s.backward_s, s.optimizer_s, s.comm_s, "
-    "  s.comm_bytes, s.comm_buckets, s.comm_exposed_s, s.backward_compute_s, "
-    "  coalesce(s.gap_s, h.gap) AS gap, "
-    "  coalesce(s.save_s, 0) AS save0, coalesce(e.eval_s, 0) AS eval0 "
-    "  FROM measured s "
-    "  LEFT JOIN _holes h ON h.run_id = s.run_id "
-    "    AND h.attempt = s.attempt AND h.rank = s.rank AND h.step = s.step "
-    "  LEFT JOIN _evals_after e ON e.run_id = s.run_id AND e.attempt = s.attempt "
-    "    AND e.rank = s.rank AND e.step = s.step"
-    "), p AS ("
-    "  SELECT *, "
-    "  CASE WHEN gap IS NULL THEN 0 ELSE save0 END AS save_s, "
-    "  CASE WHEN gap IS NULL THEN 0 ELSE eval0 END AS eval_s, "
-    "  CASE WHEN gap IS NULL THEN 0 ELSE gap - save0 - eval0 END AS between_s, "
-    f"  CASE WHEN step_s - {_PHASES} < 0 THEN 0 ELSE step_s - {_PHASES} END AS other_s "
-    "  FROM r"
-    "), q AS (SELECT *, step_s + between_s + save_s + eval_s AS wall_step_s FROM p) "
-    "SELECT run_id, rank, attempt, count(*) AS measured_steps, "
-    "max(world_size) AS world_size, "
-    f"arg_min(host, {_ORDER}) FILTER (WHERE host IS NOT NULL) AS host, {_STATS}, "
-    "list(DISTINCT host) FILTER (WHERE host IS NOT NULL) AS hosts, "
-    "max(t_start_s + step_s) - min(t_start_s) AS window_s "
-    "FROM q GROUP BY run_id, rank, attempt ORDER BY run_id, rank, attempt"
-)
 #: Columns of the rows where a DDP timer ran (:meth:`StepDigest.sampled`).
 SAMPLED_COLUMNS = (
     "world_size",
@@ -247,8 +209,9 @@ class StepDigest:
         own window, attempts added); over all rows ``all_world_size``, ``all_host``,
         ``all_attempts``, ``rss_peak_bytes``, ``cuda_peak_bytes``, ``cuda_reserved_peak_bytes``,
         ``device_peak_bytes`` and ``multi_rank_bytes`` (the most gradient bytes of a row at a
-        world size above 1) (maxima, warm-up included). Two passes: the measured rows
-        per attempt (attempts merged here), and all rows.
+        world size above 1) (maxima, warm-up included). One pass over all rows, per attempt
+        and whether a row is measured (attempts merged here); it also counts the gradient bytes
+        and buckets that :meth:`byte_counts` hands out.
 
         What follows a step (``workbench.analysis.breakdown``): ``gap`` is ``gap_s``, or the
         next row's start less this step's end where the trace has none; ``save_s`` and
@@ -258,22 +221,12 @@ class StepDigest:
         """
         self._hole_gaps()
         self._register_evals_after()
-        per_attempt = self._df(_PER_ATTEMPT_SQL)
-        every = self._df(
-            "SELECT run_id, rank, max(world_size) AS all_world_size, "
-            f"arg_min(host, {_ORDER}) FILTER (WHERE host IS NOT NULL) AS all_host, "
-            "list(DISTINCT attempt ORDER BY attempt) AS all_attempts, "
-            "max(rss_bytes) AS rss_peak_bytes, max(mem_peak_bytes) AS cuda_peak_bytes, "
-            "max(mem_reserved_bytes) AS cuda_reserved_peak_bytes, "
-            "max(mem_device_bytes) AS device_peak_bytes, "
-            "max(comm_bytes) FILTER (WHERE world_size > 1) AS multi_rank_bytes "
-            "FROM rows GROUP BY run_id, rank ORDER BY run_id, rank"
-        )
+        groups = self._df(PER_RANK_SQL)
+        every, per_attempt, self._byte_groups = split_groups(groups)
         self.attempt_hosts = per_attempt[["run_id", "attempt", "rank", "host"]]
         measured = merge_attempts(per_attempt)
-        return every.merge(measured, on=["run_id", "rank"], how="left").fillna(
-            {"measured_steps": 0}
-        )
+        merged = every.merge(measured, on=["run_id", "rank"], how="left")
+        return merged.fillna({"measured_steps": 0})
 
     def sampled(self) -> pd.DataFrame:
         """The measured rows where one of DDP's timers ran (``comm_s``, ``comm_exposed_s`` or
@@ -301,13 +254,26 @@ class StepDigest:
 
     def byte_counts(self) -> pd.DataFrame:
         """Per run, how many measured rows of a multi-rank world size handed each
-        (``comm_bytes``, ``comm_buckets``) to allreduce (``rows``; nulls as NaN): exact medians
-        over any set of runs, from one pass."""
-        return self._df(
-            "SELECT run_id, comm_bytes::DOUBLE AS comm_bytes, comm_buckets::DOUBLE AS "
-            "comm_buckets, count(*) AS rows FROM measured WHERE world_size > 1 "
-            "GROUP BY ALL ORDER BY ALL"
-        )
+        ``comm_bytes`` to allreduce, and, apart, each ``comm_buckets`` (``rows``; the other
+        column NaN on each row, missing values not counted): exact medians of either over any
+        set of runs. From :meth:`per_rank`'s pass (run first)."""
+        if not hasattr(self, "_byte_groups"):
+            self.per_rank()
+        runs: list[object] = []
+        values: dict[str, list[float]] = {"comm_bytes": [], "comm_buckets": []}
+        rows: list[int] = []
+        for column, hist in (("comm_bytes", "_bytes"), ("comm_buckets", "_buckets")):
+            other = "comm_buckets" if column == "comm_bytes" else "comm_bytes"
+            groups = zip(self._byte_groups["run_id"], self._byte_groups[hist], strict=True)
+            for run_id, counts in groups:
+                for value, n in (counts if isinstance(counts, dict) else {}).items():
+                    runs.append(run_id)
+                    values[column].append(float(value))
+                    values[other].append(float("nan"))
+                    rows.append(int(n))
+        frame = pd.DataFrame({"run_id": pd.Series(runs, dtype=object), **values, "rows": rows})
+        frame = frame.groupby(["run_id", "comm_bytes", "comm_buckets"], dropna=False, sort=True)
+        return frame["rows"].sum().astype("int64").reset_index()
 
     def last_step_loss(self) -> pd.DataFrame:
         """Per run with measured rows: the mean loss over ranks at the last step of its last
@@ -356,7 +322,7 @@ class StepDigest:
             "WITH xs AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // $size AS b "
             "  FROM (SELECT DISTINCT step FROM measured WHERE run_id = $run)), "
             "labels AS (SELECT step, min(step) OVER (PARTITION BY b) AS bin FROM xs), "
-            f"hosts AS (SELECT rank, arg_min(host, {_ORDER}) "
+            f"hosts AS (SELECT rank, arg_min(host, {ORDER}) "
             "  FILTER (WHERE host IS NOT NULL) AS host FROM measured WHERE run_id = $run "
             "  GROUP BY rank) "
             f"SELECT m.rank, l.bin AS step, any_value(h.host) AS host, {medians} "
