@@ -71,6 +71,8 @@ class StepDigest:
         )
         self.con.execute(f"CREATE VIEW measured AS SELECT * FROM rows WHERE {MEASURED}")
         self._evals = evals
+        #: :meth:`per_rank`'s counts of gradient bytes and buckets (for :meth:`byte_counts`).
+        self._byte_groups: pd.DataFrame | None = None
 
     def close(self) -> None:
         """Free the engine's connection."""
@@ -256,15 +258,16 @@ class StepDigest:
         """Per run, how many measured rows of a multi-rank world size handed each
         ``comm_bytes`` to allreduce, and, apart, each ``comm_buckets`` (``rows``; the other
         column NaN on each row, missing values not counted): exact medians of either over any
-        set of runs. From :meth:`per_rank`'s pass (run first)."""
-        if not hasattr(self, "_byte_groups"):
+        set of runs. From :meth:`per_rank`'s pass (which it runs if it has not)."""
+        if self._byte_groups is None:
             self.per_rank()
+        byte_groups = self._byte_groups
         runs: list[object] = []
         values: dict[str, list[float]] = {"comm_bytes": [], "comm_buckets": []}
         rows: list[int] = []
         for column, hist in (("comm_bytes", "_bytes"), ("comm_buckets", "_buckets")):
             other = "comm_buckets" if column == "comm_bytes" else "comm_bytes"
-            groups = zip(self._byte_groups["run_id"], self._byte_groups[hist], strict=True)
+            groups = zip(byte_groups["run_id"], byte_groups[hist], strict=True)
             for run_id, counts in groups:
                 for value, n in (counts if isinstance(counts, dict) else {}).items():
                     runs.append(run_id)
