@@ -10,14 +10,18 @@ and peak RSS):
    window and throughput (``measured_window_in_store``);
 3. the straggler ranking the frames way (``load_traces`` then ``stragglers``), with ``--frames``;
 4. ``workbench report`` end to end (with ``--report``): time, peak RSS, HTML size, and whether
-   the finding names the planted straggler.
+   the finding names the planted straggler;
+5. the floor of any report that reads the step rows when it runs (with ``--floor``): import the
+   report's modules, then read only the columns the analysis uses (every step column but
+   :data:`UNREAD`) once, and nothing else (no figure): with pyarrow, and in one engine pass
+   taking each column's largest value.
 
 With ``--repeat N`` every stage runs N rounds (the order reversed every other round), each
 timed against the same round's pyarrow read: the median time and ratio and the ratios' range.
 
 Prints each figure and the ratios to (1). ``--smoke``: a small sweep (seconds). Usage:
 ``python benchmarks/analysis_scale.py [--smoke] [--max-ranks 512 --steps 10000] [--store DIR]
-[--report] [--frames] [--repeat 3]``.
+[--report] [--frames] [--floor] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_store import SWEEP, planted, write_sweep  # noqa: E402
+
+#: The step columns no query of the analysis reads (the rest are read by the report's passes).
+UNREAD = ("local_rank", "epoch", "tokens", "lr", "mem_alloc_bytes")
 
 #: Each measured stage, run as ``python -c`` in a fresh process: it prints one JSON line with
 #: its wall time (s) and peak RSS (MiB).
@@ -73,6 +80,25 @@ from workbench.store.load import load_traces
 found = stragglers(load_traces(dirs))
 out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
 """,
+    "floor: pyarrow columns": """
+import pyarrow.parquet as pq
+import workbench.ui.report  # noqa: F401  (the report's modules: analysis, engine, figures)
+from workbench.schema import trace_columns
+columns = [c for c in trace_columns("steps") if c not in {unread!r}]
+files = sorted(root.glob("*/*/traces/steps-rank*.parquet"))
+out["rows"] = sum(pq.read_table(f, columns=columns).num_rows for f in files)
+out["columns"] = len(columns)
+""",
+    "floor: one engine pass": """
+import workbench.ui.report  # noqa: F401
+from workbench.schema import trace_columns
+from workbench.store.engine import steps_view
+columns = [c for c in trace_columns("steps") if c not in {unread!r}]
+con = steps_view(dirs)
+largest = ", ".join(f"max({{c}})" for c in columns)
+row = con.execute(f"SELECT count(*), {{largest}} FROM steps").fetchone()
+out["rows"] = row[0]
+""",
     "workbench report": """
 from workbench.ui.report import report_from_store
 html = report_from_store(root / {sweep!r}, root / "report.html")
@@ -84,7 +110,8 @@ out["straggler_named"] = {expect!r} in html.read_text()
 
 def stage(name: str, root: Path, expect: str = "") -> dict[str, object]:
     """Run one stage in a fresh process; its figures. ``expect``: what the finding must say."""
-    code = _STAGE.format(sweep=SWEEP, body=STAGES[name].format(sweep=SWEEP, expect=expect))
+    body = STAGES[name].format(sweep=SWEEP, expect=expect, unread=UNREAD)
+    code = _STAGE.format(sweep=SWEEP, body=body)
     done = subprocess.run(
         [sys.executable, "-c", code, str(root)],
         capture_output=True,
@@ -105,11 +132,15 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="also time `workbench report`")
     parser.add_argument("--frames", action="store_true", help="also time the frames path")
     parser.add_argument(
+        "--floor", action="store_true", help="also time the least a report reading the rows does"
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="rounds; each stage's ratio to the same round's read"
     )
     args = parser.parse_args()
     if args.smoke:
-        args.max_ranks, args.steps, args.report, args.frames = 8, 300, True, True
+        args.max_ranks, args.steps = 8, 300
+        args.report = args.frames = args.floor = True
     counts = [2**i for i in range(args.max_ranks.bit_length()) if 2**i <= args.max_ranks]
     with tempfile.TemporaryDirectory() as tmp:
         root = args.store or Path(tmp)
@@ -117,6 +148,7 @@ def main() -> None:
             write_sweep(root, counts, args.steps)
         names = ["pyarrow read", "stragglers (engine)", "window (engine)"]
         names += ["stragglers (frames)"] * args.frames + ["workbench report"] * args.report
+        names += ["floor: pyarrow columns", "floor: one engine pass"] * args.floor
         stage("pyarrow read", root)  # warm the page cache: untimed
         run_id, rank = planted(counts)
         expect = f"rank {rank} of run {run_id} is a straggler"
@@ -144,7 +176,7 @@ def main() -> None:
         ratio = ratios[name]
         spread = f" ({ratio[0]:.2f}-{ratio[-1]:.2f})" if len(ratio) > 1 else ""
         print(
-            f"  {name:<22} {seconds[len(seconds) // 2]:8.2f} s  "
+            f"  {name:<24} {seconds[len(seconds) // 2]:8.2f} s  "
             f"{ratio[len(ratio) // 2]:6.2f}x pyarrow{spread}  peak RSS {peak:7.0f} MiB{extra}"
         )
     found = got["stragglers (engine)"]["found"]
