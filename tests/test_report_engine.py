@@ -142,3 +142,39 @@ def test_rows_a_live_run_wrote_after_its_steps_were_read_are_left_out() -> None:
     want = np.array([[1.0, np.nan], [np.nan, 2.0], [3.0, np.nan]])
     np.testing.assert_array_equal(cells.values["data_s"], want)
     assert cells.present.sum() == 3
+
+
+def test_the_report_tells_its_progress_in_step_rows_stage_by_stage(tmp_path: Path) -> None:
+    sweep = _store(tmp_path)
+    told: list[tuple[str, float, int]] = []
+    report_from_store(sweep, tmp_path / "r.html", progress=lambda *a: told.append(a))
+    rows = len(load_traces(iter_run_dirs(tmp_path, ["weak"])))  # counted apart, every row
+    assert {r for _, _, r in told} == {rows}, told
+    stages = [s for s, _, _ in told]
+    order = ["steps, per step", "steps, per rank", "stragglers", "figures and tables", "written"]
+    assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == order
+    runs = len(load_runs(tmp_path, ["weak"]))
+    assert stages.count("stragglers") == 1 + runs, "once at the start, then once a run ranked"
+    done = [d for _, d, _ in told]
+    assert done[0] == 0.0 and done[-1] == 1.0 and done == sorted(done), done
+    ranked = [d for s, d, _ in told if s == "stragglers"]
+    assert ranked[0] < ranked[-1] <= 0.85, "the straggler pass moves the bar within its share"
+
+
+def test_workbench_report_shows_rows_per_second_and_time_left_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workbench import cli
+    from workbench.cli import progress
+
+    sweep = _store(tmp_path)
+    monkeypatch.setattr(progress, "REPORT_DELAY_S", 0.0)  # a small report: shown at once
+    assert cli.main(["report", str(sweep), "-o", str(tmp_path / "r.html")]) == 0
+    err = capsys.readouterr().err
+    rows = len(load_traces(iter_run_dirs(tmp_path, ["weak"])))
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("report: written: 100%"), err
+    assert re.search(rf" {rows}/{rows} \[[\d:]+<00:00, [\d.]+k? rows/s\]$", last), last
+    quiet = ["report", str(sweep), "-o", str(tmp_path / "q.html"), "--no-progress"]
+    assert cli.main(quiet) == 0
+    assert "report:" not in capsys.readouterr().err

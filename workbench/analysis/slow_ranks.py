@@ -217,13 +217,16 @@ def stragglers_in_store(
     persistence: float = 0.8,
     measure: str = "compute_s",
     stored: StoredSteps | None = None,
+    ranked: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
     """:func:`stragglers` of the runs in ``run_dirs`` (run folders), read through the engine:
     each run's measured rows come out of its files with only the columns the rule needs (warm-up
     filtered in the engine), one run at a time, and are laid out as step x rank matrices once.
     The same rule and columns as :func:`stragglers` of ``load_traces(run_dirs)``, in a fraction
     of its time and memory on a large sweep. ``stored``: the same runs' step rows in the
-    engine, whose passes already found the warm-up and the hosts (only the rows are read)."""
+    engine, whose passes already found the warm-up and the hosts (only the rows are read).
+    ``ranked``: called with the cells (steps x ranks) of each run attempt once it is ranked, for
+    a progress bar."""
     _check_rule(threshold, min_steps, persistence)
     float_cols = [c for c, t in STEP_COLUMNS.items() if t == "float64"]
     if measure != "compute_s" and measure not in float_cols:
@@ -249,6 +252,8 @@ def stragglers_in_store(
                 step_s = binned_medians(cells, {"step_s": "step_s"}, bins)[0]["step_s"]
                 compute[0].insert(3, "step_s", step_s.to_numpy())
             stored.keep_binned(run_id, compute)
+        if ranked is not None:
+            ranked(len(part.steps) * len(part.ranks))
         del cells, part, read
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)

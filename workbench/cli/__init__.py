@@ -186,6 +186,7 @@ def _add_report(sub: Any) -> None:
         help="inline: plotly.js inside the file (about 4.8 MB, one file that opens anywhere); "
         "directory: one shared plotly.min.js beside the report, for a folder of many reports",
     )
+    _no_progress(report, "a large sweep's report is analysed (shown past 2 s)")
     report.set_defaults(func=commands.report)
 
 
@@ -194,11 +195,11 @@ def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     return sub.add_parser(name, epilog=examples(name), formatter_class=Formatter, **kwargs)
 
 
-def _no_progress(group: Any) -> None:
+def _no_progress(group: Any, while_: str = "a run runs") -> None:
     group.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar while a run runs (it goes to stderr: a line every few seconds "
+        help=f"no progress bar while {while_} (it goes to stderr: a line every few seconds "
         "when stderr is no terminal)",
     )
 

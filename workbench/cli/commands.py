@@ -114,12 +114,18 @@ def ls(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
+    from workbench.cli.progress import report_bar
     from workbench.ui.report import report_from_store
 
     try:
-        path = report_from_store(
-            args.target, args.output, output_dir=args.output_dir, plotly_js=args.plotly_js
-        )
+        with report_bar(progress=not args.no_progress) as bar:
+            path = report_from_store(
+                args.target,
+                args.output,
+                output_dir=args.output_dir,
+                plotly_js=args.plotly_js,
+                progress=bar,
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,6 +140,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def scale(args: argparse.Namespace) -> int:
+    from workbench.cli.progress import report_bar
     from workbench.errors import ConfigError
     from workbench.run.study import scaling_configs
     from workbench.ui.report import report_from_store
@@ -149,7 +156,8 @@ def scale(args: argparse.Namespace) -> int:
     for handle in handles:
         print(f"{handle.run_id}: {handle.status()}")
     report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
-    path = report_from_store(config.sweep, report, output_dir=config.output_dir)
+    with report_bar(progress=not args.no_progress) as bar:
+        path = report_from_store(config.sweep, report, output_dir=config.output_dir, progress=bar)
     _print_finding(Path(config.output_dir), config.sweep)
     print(f"results: {Path(config.output_dir) / config.sweep}")
     print(f"report: {path}")

@@ -61,29 +61,43 @@ def _files(run_dirs: Iterable[str | Path], kind: str) -> tuple[list[str], set[st
     for run in run_dirs:
         traces = Path(run) / schema.TRACES_DIR
         for path in sorted(traces.glob(f"{kind}-rank*.{schema.FINAL_SUFFIX}")):
-            stat = path.stat()
-            names = _parquet_columns(str(path), stat.st_mtime_ns, stat.st_size)
-            if names is not None:
+            footer = _footer(path)
+            if footer is not None:
                 parquet.append(str(path))
-                present.update(names)
+                present.update(footer[0])
         for suffix in (schema.LIVE_SUFFIX, schema.LEGACY_LIVE_SUFFIX):
             live += sorted(traces.glob(f"{kind}-rank*.{suffix}"))
     return parquet, present, live
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _parquet_columns(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
-    """The columns of ``path``'s Parquet footer (a few hundred bytes read), or None when it does
-    not read: a truncated or corrupt file is skipped with the warning
+def _parquet_footer(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, ...], int] | None:
+    """The columns and rows of ``path``'s Parquet footer (a few hundred bytes read), or None when
+    it does not read: a truncated or corrupt file is skipped with the warning
     :func:`workbench.store.load.load_traces` gives, so it cannot hide the other ranks' rows.
     Kept by path, modification time and size: a report's passes open each file's footer once."""
     import pyarrow.parquet as pq
 
     try:
-        return tuple(pq.read_schema(path).names)
+        meta = pq.read_metadata(path)
     except Exception as exc:
-        warnings.warn(f"skipping unreadable trace file {path}: {exc}", stacklevel=5)
+        warnings.warn(f"skipping unreadable trace file {path}: {exc}", stacklevel=6)
         return None
+    return tuple(meta.schema.to_arrow_schema().names), int(meta.num_rows)
+
+
+def _footer(path: Path) -> tuple[tuple[str, ...], int] | None:
+    """:func:`_parquet_footer` of ``path`` as it is now."""
+    stat = path.stat()
+    return _parquet_footer(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def parquet_rows(run_dirs: Iterable[str | Path], kind: str = "steps") -> int:
+    """The rows of the runs' consolidated Parquet files of ``kind``, from their footers (kept for
+    the passes that follow; a running rank's live rows are not counted): a progress bar's
+    total, known before any pass."""
+    footers = (_footer(Path(p)) for p in _files(run_dirs, kind)[0])
+    return sum(f[1] for f in footers if f is not None)
 
 
 def _select_list(present: set[str], columns: dict[str, str]) -> str:
