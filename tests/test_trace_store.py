@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -187,6 +188,41 @@ def test_trim_for_resume_of_live_rows_then_the_next_attempt_appends(tmp_path: Pa
     assert pd.read_parquet(tmp_path / "traces" / schema.steps_file(0))["step"].tolist() == list(
         range(1, 9)
     )
+
+
+def test_a_traced_nan_is_consolidated_as_null(tmp_path: Path) -> None:
+    """A diverged loss (traced with ``stop_on_nonfinite`` off) is NaN in the live file and null
+    in Parquet: Parquet's min/max statistics leave NaN out, so a reader trusting them (DuckDB
+    folds ``isnan`` with them) would keep the NaN in every mean of the column."""
+    tracer = _tracer(tmp_path)
+    tracer.stop_on_nonfinite = False
+    with tracer:
+        for step in (1, 2, 3):
+            _step(tracer, step, loss=math.nan if step == 2 else 1.0 / step)
+    assert math.isnan(read_stream(_live(tmp_path)).column("loss")[1].as_py())
+    consolidate(tmp_path / "traces", 0)
+    loss = pq.read_table(tmp_path / "traces" / schema.steps_file(0)).column("loss")
+    assert loss.to_pylist() == [1.0, None, 1.0 / 3], "null, not NaN"
+
+
+def test_rows_in_both_files_after_a_stop_mid_consolidation_are_kept_once(tmp_path: Path) -> None:
+    """A rank stopped after writing its Parquet file and before removing its live file (a kill at
+    the end of a preemption's grace period) leaves the same rows in both; the resumed attempt's
+    trim and the final consolidation keep one copy of each (the Parquet one)."""
+    with _tracer(tmp_path) as tracer:
+        for step in range(1, 7):
+            _step(tracer, step)
+    live = _live(tmp_path)
+    kept = live.read_bytes()
+    consolidate(tmp_path / "traces", 0)
+    live.write_bytes(kept)  # the live file the stopped rank did not get to remove
+    trim_for_resume(tmp_path / "traces", 0, last_step=4)
+    with _tracer(tmp_path) as tracer:
+        for step in (5, 6):
+            _step(tracer, step)
+    consolidate(tmp_path / "traces", 0)
+    steps = pq.read_table(tmp_path / "traces" / schema.steps_file(0)).column("step").to_pylist()
+    assert steps == [1, 2, 3, 4, 5, 6], steps
 
 
 def test_torn_last_message_is_skipped_and_a_new_writer_cuts_it_off(tmp_path: Path) -> None:

@@ -57,7 +57,37 @@ def read_rank_trace(traces_dir: Path, kind: str, rank: int) -> pa.Table | None:
         parts.append(pa.Table.from_pylist(rows, schema=target))
     if not parts:
         return None
-    return pa.concat_tables([conform(t, target) for t in parts])
+    table = pa.concat_tables([conform(t, target) for t in parts])
+    return _first_of_each_step(table) if len(parts) > 1 else table
+
+
+#: What names a row: a rank traces one row per step of an attempt.
+ROW_KEYS = ["run_id", "rank", "attempt", "step"]
+
+
+def _first_of_each_step(table: pa.Table) -> pa.Table:
+    """``table`` with the first row of each :data:`ROW_KEYS`: a rank stopped after writing its
+    Parquet file but before removing its live file leaves the same rows in both (the Parquet
+    copy comes first and is kept), as :func:`workbench.store.load.load_traces` reads them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    at = table.append_column("_row", pa.array(range(table.num_rows), pa.int64()))
+    first = at.group_by(ROW_KEYS, use_threads=False).aggregate([("_row", "min")])["_row_min"]
+    return table if len(first) == table.num_rows else table.take(pc.sort_indices(first))
+
+
+def _nan_as_null(table: pa.Table) -> pa.Table:
+    """``table`` with a float NaN as null (pandas counts both as missing): Parquet writers leave
+    NaN out of a column's min/max, and a reader that trusts those would keep it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = [
+        pc.if_else(pc.is_nan(c), pa.scalar(None, f.type), c) if pa.types.is_floating(f.type) else c
+        for f, c in zip(table.schema, table.columns, strict=True)
+    ]
+    return pa.Table.from_arrays(columns, schema=table.schema)
 
 
 def _replace_with_parquet(table: pa.Table, traces_dir: Path, kind: str, rank: int) -> None:
@@ -66,7 +96,7 @@ def _replace_with_parquet(table: pa.Table, traces_dir: Path, kind: str, rank: in
     import pyarrow.parquet as pq
 
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
+    pq.write_table(_nan_as_null(table), sink)
     atomic_write_bytes(traces_dir / schema.trace_file(kind, rank), sink.getvalue().to_pybytes())
     for path in live_paths(traces_dir, kind, rank):
         path.unlink(missing_ok=True)
