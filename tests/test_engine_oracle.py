@@ -66,16 +66,32 @@ def stores(draw: st.DrawFn) -> list[pd.DataFrame]:
     return runs
 
 
+def _parquet_keeping_nan(rows: pd.DataFrame, path: Path) -> None:
+    """``rows`` as Parquet with a missing float as NaN, not null: as the store consolidated a
+    traced NaN before it wrote nulls, and as other writers do. pyarrow's min/max statistics
+    leave NaN out, which a reader folding comparisons with them must not trust."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = {
+        c: pa.array(rows[c].to_numpy(), from_pandas=not pd.api.types.is_float_dtype(rows[c]))
+        for c in rows.columns
+    }
+    pq.write_table(pa.table(arrays), path)
+
+
 def _write(root: Path, runs: list[pd.DataFrame], evals: bool = False) -> list[Path]:
-    """Each run's rows as the ranks leave them: one Parquet file per rank and kind; with
-    ``evals``, an evaluation after every 4th step (rank r's lasting 0.4 + 0.1 r s)."""
+    """Each run's rows as the ranks leave them: one Parquet file per rank and kind, a missing
+    float null (even ranks) or NaN (odd ranks: :func:`_parquet_keeping_nan`); with ``evals``, an
+    evaluation after every 4th step (rank r's lasting 0.4 + 0.1 r s)."""
     dirs = []
     for steps in runs:
         run_id = str(steps["run_id"].iloc[0])
         traces = root / "sweep" / run_id / schema.TRACES_DIR
         traces.mkdir(parents=True)
         for rank, rows in steps.groupby("rank"):
-            rows.to_parquet(traces / schema.steps_file(int(rank)))
+            path = traces / schema.steps_file(int(rank))
+            rows.to_parquet(path) if rank % 2 == 0 else _parquet_keeping_nan(rows, path)
         if evals:
             ranks = int(steps["rank"].max()) + 1
             at = [int(k) for k in steps["step"].unique() if k % 4 == 0]

@@ -49,6 +49,11 @@ def connect() -> duckdb.DuckDBPyConnection:
     con.execute("SET preserve_insertion_order = false")
     con.execute("SET enable_progress_bar = false")
     con.execute("SET parquet_metadata_cache = true")  # each pass opens the same footers
+    # Parquet writers (pyarrow among them) leave NaN out of a float column's min/max, and DuckDB
+    # folds `x = NaN` (so `nullif`, `isnan`) to false with those statistics: a traced NaN would
+    # survive as NaN and spoil every sum it is in. Files the store writes now hold null instead,
+    # but older files and other writers' still hold NaN.
+    con.execute("SET disabled_optimizers = 'statistics_propagation'")
     return con
 
 
