@@ -236,6 +236,19 @@ def test_phase_breakdown_means_std_and_other() -> None:
     assert p.loc[0, "comm_s"] == pytest.approx(0.3)
 
 
+def test_a_rank_restarted_before_its_first_checkpoint_keeps_its_first_host() -> None:
+    """Requeued onto another node before any checkpoint, a rank traces step 1 again: its host
+    is still the one it started on (the first traced row: by attempt, then step)."""
+    first = make_steps("p", world_size=2, n_steps=6).assign(host="nodeA", attempt=0)
+    again = make_steps("p", world_size=2, n_steps=6, warmup_steps=0)  # its step 1 measured
+    steps = pd.concat([first, again.assign(host="nodeB", attempt=1)], ignore_index=True)
+    steps = steps.sort_values(["run_id", "rank", "step"], kind="stable", ignore_index=True)
+    by_step = steps[~steps["warmup"]].groupby("rank")["host"].first()  # as load_traces orders
+    assert by_step.tolist() == ["nodeB", "nodeB"]
+    p = phase_breakdown(steps)
+    assert p["host"].tolist() == ["nodeA", "nodeA"]
+
+
 def test_exposed_communication_from_the_one_rank_reference() -> None:
     runs, steps, _ = scaling_sweep(evals=False)
     c = communication(steps, runs).groupby("run_id").first()

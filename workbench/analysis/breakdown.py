@@ -62,6 +62,9 @@ def phase_breakdown(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     narrow = [c for c in narrow if c in steps.columns] + ["world_size", "t_start_s", *cols]
     columns = ["world_size", "host", "t_start_s", *cols, *BETWEEN]
     m = measured_steps(_after_steps(steps[narrow], evals), columns)
+    # in the order traced (a restart before the first checkpoint traces step 1 again): the host
+    # is the rank's first
+    m = m.sort_values(["run_id", "rank", "attempt", "step"], kind="stable")
     m = m.assign(
         other_s=(m["step_s"] - m[list(PHASES)].sum(axis=1)).clip(lower=0),
         wall_step_s=m["step_s"] + m[list(BETWEEN)].sum(axis=1),
