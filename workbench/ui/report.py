@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -37,6 +37,7 @@ from workbench.ui.catalogue import (
     focus_run,
 )
 from workbench.ui.glossary import glossary_html
+from workbench.ui.report_stages import ReportProgress, Stages
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
 from workbench.ui.what_if import fit_error_note
@@ -44,19 +45,6 @@ from workbench.ui.what_if import fit_error_note
 #: Where plotly.js comes from: inside the report, or a ``plotly.min.js`` beside it.
 PlotlyJs = Literal["inline", "directory"]
 PLOTLY_FILE = "plotly.min.js"
-#: Told as :func:`report_from_store` goes: what it does now, the share of its work done (0 to 1)
-#: and the step rows it reads (from the files' footers, before any pass).
-ReportProgress = Callable[[str, float, int], None]
-#: Where each stage starts, as a share of a large report's time (at 102.3 M rows: the per-step
-#: pass 17 %, the per-rank pass 32 %, the straggler pass 36 %, the figures and tables the rest).
-STAGE_STARTS = {
-    "steps, per step": 0.0,
-    "steps, per rank": 0.17,
-    "stragglers": 0.49,
-    "figures and tables": 0.85,
-    "written": 1.0,
-}
-
 #: The figure shown first, on the report's first screen with the finding.
 LEAD_FIGURE = "Speedup"
 #: Its height at least (CSS pixels): a short lead chart is still a chart.
@@ -341,8 +329,8 @@ def report_from_store(
 
     ``summary_csv``: also write the scaling table the report computes there, as CSV (atomically),
     so that a caller needing both computes the table once. ``plotly_js``: as for
-    :func:`write_report`. ``progress``: told at each stage (:data:`STAGE_STARTS`) and after each
-    run attempt the straggler pass ranks (a large sweep's report takes a minute).
+    :func:`write_report`. ``progress``: told at each stage (``report_stages.STAGE_STARTS``) and
+    after each run attempt the straggler pass ranks (a large sweep's report takes a minute).
     """
     target_path = Path(target)
     if (target_path / "run.json").exists():
@@ -361,28 +349,14 @@ def report_from_store(
         )
     runs = load_runs(sweep_root, sweeps)
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    rows = parquet_rows(run_dirs)
-    ranked_cells = 0
-
-    def tell(stage: str, within: float = 0.0) -> None:
-        if progress is not None:
-            names = list(STAGE_STARTS)
-            start = STAGE_STARTS[stage]
-            end = STAGE_STARTS[names[min(names.index(stage) + 1, len(names) - 1)]]
-            progress(stage, start + (end - start) * min(1.0, within), rows)
-
-    def ranked(cells: int) -> None:
-        nonlocal ranked_cells
-        ranked_cells += cells
-        tell("stragglers", ranked_cells / max(1, rows))
-
+    tell = Stages(progress, parquet_rows(run_dirs))
     tell("steps, per step")
     evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
     with StoredSteps(run_dirs, evals) as steps:  # the step rows stay in the engine
         tell("steps, per rank")
         _ = steps.known  # the per-rank pass (the straggler pass takes its hosts from it)
         tell("stragglers")
-        found = stragglers_in_store(run_dirs, stored=steps, ranked=ranked)  # only rows it ranks
+        found = stragglers_in_store(run_dirs, stored=steps, ranked=tell.ranked)  # rows it ranks
         tell("figures and tables")
         path = write_report(
             runs,
