@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from workbench import schema
 from workbench.store.arrow_stream import arrow_schema, read_stream
 from workbench.store.jsonl import read_jsonl
-from workbench.store.trace_files import conform
+from workbench.store.trace_files import ROW_KEYS, conform
 
 if TYPE_CHECKING:
     import duckdb
@@ -153,9 +153,7 @@ def steps_view(run_dirs: Iterable[str | Path], kind: str = "steps") -> duckdb.Du
         con.register("_live_rows", table)
         live_sql = f"SELECT {_select_list(set(columns), columns)} FROM _live_rows"
         if parts:  # a row consolidated into Parquet a moment ago is read from there
-            on = " AND ".join(
-                f"l.{k} IS NOT DISTINCT FROM p.{k}" for k in ("run_id", "rank", "attempt", "step")
-            )
+            on = " AND ".join(f"l.{k} IS NOT DISTINCT FROM p.{k}" for k in ROW_KEYS)
             live_sql = f"SELECT l.* FROM ({live_sql}) l ANTI JOIN ({parts[0]}) p ON {on}"
         parts.append(live_sql)
     if not parts:

@@ -17,6 +17,7 @@ from workbench import schema
 from workbench.store.arrow_stream import read_stream
 from workbench.store.files import read_json
 from workbench.store.jsonl import read_jsonl
+from workbench.store.trace_files import ROW_KEYS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,7 +163,7 @@ def load_traces(runs: str | Path | Iterable[str | Path], kind: str = "steps") ->
         return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
     frame = pd.concat(frames, ignore_index=True)
     # A row can be in two files for the moment a rank consolidates its live file into Parquet.
-    frame = frame.drop_duplicates(["run_id", "rank", "attempt", "step"], keep="first")
+    frame = frame.drop_duplicates(ROW_KEYS, keep="first")
     return frame[list(columns)].sort_values(
         ["run_id", "rank", "step"], kind="stable", ignore_index=True
     )
