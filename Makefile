@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps demo test test-fast lint imports clean
+.PHONY: setup system-deps demo test test-fast test-profile lint imports clean
 
 setup: $(VENV)/.installed
 
@@ -17,6 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev,hf]'
+	# Byte-code for the package once: every rank, kernel and CLI process reads it instead of
+	# compiling the sources again (where PYTHONDONTWRITEBYTECODE keeps them from caching it).
+	$(PY) -m compileall -q workbench tests benchmarks examples >/dev/null
 	touch $@
 
 # Debian packages the slow tests use (headless Chromium, Slurm); skipped with a note when not root.
@@ -26,13 +29,24 @@ system-deps:
 demo: setup
 	$(VENV)/bin/workbench sweep experiments/sweeps/quickstart.yaml
 
+# Two phases (tests/README.md): the tests whose claims are durations measured on this host
+# (marked timing) run alone, on an otherwise idle machine; then the rest, two at a time (the
+# tests of the one local Slurm cluster share a worker). Both run; either failing fails the target.
 test: setup system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@status=0; \
+	$(PY) -m pytest -m timing $(PYTEST_ARGS) || status=1; \
+	$(PY) -m pytest -m "not timing" -n 2 --dist loadgroup $(PYTEST_ARGS) || status=1; \
+	exit $$status
+
+# The suite as make test runs it, with the 30 slowest tests of each phase listed at the end
+# (tests/README.md keeps that list).
+test-profile:
+	$(MAKE) test PYTEST_ARGS="--durations=30 $(PYTEST_ARGS)"
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# The package's floors (import-linter contracts in pyproject.toml; README "Layout").
+# The package's floors (import-linter contracts in pyproject.toml; docs/layout.md).
 imports: setup
 	$(VENV)/bin/lint-imports --no-cache
 

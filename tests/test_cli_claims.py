@@ -1,4 +1,4 @@
-"""README claims beside tests/test_cli.py: the ``workbench`` console script itself, a scaling
+"""Claims of the docs beside tests/test_cli.py: the ``workbench`` console script itself, a scaling
 study (workbench/run/study.py) that goes on past a failed run, and the failure report of a rank
 that raises, with the rank's own traceback pointing at the line that raised."""
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_console_script_is_the_cli(tmp_path: Path) -> None:
-    """``workbench`` as installed in the venv (README "From a terminal"): ``run --help`` lists
+    """``workbench`` as installed in the venv (docs/cli.md): ``run --help`` lists
     every RunConfig field as a flag (but the test-only fault injection), ``ls`` of an empty
     store says so, and a misspelled flag is refused naming the closest one."""
     script = Path(sys.executable).parent / "workbench"
@@ -147,7 +147,7 @@ def test_a_study_reports_a_failed_run_and_goes_on(failed_study) -> None:
 
 @pytest.mark.slow
 def test_a_raising_rank_is_reported_with_its_traceback(failed_study) -> None:
-    """README "Failures": the rank that raised is named, with its exception and traceback (the
+    """docs/failures.md: the rank that raised is named, with its exception and traceback (the
     type and the line that raised, here a line of the plug-in this test wrote); its peer's
     "connection closed" is not taken for the cause; its rows before the fault stay readable."""
     two = failed_study["handles"][0]

@@ -22,7 +22,8 @@ from workbench.store.files import read_json
 
 from .conftest import base_config
 
-pytestmark = pytest.mark.slow
+# timing: its claims are durations measured on this host; they run alone (tests/README.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 #: An MLP of 8 hidden layers of 256 (each about 257 KiB of gradients) and buckets of 0.25 MiB:
 #: DDP puts each layer in a bucket of its own, so 9 buckets.

@@ -1,5 +1,5 @@
-"""The DDP and optimizer options the README names, launched for real at world size 2 (gloo, CPU),
-each checked by what it observably changes or guarantees: AdamW's first update, a small
+"""The DDP and optimizer options of docs/configuration.md, launched for real at world size 2
+(gloo, CPU), each checked by what it observably changes or guarantees: AdamW's first update, a small
 ``bucket_cap_mb``'s extra buckets, ``find_unused_parameters`` letting a model with an unused
 head train, bf16 autocast moving the losses by a bounded amount, one profile per rank."""
 

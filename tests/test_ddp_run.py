@@ -38,6 +38,7 @@ def test_each_rank_saw_a_disjoint_shard_covering_the_dataset(ddp2) -> None:
     assert seen[(0, 0)] != seen[(1, 0)], "the shard must be reshuffled every epoch"
 
 
+@pytest.mark.timing
 def test_trace_rows_columns_and_phase_times(ddp2) -> None:
     steps = ddp2.traces()
     assert len(steps) == 16 * 2

@@ -66,6 +66,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return store
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_each_example_is_traced_at_one_and_two_ranks(study: Path) -> None:
     runs = load_runs(study, ["examples"])
@@ -82,6 +83,7 @@ def test_each_example_is_traced_at_one_and_two_ranks(study: Path) -> None:
     assert (gpt2["samples"] == 16).all() and (gpt2["tokens"] == 16 * 64).all()
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_report_of_each_study_shows_speedup_phases_communication_and_finding(
     study: Path, tmp_path: Path
@@ -95,6 +97,7 @@ def test_the_report_of_each_study_shows_speedup_phases_communication_and_finding
     assert "exposed" in page and "traced from outside" in finding
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_trainers_own_throughput_agrees_with_the_workbench_within_5_percent(
     study: Path,

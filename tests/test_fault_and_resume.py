@@ -15,7 +15,8 @@ from workbench.store.load import load_traces
 from .conftest import base_config
 from .helpers import job_processes, wait_until_no_job_processes
 
-pytestmark = pytest.mark.slow
+# timing: its claims are durations measured on this host; they run alone (tests/README.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 
 @pytest.fixture(scope="module")

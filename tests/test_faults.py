@@ -41,6 +41,7 @@ def test_rank_killed_with_sigkill(store) -> None:
     assert sorted(steps[steps["rank"] == 0]["step"]) == list(range(1, 6)), "rank 0's rows survive"
 
 
+@pytest.mark.timing
 def test_hung_rank_is_named_and_the_job_ends_within_the_bound(store) -> None:
     handle = launch(
         base_config(
@@ -149,7 +150,7 @@ def _traced_steps(run_path: Path) -> int:
 
 
 def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
-    """README "In JupyterLab": ranks are untouched by "interrupt kernel" and still running after
+    """docs/notebooks.md: ranks are untouched by "interrupt kernel" and still running after
     a kernel restart; the run is picked up again from the store."""
     jupyter_client = pytest.importorskip("jupyter_client")
     km = jupyter_client.KernelManager(kernel_name="python3")
@@ -196,6 +197,7 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
     assert sorted(again.traces()["step"].unique()) == list(range(1, 321))
 
 
+@pytest.mark.timing
 def test_long_rank0_evaluation_does_not_trip_the_collective_timeout(store) -> None:
     # Rank 0 evaluates alone for about 6 s; the other rank waits far past the 3 s collective
     # timeout, on the evaluation side group whose own timeout allows it.

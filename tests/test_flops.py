@@ -225,6 +225,7 @@ def flops_run(store: Path):  # type: ignore[no-untyped-def]
     return handle
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_real_run_records_its_step_flops(flops_run) -> None:  # type: ignore[no-untyped-def]
     flops = read_json(flops_run.path / "run.json")["flops"]
@@ -240,6 +241,7 @@ def test_a_real_run_records_its_step_flops(flops_run) -> None:  # type: ignore[n
     assert steps["t_start_s"].min() < flops["count_s"], (steps["t_start_s"].min(), flops)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_scaling_table_shows_achieved_tflops_and_why_no_mfu(flops_run, tmp_path) -> None:  # type: ignore[no-untyped-def]
     root = flops_run.path.parent.parent

@@ -166,6 +166,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Pa
         log.close()
 
 
+@pytest.mark.timing
 def test_quickstart_runs_and_its_dashboard_reacts(
     lab: tuple[str, str, Path], tmp_path: Path
 ) -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from .requirements import require
 
-pytestmark = pytest.mark.slow
+# timing: its claims are durations measured on this host; they run alone (tests/README.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 ROOT = Path(__file__).resolve().parents[1]
 
 

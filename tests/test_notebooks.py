@@ -189,6 +189,7 @@ def test_explore_compares_the_store(quickstart: Any, seed_study: Any, notebook_e
     assert [o["data"]["text/plain"].split("(")[0] for o in with_mime(book, WIDGET)] == ["Dashboard"]
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_tune_tries_the_top_candidate_and_shows_the_table(notebook_env: Path) -> None:
     book = execute("05_tune", notebook_env, repeats=2, top=1, budget_s=240.0)

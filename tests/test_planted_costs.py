@@ -21,7 +21,8 @@ from workbench.analysis import measured_window, phase_breakdown
 from workbench.cli.commands import _print_summary
 from workbench.store.files import read_json
 
-pytestmark = pytest.mark.slow
+# timing: its claims are durations measured on this host; they run alone (tests/README.md)
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 FORWARD_S = 0.040  # each training forward pass: 5 % of it (2 ms) holds DDP's own forward and
 # the sleep's wake-up (1.1 ms seen on a 20 ms sleep, over the 1 ms a 20 ms plant allows)

@@ -99,6 +99,7 @@ def under_torchrun(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [json.loads(Path(f"{dump}.rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.timing
 def test_each_rank_gets_the_variables_torchrun_gives(planted, under_torchrun) -> None:
     _, ours = planted
     for rank in range(2):
@@ -117,6 +118,7 @@ def test_each_rank_gets_the_variables_torchrun_gives(planted, under_torchrun) ->
         assert ours[rank]["threads"] == under_torchrun[rank]["threads"] == 1
 
 
+@pytest.mark.timing
 def test_argv_main_cwd_path_and_the_callers_variables_are_as_python_gives(planted) -> None:
     _, ours = planted
     for facts in ours:
@@ -127,6 +129,7 @@ def test_argv_main_cwd_path_and_the_callers_variables_are_as_python_gives(plante
         assert facts["env"]["WB_CALLER_MARKER"] == "from-the-caller"
 
 
+@pytest.mark.timing
 def test_planted_costs_are_measured_back_within_5_percent(planted) -> None:
     handle, _ = planted
     steps = handle.traces()
@@ -145,6 +148,7 @@ def test_planted_costs_are_measured_back_within_5_percent(planted) -> None:
     assert len(sampled) >= 2 and (sampled["backward_compute_s"] > 0).all()
 
 
+@pytest.mark.timing
 def test_the_run_record_and_logs_say_whose_training_it_was(planted) -> None:
     handle, _ = planted
     run = read_json(handle.path / "run.json")
@@ -184,6 +188,7 @@ def test_an_exit_code_fails_the_run_and_an_early_exit_0_completes_it(tmp_path: P
     assert early.traces().groupby("rank")["step"].max().tolist() == [3, 3]
 
 
+@pytest.mark.timing
 def test_a_rank_that_never_joins_is_named_within_the_collective_timeout(tmp_path: Path) -> None:
     err = _failure(_config(tmp_path, 2, "--hang-rank", "1", collective_timeout_s=8), 120)
     assert err.rank == 1 and "hung" in err.exception
@@ -200,6 +205,7 @@ def test_training_on_several_ranks_without_a_process_group_is_an_error(tmp_path:
     assert "without having called torch.distributed.init_process_group()" in err.exception
 
 
+@pytest.mark.timing
 def test_one_process_without_ddp_gets_its_steps_from_the_optimizer(tmp_path: Path) -> None:
     args = ("--no-init", "--no-ddp", "--steps", "12", "--forward-sleep-ms", str(FORWARD_MS))
     handle = launch(_config(tmp_path, 1, *args))

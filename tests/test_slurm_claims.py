@@ -1,4 +1,4 @@
-"""The README's Slurm claims, each proved on the real local cluster (scripts/slurm/cluster.sh):
+"""The Slurm claims of docs/slurm.md, each proved on the real local cluster (cluster.sh):
 misspelled options refused before anything is submitted, the rendezvous port derived from the job
 id, preemption seen in the store as ``preempted`` then ``running`` again, cancel through a handle
 re-attached in another process, a sweep spec with ``executor: slurm``, and job arrays of several
@@ -43,8 +43,8 @@ def _slurm(config: RunConfig, **options):
 
 
 def _readme_slurm_options() -> list[str]:
-    """The option names the README lists after "Slurm options (...)"."""
-    text = (ROOT / "README.md").read_text()
+    """The option names docs/slurm.md lists after "Slurm options (...)"."""
+    text = (ROOT / "docs" / "slurm.md").read_text()
     start = text.index("Slurm options (")
     paragraph = text[start : text.index("A misspelled option", start)]
     return re.findall(r"`([a-z_]+)`", paragraph.split(":", 1)[1])
@@ -134,7 +134,7 @@ def test_misspelled_slurm_option_is_refused_before_anything_is_submitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """From Python and from a sweep spec file: the error names the misspelled option and lists
-    every option the README documents, and ``sbatch`` is never run. An ``sbatch`` on ``PATH``
+    every option docs/slurm.md documents, and ``sbatch`` is never run. An ``sbatch`` on ``PATH``
     that records its calls shows it; the correctly spelled option (positive control) reaches it.
     The real cluster's own count of jobs is checked in the sweep test below."""
     calls = tmp_path / "sbatch-calls"
@@ -232,10 +232,10 @@ def preempted(slurm_cluster, store):
 
 
 def test_rendezvous_port_is_derived_from_the_slurm_job_id(preempted) -> None:
-    """The README's rule: submitit's seeding by the job id (``random.Random(job_id)``), over the
+    """docs/slurm.md's rule: submitit's seeding by the job id (``random.Random(job_id)``), over the
     ports from 20000 up to the kernel's ephemeral range (read here from /proc), applied to the
     id squeue listed; rank 0 listened on it and rank 1 connected to it. The requeued attempt
-    rendezvoused elsewhere (a fresh port, README)."""
+    rendezvoused elsewhere (a fresh port, docs/slurm.md)."""
     _, job_id, ports, _ = preempted
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     below = range(20000, low)

@@ -173,7 +173,7 @@ def test_parquet_row_groups_shard_the_data(runs, parquet_files) -> None:
     assert len(steps) == 32 * 2
     first = steps[steps["step"] == 1].set_index("rank")["loss"]
     assert first[0] != first[1], "each rank read its own row groups"
-    # Each rank reads row groups rank, rank + 2, ... of the file (README): the file's own
+    # Each rank reads row groups rank, rank + 2, ... of the file (docs): the file's own
     # metadata says how many rows that is; every epoch the rank consumes each of them once.
     train, _ = parquet_files
     meta = pq.ParquetFile(train).metadata

@@ -371,6 +371,7 @@ def test_cli_dry_run_lists_points_and_runs_nothing(tmp_path: Path, capsys) -> No
 # -- real papermill (slow)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_failing_and_hanging_points_do_not_stop_the_sweep(tmp_path: Path) -> None:
     """A stand-in notebook (no training): seed 0 writes a completed run, seed 1 raises, seed 2

@@ -182,6 +182,7 @@ def test_memory_is_read_on_its_time_budget(tmp_path: Path, fake_cuda: FakeCuda) 
     assert tracer.memory(fresh=True)["mem_peak_bytes"] == 120 * MIB
 
 
+@pytest.mark.timing
 def test_a_cuda_window_is_on_the_devices_clock_though_the_host_runs_ahead(
     tmp_path: Path, fake_cuda: FakeCuda
 ) -> None:

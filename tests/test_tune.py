@@ -338,6 +338,7 @@ def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
     lines: list[str] = []
@@ -375,6 +376,7 @@ def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
     assert any(s.startswith(f"tune of run {result.run_id}: better: per-device") for s in said)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_compute_bound_run_reports_no_gain_rather_than_noise(demo_runs) -> None:
     result = tune(demo_runs["transformer"], budget_s=300)

@@ -1,7 +1,7 @@
 """What each figure of the catalogue shows, in words: its formula, its window, what was sampled
 and, for FLOP/s, the peak and its source. One text per figure, shown as the figure's subtitle by
-the catalogue, so the report and the dashboard say the same. The wording follows README's
-"What each number means". No torch.
+the catalogue, so the report and the dashboard say the same. The wording follows
+docs/measurements.md, "What each number means". No torch.
 """
 
 from __future__ import annotations
