@@ -29,19 +29,12 @@ system-deps:
 demo: setup
 	$(VENV)/bin/workbench sweep experiments/sweeps/quickstart.yaml
 
-# Two phases (tests/README.md): the tests whose claims are durations measured on this host
-# (marked timing) run alone, on an otherwise idle machine; then the rest, two at a time (the
-# tests of the one local Slurm cluster share a worker). Both run; either failing fails the target.
 test: setup system-deps
-	@status=0; \
-	$(PY) -m pytest -m timing $(PYTEST_ARGS) || status=1; \
-	$(PY) -m pytest -m "not timing" -n 2 --dist loadgroup $(PYTEST_ARGS) || status=1; \
-	exit $$status
+	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The suite as make test runs it, with the 30 slowest tests of each phase listed at the end
-# (tests/README.md keeps that list).
-test-profile:
-	$(MAKE) test PYTEST_ARGS="--durations=30 $(PYTEST_ARGS)"
+# The suite with its 30 slowest tests listed at the end (tests/README.md keeps that list).
+test-profile: setup system-deps
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

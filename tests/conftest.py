@@ -92,12 +92,8 @@ def ddp1(store: Path):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of the one local Slurm cluster share a worker when the suite runs in parallel (it is
-    started once, by that worker). GPU tests run wherever a CUDA device is visible, and are
-    skipped with the reason elsewhere (a skip is never counted as verification)."""
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    """GPU tests run wherever a CUDA device is visible, and are skipped with the reason
+    elsewhere (a skip is never counted as verification)."""
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if not gpu_tests:
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -313,46 +314,72 @@ def test_the_best_config_as_a_sweep_reproduces_it(tmp_path: Path) -> None:
 DEMO = dict(train_samples=4096, eval_samples=512, warmup_steps=3, seed=0, timeout_min=5)
 
 
-@pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The demo's 2-rank mlp and 1-rank transformer (per-device batch 32), on the warm pool."""
-    from workbench.run.backends.pool import warm_pool
+def _demo_run(store: Path, model: str, world_size: int, name: str) -> Path:
+    """One of the demo's runs (per-device batch 32, 30 steps) on the innermost warm pool."""
     from workbench.run.launch import launch
 
+    config = RunConfig(
+        model=model,
+        world_size=world_size,
+        per_device_batch_size=32,
+        max_steps=30,
+        sweep="demo",
+        run_name=name,
+        output_dir=str(store),
+        **DEMO,
+    )
+    handle = launch(config, executor="pool")
+    assert handle.wait(timeout_s=300) == "completed"
+    return handle.path
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The demo's 2-rank mlp and 1-rank transformer (per-device batch 32), on the warm pool;
+    ``"again"`` launches another mlp base, on a pool of its own (closed before any tune runs, so
+    no refill shares the cores with a tune's measurements)."""
+    from workbench.run.backends.pool import warm_pool
+
     store = tmp_path_factory.mktemp("tune-store")
-    out = {}
+
+    def again(i: int) -> Path:
+        with warm_pool(size=2):
+            return _demo_run(store, "mlp", 2, f"mlp-w2-again{i}")
+
     with warm_pool(size=2):
-        for model, n in (("mlp", 2), ("transformer", 1)):
-            config = RunConfig(
-                model=model,
-                world_size=n,
-                per_device_batch_size=32,
-                max_steps=30,
-                sweep="demo",
-                output_dir=str(store),
-                **DEMO,
-            )
-            handle = launch(config, executor="pool")
-            assert handle.wait(timeout_s=300) == "completed"
-            out[model] = handle.path
-    return out
+        runs: dict[str, Any] = {
+            m: _demo_run(store, m, n, f"{m}-w{n}") for m, n in (("mlp", 2), ("transformer", 1))
+        }
+    runs["again"] = again
+    return runs
+
+
+#: Fresh mlp bases tried before the test gives up on finding one communication-bound.
+BASES = 3
 
 
 @pytest.mark.timing
 @pytest.mark.slow
 def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
+    """The claim needs a communication-bound base. The 2-rank mlp's ranks share two cores, and a
+    host that deschedules one can make a short base compute-bound, or one rank wait for the
+    other: the tune then says what to look at and measures nothing (its right answer, checked
+    here), and the test launches a fresh base, up to ``BASES`` in all. Only the precondition is
+    tried again; the tune of the communication-bound base is judged once."""
     lines: list[str] = []
-    # the two highest predictions (PowerSGD, assumed to send a tenth of the bytes, and the
-    # larger batch): both measured, the batch must win
-    result = tune(demo_runs["mlp"], budget_s=400, top=2, progress=lines.append)
-    if result.diagnosis["cause"] in ("compute", "wait"):
-        # a loaded host can make the 2-rank mlp's short base compute-bound, or one rank wait for
-        # the other most of the step (its ranks share two cores): the tune then says what to
-        # look at and measures nothing, its right answer
+    base, seen = demo_runs["mlp"], []
+    for attempt in range(BASES):
+        # the two highest predictions (PowerSGD, assumed to send a tenth of the bytes, and the
+        # larger batch): both measured, the batch must win; 5 pairs, as the docs advise where
+        # 3 give an interval too wide to tell (Student's t with 2 degrees of freedom is 4.3)
+        result = tune(base, budget_s=400, repeats=5, top=2, progress=lines.append)
+        seen.append(result.diagnosis["cause"])
+        if result.diagnosis["cause"] not in ("compute", "wait"):
+            break
         assert result.said and all(c["verdict"] == "skipped" for c in result.candidates)
         assert result.best == {}
-        return
-    assert result.diagnosis["cause"] == "exposed_transfer"
+        base = demo_runs["again"](attempt)
+    assert result.diagnosis["cause"] == "exposed_transfer", f"diagnoses of the bases: {seen}"
     tried = [c for c in result.candidates if c["verdict"] != "skipped"]
     assert len(tried) == 2
     best = next(c for c in tried if c["change"] == {"per_device_batch_size": 128})
@@ -371,8 +398,10 @@ def test_the_communication_bound_mlp_gets_a_measured_winner(demo_runs) -> None:
     from workbench.store.load import load_runs, load_traces
     from workbench.store.tunes import load_tunes
 
-    runs = load_runs(demo_runs["mlp"].parent.parent, ["demo"])
-    said = findings(runs, load_traces([demo_runs["mlp"]]), tunes=load_tunes([demo_runs["mlp"]]))
+    runs = load_runs(base.parent.parent, ["demo"])
+    # the transformer and this base (not the bases the host made compute-bound)
+    runs = runs[(runs["model"] == "transformer") | runs["path"].map(lambda p: Path(p) == base)]
+    said = findings(runs, load_traces([base]), tunes=load_tunes([base]))
     assert any(s.startswith(f"tune of run {result.run_id}: better: per-device") for s in said)
 
 
