@@ -169,3 +169,20 @@ def test_importing_the_front_does_not_import_torch(name: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+def test_a_ranks_code_imports_no_analysis_and_the_front_still_names_everything() -> None:
+    """A rank imports ``workbench.rank.task``: it must not pay for pandas, plotly or the analysis
+    (the package's names are imported on first use); ``from workbench import ...`` still finds
+    every name of ``__all__`` (positive control: pandas comes with ``load_runs``)."""
+    code = (
+        "import sys, workbench.rank.task\n"
+        "print(sorted(m for m in ('pandas', 'plotly', 'workbench.analysis') if m in sys.modules))\n"
+        "import workbench\n"
+        "print(all(callable(getattr(workbench, n)) for n in workbench.__all__))\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["[]", "True", "True"], out.stdout + out.stderr

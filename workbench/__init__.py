@@ -2,7 +2,7 @@
 
 Importing the package does not import torch: dashboards and analysis open fast without it. The
 names below are imported when first used, so a rank (``workbench.rank``) does not pay for pandas
-and the analysis it never calls: about a second of every rank's start-up.
+and the analysis it never calls (about half a second of every rank's start-up).
 """
 
 from __future__ import annotations
