@@ -148,7 +148,14 @@ import json, os, sys, time
 from workbench import RunConfig, WarmPool, launch
 config = RunConfig.from_dict(json.loads(sys.argv[1]))
 idle = WarmPool(size=2, idle_s=600)
-handle = launch(config, executor="pool", pool=WarmPool(size=2, idle_s=600))
+pool = WarmPool(size=2, idle_s=600)
+handle = launch(config, executor="pool", pool=pool)
+# Fork only once both pools are full: a fork while the pool's thread is inside Popen would hand
+# the helper the write end of Popen's exec-status pipe, and that Popen would wait for the helper.
+deadline = time.monotonic() + 120
+while len(idle.pids()) < 2 or len(pool.pids()) < 2:
+    assert time.monotonic() < deadline, f"pools not refilled: {idle!r} {pool!r}"
+    time.sleep(0.05)
 # A forked child (as a kernel's helpers may be) holds the workers' stdin pipes open, so they
 # see no end of input when this process dies: only their parent-death watch can end them.
 helper = os.fork()
