@@ -16,6 +16,7 @@ from workbench.cli import commands
 from workbench.cli.help import Formatter, examples
 from workbench.cli.options import add_config_options, world_sizes
 from workbench.cli.predict import add_predict
+from workbench.cli.slurm_flags import add_slurm_flags
 from workbench.cli.tune import add_tune
 from workbench.run.backends import BACKENDS
 
@@ -59,9 +60,10 @@ def _add_run(sub: Any) -> None:
     launching.add_argument(
         "--executor",
         default="local",
-        choices=[name for name, b in BACKENDS.items() if b.on_this_machine],
+        choices=list(BACKENDS),
         help="local: one subprocess per rank; debug: world size 1 in this process; pool: "
-        "ranks from a warm pool of workers (default: local)",
+        "ranks from a warm pool of workers; slurm: one Slurm job (its flags below) "
+        "(default: local)",
     )
     launching.add_argument(
         "--resume",
@@ -70,6 +72,7 @@ def _add_run(sub: Any) -> None:
     )
     _no_progress(launching)
     add_config_options(run)
+    add_slurm_flags(run)
     run.set_defaults(func=commands.run)
 
 
@@ -104,8 +107,9 @@ def _add_scale(sub: Any) -> None:
     study.add_argument(
         "--executor",
         default="local",
-        choices=["local", "pool"],
-        help="where the ranks run (default: local)",
+        choices=["local", "pool", "slurm"],
+        help="where the ranks run; slurm: every world size submitted at once, as one job "
+        "array per layout (default: local)",
     )
     study.add_argument(
         "--report",
@@ -114,6 +118,7 @@ def _add_scale(sub: Any) -> None:
     )
     _no_progress(study)
     add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
+    add_slurm_flags(scale)
     scale.set_defaults(func=commands.scale)
 
 

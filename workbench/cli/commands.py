@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cli.options import config_from_args
+from workbench.cli.slurm_flags import SlurmFlagError, slurm_options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,13 +18,17 @@ def run(args: argparse.Namespace) -> int:
     from workbench.cli import progress
     from workbench.cli.tables import per_rank_text
     from workbench.errors import ConfigError, PreflightError, RunFailedError
-    from workbench.run.launch import launch
+    from workbench.run.launch import launch, sbatch_script
     from workbench.store.load import load_traces
 
     try:
+        options = slurm_options(args)
         config = config_from_args(args)
-        handle = launch(config, executor=args.executor, resume=args.resume)
-    except (ConfigError, PreflightError) as exc:
+        if args.dry_run:
+            print(sbatch_script(config, **options), end="")
+            return 0
+        handle = launch(config, executor=args.executor, resume=args.resume, **options)
+    except (ConfigError, PreflightError, SlurmFlagError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _print_header(handle, args.executor)
@@ -141,18 +146,25 @@ def report(args: argparse.Namespace) -> int:
 
 def scale(args: argparse.Namespace) -> int:
     from workbench.cli.progress import report_bar
-    from workbench.errors import ConfigError
+    from workbench.errors import ConfigError, PreflightError
+    from workbench.run.launch import sbatch_script
     from workbench.run.study import scaling_configs
     from workbench.ui.report import report_from_store
 
     try:
+        options = slurm_options(args)
         sizes = args.world_sizes
         config = config_from_args(argparse.Namespace(**{**vars(args), "world_size": max(sizes)}))
         configs = scaling_configs(config, sizes)
-    except (ValueError, ConfigError) as exc:
+        if args.dry_run:
+            for one in configs:
+                print(f"# world_size {one.world_size}")
+                print(sbatch_script(one, **options))
+            return 0
+        handles = _submit(configs, args.executor, options, progress=not args.no_progress)
+    except (ValueError, ConfigError, PreflightError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    handles = _run_each(configs, args.executor, progress=not args.no_progress)
     for handle in handles:
         print(f"{handle.run_id}: {handle.status()}")
     report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
@@ -164,16 +176,21 @@ def scale(args: argparse.Namespace) -> int:
     return 0 if all(h.status() == "completed" for h in handles) else 1
 
 
-def _run_each(configs: list[Any], executor: str, progress: bool) -> list[Any]:
-    """Launch each config in turn (as ``run.study.run_study``) and wait for it with a progress
-    bar; a failed run is reported and the study goes on."""
+def _submit(
+    configs: list[Any], executor: str, options: dict[str, Any], progress: bool
+) -> list[Any]:
+    """Run every config and wait for each with a progress bar; a failed run is reported and
+    the study goes on. Locally one after another (as ``run.study.run_study``), each on the
+    machine to itself; on Slurm all submitted at once (job arrays), so the queue is waited
+    for once."""
     from workbench.cli import progress as bars
     from workbench.errors import RunFailedError
-    from workbench.run.launch import launch
+    from workbench.run.launch import launch, launch_array
 
+    submitted = launch_array(configs, **options) if executor == "slurm" else None
     handles = []
     for i, config in enumerate(configs, start=1):
-        handle = launch(config, executor)
+        handle = submitted[i - 1] if submitted else launch(config, executor, **options)
         _print_header(handle, executor)
         try:
             bars.wait(handle, desc=f"run {i}/{len(configs)}", progress=progress)

@@ -30,7 +30,9 @@ EXAMPLES: dict[str, str] = {
   workbench run --run-name long1 --epochs 5 --resume        continue it from its checkpoint
   workbench run --model-options '{"size": "distilbert"}' --model transformer
   workbench run --script train.py --world-size 2 -- --lr 0.1    your script, its args after --
-  workbench run --module mypkg.train --world-size 2 --sweep mine   as python -m mypkg.train""",
+  workbench run --module mypkg.train --world-size 2 --sweep mine   as python -m mypkg.train
+  workbench run --executor slurm --nodes 2 --tasks-per-node 8 --partition gpu --dry-run
+  workbench run --executor slurm --world-size 8 --partition gpu --time-min 30   one Slurm job""",
     "ls": """\
   workbench ls
   workbench ls --sweep study1 --sweep study2
@@ -39,7 +41,8 @@ EXAMPLES: dict[str, str] = {
   workbench scale --world-sizes 1,2,4 --steps 40 --sweep study1
   workbench scale --world-sizes 1,2 --global-batch-size 256 --sweep strong   strong scaling
   workbench scale --model transformer --world-sizes 1,2 --report study.html
-  workbench scale --script train.py --world-sizes 1,2 --sweep mine -- --steps 40""",
+  workbench scale --script train.py --world-sizes 1,2 --sweep mine -- --steps 40
+  workbench scale --executor slurm --world-sizes 1,2,4,8 --partition gpu   all queued at once""",
     "sweep": """\
   workbench sweep experiments/sweeps/quickstart.yaml
   workbench sweep experiments/sweeps/comm_hooks.yaml --dry-run
@@ -54,7 +57,8 @@ EXAMPLES: dict[str, str] = {
     "tune": """\
   workbench tune mlp-w2-20261125-061816-a639
   workbench tune mlp-w2-20261125-061816-a639 --budget 5m --repeats 4 --json
-  workbench tune experiments/results/quickstart-sweep/w2_mlp-3f2a --top 2""",
+  workbench tune experiments/results/quickstart-sweep/w2_mlp-3f2a --top 2
+  workbench tune RUN_ID --executor slurm --partition gpu --account proj   short runs as jobs""",
     "predict": """\
   workbench predict quickstart-sweep --world-sizes 2,8,64 --busbw 9.5GB/s --latency 5us
   workbench predict study1 --world-sizes 16 --bandwidth 25Gbit/s --json

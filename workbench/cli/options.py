@@ -15,7 +15,11 @@ from typing import Any
 from workbench.cli.help import Switch, plain
 from workbench.config.run_config import RunConfig
 
-_ALIASES = {"max_steps": ["--steps"], "script_module": ["--module"]}
+_ALIASES = {
+    "max_steps": ["--steps"],
+    "script_module": ["--module"],
+    "timeout_min": ["--time-min"],  # what sbatch calls it
+}
 #: The RunConfig fields of each help group, in the order shown. A field in none of them (a new
 #: one) is shown under "other settings", so it still has a flag.
 GROUPS: dict[str, tuple[str, ...]] = {

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from workbench.cli.help import Formatter, examples
+from workbench.cli.slurm_flags import SlurmFlagError, add_slurm_flags, slurm_options
 
 _DURATION = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -47,11 +48,16 @@ def add_tune(sub: Any) -> None:
         "--repeats", type=int, default=3, help="interleaved pairs per candidate (default 3)"
     )
     parser.add_argument(
-        "--executor", default="pool", choices=["pool", "local"], help="default: pool"
+        "--executor",
+        default="pool",
+        choices=["pool", "local", "slurm"],
+        help="where the short runs run: pool (warm workers here), local, or slurm (one job "
+        "each, with the flags below) (default: pool)",
     )
     parser.add_argument("--top", type=int, help="measure at most this many candidates")
     parser.add_argument("--json", action="store_true", help="one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines")
+    add_slurm_flags(parser, dry_run=False)
     parser.set_defaults(func=tune_command)
 
 
@@ -70,10 +76,11 @@ def tune_command(args: argparse.Namespace) -> int:
             budget_s=args.budget,
             repeats=args.repeats,
             executor=args.executor,
+            executor_options=slurm_options(args),
             top=args.top,
             progress=None if args.no_progress else say,
         )
-    except (TuneError, ConfigError, PreflightError) as exc:
+    except (TuneError, ConfigError, PreflightError, SlurmFlagError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunFailedError as exc:

@@ -57,14 +57,15 @@ def measure(
     config: RunConfig,
     short: int,
     budget_s: float,
-    executor: str,
+    where: tuple[str, dict[str, Any]],
     progress: Callable[[str], None] | None,
     estimates: list[float],
     result: Pairs,
 ) -> None:
-    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows."""
+    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows.
+    ``where``: the executor and its ``launch`` options."""
     clock = _Clock(time.monotonic(), len(todo) * 2 * result.repeats, progress)
-    pool = warm_pool(size=config.processes) if executor == "pool" else nullcontext()
+    pool = warm_pool(size=config.processes) if where[0] == "pool" else nullcontext()
     with pool:
         for k, i in enumerate(todo):
             row = rows[i]
@@ -74,7 +75,7 @@ def measure(
                 row["why"] = f"budget spent ({secs(spent)} of {secs(budget_s)})"
                 clock.total -= 2 * result.repeats
                 continue
-            _measure_one(result, row, config, short, executor, clock, per_run)
+            _measure_one(result, row, config, short, where, clock, per_run)
 
 
 @dataclass
@@ -106,7 +107,7 @@ def _measure_one(
     row: dict[str, Any],
     config: RunConfig,
     short: int,
-    executor: str,
+    where: tuple[str, dict[str, Any]],
     clock: _Clock,
     per_run: float,
 ) -> None:
@@ -123,9 +124,8 @@ def _measure_one(
         for side, change in order if r % 2 == 0 else order[::-1]:
             clock.tell(f"{row['label']}, pair {r + 1}/{result.repeats}, {side}", per_run)
             t0 = time.monotonic()
-            handle = launch(
-                short_config(config, short, f"tune-{result.run_id}", change), executor=executor
-            )
+            short_run = short_config(config, short, f"tune-{result.run_id}", change)
+            handle = launch(short_run, executor=where[0], **where[1])
             handle.wait()
             clock.took.append(time.monotonic() - t0)
             steps = load_traces([handle.path], "steps")

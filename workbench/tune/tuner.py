@@ -174,6 +174,7 @@ def tune(
     budget_s: float = 600.0,
     repeats: int = 3,
     executor: str = "pool",
+    executor_options: Mapping[str, Any] | None = None,
     noise: float = NOISE,
     top: int | None = None,
     changes: Sequence[Mapping[str, Any]] | None = None,
@@ -183,7 +184,9 @@ def tune(
 
     ``budget_s``: seconds of short runs at most (estimated before each candidate from the runs
     so far). ``repeats``: pairs per candidate (2 or more). ``executor``: ``pool`` (warm
-    workers) or ``local``. ``noise``: the smallest gain worth measuring and counting.
+    workers), ``local`` or ``slurm``; ``executor_options``: what ``launch`` takes besides
+    (for ``slurm``, its options: partition, account, ...). ``noise``: the smallest gain worth
+    measuring and counting.
     ``top``: measure at most this many candidates (highest prediction first). ``changes``:
     try these RunConfig changes instead of the diagnosis's list (each predicted, and measured
     whatever its prediction).
@@ -212,7 +215,8 @@ def tune(
         estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
         _check_budget(budget_s, min(estimates), repeats, short)
         how = Pairs(run_id, repeats, noise)
-        measure(rows, todo, config, short, budget_s, executor, progress, estimates, how)
+        where = (executor, dict(executor_options or {}))
+        measure(rows, todo, config, short, budget_s, where, progress, estimates, how)
     better = [r for r in rows if r["verdict"] == "better"]
     result.best = dict(max(better, key=lambda r: r["measured_gain"])["change"]) if better else {}
     _save(path, result)
