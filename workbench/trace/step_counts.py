@@ -36,7 +36,12 @@ def leading_tensor(batch: Any) -> torch.Tensor | None:
 def batch_counts(batch: Any) -> tuple[int | None, int | None]:
     """(samples, tokens) of a batch: its first tensor's leading dimension; its element count
     where that tensor holds token ids (integers, two or more dimensions), else None."""
-    first = leading_tensor(batch)
+    kind = type(batch)
+    first: torch.Tensor | None
+    if (kind is tuple or kind is list) and batch and type(batch[0]) is torch.Tensor:
+        first = batch[0]  # the usual (inputs, targets): no search
+    else:
+        first = leading_tensor(batch)
     if first is None or first.ndim == 0:
         return None, None
     tokens = first.numel() if first.ndim >= 2 and not first.is_floating_point() else None
@@ -45,6 +50,8 @@ def batch_counts(batch: Any) -> tuple[int | None, int | None]:
 
 def output_loss(output: Any) -> torch.Tensor | None:
     """The loss a model returned: ``output.loss`` (a ``ModelOutput``) or ``output["loss"]``."""
+    if type(output) is torch.Tensor:
+        return None  # logits: the loss is computed outside the model
     loss = getattr(output, "loss", None)
     if loss is None and isinstance(output, Mapping):
         loss = output.get("loss")

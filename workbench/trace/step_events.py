@@ -29,7 +29,6 @@ no interval went to is None (not measured), never 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import NamedTuple
 
 FETCH, FETCH_END, FORWARD, FORWARD_END, BACKWARD, BACKWARD_END, OPTIMIZER, OPTIMIZER_END = range(8)
@@ -70,15 +69,41 @@ def interval_phase(opened_by: int, closed_by: int) -> int:
     return OPTIMIZER_PHASE
 
 
+#: ``_PHASE_OF[opened_by][closed_by]``: :func:`interval_phase` of every pair, looked up per
+#: interval on the hot path (a step's end) instead of branching.
+_PHASE_OF = tuple(tuple(interval_phase(a, b) for b in range(9)) for a in range(9))
+
+
 def step_phases(events: Sequence[Event], previous_end: float | None) -> StepPhases:
     """The phases of one step's ``events`` (in time order, ending with an optimizer step's
     end); ``previous_end``: when the step before it ended (None for the first step)."""
     if events[0][0] == BACKWARD and previous_end is not None:
         events = [(PREVIOUS_END, previous_end), *events]
     sums: list[float | None] = [None, None, None, None]
-    for (a, t_a), (b, t_b) in pairwise(events):
-        phase = interval_phase(a, b)
-        sums[phase] = (sums[phase] or 0.0) + (t_b - t_a)
-    start = events[0][1]
-    data, forward, backward, optimizer = sums
-    return StepPhases(start, data, forward, backward, optimizer, events[-1][1] - start)
+    a, t_a = start = events[0]
+    for b, t_b in events[1:]:
+        phase = _PHASE_OF[a][b]
+        so_far = sums[phase]
+        sums[phase] = t_b - t_a if so_far is None else so_far + (t_b - t_a)
+        a, t_a = b, t_b
+    return StepPhases(start[1], sums[0], sums[1], sums[2], sums[3], t_a - start[1])
+
+
+class StepEvents(NamedTuple):
+    """One step's events as the hooks saw them, turned into phases only when the tracer
+    flushes (``phases``): the step itself costs an append per event."""
+
+    events: tuple[Event, ...]
+    previous_end: float | None
+
+    @property
+    def start(self) -> float:
+        """The step's start: its first event, or the previous step's end where the step opens
+        with a backward (as in :func:`step_phases`)."""
+        if self.events[0][0] == BACKWARD and self.previous_end is not None:
+            return self.previous_end
+        return self.events[0][1]
+
+    def phases(self) -> tuple[float | None, ...]:
+        """(data_s, forward_s, backward_s, optimizer_s, step_s)."""
+        return step_phases(self.events, self.previous_end)[1:]
