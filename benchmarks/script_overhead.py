@@ -89,7 +89,8 @@ def measure(pairs: int, steps: int, sizes: list[str]) -> dict[str, Any]:
 def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
     """Per-step cost of the hooks, in one process (world size 1, gloo): blocks of ``steps``
     steps alternate between a DDP module built without hooks and one built under them (the
-    global hooks installed for its blocks only). Returns both medians and their difference."""
+    global hooks installed for its blocks only), each timed as the thread's CPU time. Returns
+    both medians and their difference."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -137,14 +138,17 @@ def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
         hooks.close()
 
         def block(ddp: nn.Module) -> float:
+            # The thread's CPU time, not the wall clock: the hooks run on this thread, and the
+            # time a loaded host takes the core away from it (tens of us a step on a shared
+            # VM, at random) would drown them.
             opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            started = time.perf_counter()
+            started = time.thread_time()
             for x, y in loader:
                 loss = nn.functional.cross_entropy(ddp(x), y)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            return (time.perf_counter() - started) / steps
+            return (time.thread_time() - started) / steps
 
         block(plain), block(traced)  # warm both
         untraced_s, traced_s = [], []
