@@ -7,10 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis.predict import parse_rate, parse_seconds, predict, target_network
+from workbench.analysis.cluster_network import ClusterNetwork, allreduce_time
+from workbench.analysis.network import NetworkModel, ring_allreduce_time
+from workbench.analysis.predict import (
+    parse_rate,
+    parse_seconds,
+    predict,
+    target_cluster,
+    target_network,
+)
 from workbench.cli import main
 
 from .frames import make_evals, make_runs, make_steps, write_run
@@ -149,3 +158,73 @@ def test_the_reports_model_section_states_the_models_error_on_its_own_fit(tmp_pa
     page = Path(report_from_store(tmp_path / "s", tmp_path / "r.html")).read_text()
     section = page.split('id="table-predicted"', 1)[1].split("</section>", 1)[0]
     assert "The model&#x27;s error on this study&#x27;s measured points" in section, section[:400]
+
+
+# -- a cluster: ranks per node, a link class within a node and one across nodes
+
+
+def test_the_two_level_allreduce_by_hand() -> None:
+    # 1e8 bytes, 8 ranks a node, 4 nodes, within a node 100 GB/s, across 10 GB/s, latencies
+    # 1 us and 10 us, 2 buckets: 2 x 7/8 x 1e8 / 1e11 + 2 x 7 x 1e-6 x 2 = 1.778 ms inside,
+    # 2 x 3/4 x 1e8 / 1e10 + 2 x 3 x 1e-5 x 2 = 15.12 ms across: bound by the inter-node links.
+    intra = NetworkModel(name="nvlink", bandwidth_bytes_per_s=1e11, latency_s=1e-6)
+    inter = NetworkModel(name="ib", bandwidth_bytes_per_s=1e10, latency_s=1e-5)
+    cluster = ClusterNetwork.of(intra, inter, per_node=8)
+    n = np.array([8, 32])
+    inside, across = cluster.parts(1e8, n, 2)
+    assert inside.tolist() == pytest.approx([1.778e-3, 1.778e-3])
+    assert across.tolist() == pytest.approx([0.0, 15.12e-3])
+    assert allreduce_time(cluster, 1e8, n, 2).tolist() == pytest.approx([1.778e-3, 16.898e-3])
+    assert cluster.bound_by(1e8, n, 2) == ["intra-node", "inter-node"]
+    # one node: the plain ring within it; one rank a node: the plain ring across nodes
+    assert allreduce_time(cluster, 1e8, np.array([4]), 2)[0] == pytest.approx(
+        ring_allreduce_time(1e8, 4, 1e11, 1e-6, 2)
+    )
+    single = ClusterNetwork.of(intra, inter, per_node=1)
+    assert allreduce_time(single, 1e8, np.array([4]), 2)[0] == pytest.approx(
+        ring_allreduce_time(1e8, 4, 1e10, 1e-5, 2)
+    )
+
+
+def test_predict_on_a_cluster_by_hand() -> None:
+    # The sweep of test_predict_by_hand (compute 1.0 s, 0.5 s of it backward, overlap 0.5,
+    # 1e6 bytes in 1 bucket), 4 ranks a node, 4e6 B/s within a node and 1e6 B/s across.
+    # N=4 (one node): 2 x 3/4 x 1e6 / 4e6 = 0.375 s, half exposed: step 1.1875 s, bound inside.
+    # N=16 (4 nodes): 0.375 + 2 x 3/4 x 1e6 / 1e6 = 1.875 s, of which at most the 0.5 s of
+    # backward hidden: 1.375 s exposed, step 2.375 s, 128 samples: 53.9/s, bound across.
+    runs, steps = _sweep()
+    cluster = target_cluster(
+        target_network(busbw_bytes_per_s=1e6), 4, target_network(busbw_bytes_per_s=4e6)
+    )
+    out = predict(runs, steps, [4, 16], cluster).set_index("world_size")
+    assert out["step_s"].tolist() == pytest.approx([1.1875, 2.375])
+    assert out["exposed_comm_s"].tolist() == pytest.approx([0.1875, 1.375])
+    assert out["samples_per_s"].tolist() == pytest.approx([32 / 1.1875, 128 / 2.375])
+    assert out["bound_by"].tolist() == ["intra-node", "inter-node"]
+
+
+def test_predict_nodes_per_node_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Within a node, as the sweep's own 2-rank run measured it (its benchmark: 2e6 B/s):
+    # N=4 on one node: 2 x 3/4 x 1e6 / 2e6 = 0.75 s, exposed max(0.375, 0.75 - 0.5) = 0.375 s,
+    # step 1.375 s. N=8 on 2 nodes: 0.75 + 2 x 1/2 x 1e6 / 1e6 = 1.75 s, exposed 1.25 s.
+    _store(tmp_path)
+    argv = ["predict", "s", "--output-dir", str(tmp_path), "--nodes", "1,2", "--per-node", "4"]
+    assert main([*argv, "--busbw", "1e6", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["world_size"] for r in rows] == [4, 8]
+    assert [r["step_s"] for r in rows] == pytest.approx([1.375, 2.25])
+    assert [r["bound_by"] for r in rows] == ["intra-node", "inter-node"]
+    assert "within a node: as the runs measured it" in rows[0]["network"]
+    assert main([*argv, "--busbw", "1e6", "--intra-busbw", "4e6"]) == 0
+    text = capsys.readouterr().out
+    assert "bound by the inter-node links" in text and "4 ranks a node" in text, text
+    # the flags that do not fit together are named; nothing is read
+    for bad, said in (
+        (["--nodes", "2", "--busbw", "1e6"], "--nodes needs --per-node"),
+        (["--world-sizes", "8", "--nodes", "2", "--per-node", "4", "--busbw", "1e6"], "exactly"),
+        (["--world-sizes", "8", "--intra-busbw", "1e9", "--busbw", "1e6"], "needs --per-node"),
+    ):
+        assert main(["predict", "s", "--output-dir", str(tmp_path), *bad]) == 2
+        assert said in capsys.readouterr().err

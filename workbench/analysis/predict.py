@@ -10,6 +10,11 @@ the interval is the prediction divided and multiplied by ``1 + model_error``. Na
 point exists (the note says so, never a made-up interval). The model knows nothing of what the
 runs' own machine added with N (ranks sharing cores): such growth shows as model error. Pure
 pandas; no torch.
+
+On a cluster (:func:`target_cluster`: ranks per node, a link class within a node and one
+across nodes) the allreduce is the two-level one of
+:mod:`workbench.analysis.cluster_network`, and ``bound_by`` says which class bounds each
+point; the intra-node class may be the one the runs measured on their own machine.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.cluster_network import INTRA, ClusterNetwork
 from workbench.analysis.groups import resolve_group_by
-from workbench.analysis.network import NetworkModel
+from workbench.analysis.network import NetworkModel, network_fit
 from workbench.analysis.scaling_model import predicted_vs_measured
 from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns
@@ -41,6 +47,7 @@ PREDICT_COLUMNS = (
     "base_world_size",
     "model_error",
     "network",
+    "bound_by",
     "note",
 )
 #: How ``--bandwidth`` (a link rate) becomes the ring's bus bandwidth: an ideal ring sends at the
@@ -112,6 +119,37 @@ def target_network(
         latency_s=latency_s,
         description=f"{how}, latency {latency_s * 1e6:.3g} us per hop and bucket",
     )
+
+
+def target_cluster(
+    inter: NetworkModel,
+    per_node: int,
+    intra: NetworkModel | None = None,
+    runs: pd.DataFrame | None = None,
+    steps: pd.DataFrame | StoredSteps | None = None,
+) -> ClusterNetwork:
+    """A cluster of ``per_node`` ranks a node: ``inter`` across nodes and ``intra`` within one,
+    or, where ``intra`` is not given, the intra-node network the runs measured on their own
+    machine (their micro-benchmark or a fit to their traces)."""
+    if intra is None:
+        if runs is None or steps is None:
+            raise ValueError("no intra-node network given and no runs to measure it on")
+        fit = network_fit(None, steps, runs, link=INTRA)  # type: ignore[arg-type]
+        if fit.model is None:
+            raise PredictionError(
+                f"no intra-node network measured by the runs ({fit.note}); give the link "
+                "within a node: --intra-busbw (e.g. 150GB/s for NVLink) or --intra-bandwidth"
+            )
+        measured = fit.model
+        intra = NetworkModel(
+            name="measured",
+            bandwidth_bytes_per_s=measured.bandwidth_bytes_per_s,
+            latency_s=measured.latency_s,
+            description=f"as the runs measured it on their machine: bus bandwidth "
+            f"{measured.bandwidth_bytes_per_s / 1e9:.3g} GB/s, latency "
+            f"{measured.latency_s * 1e6:.3g} us",
+        )
+    return ClusterNetwork.of(intra, inter, per_node)
 
 
 def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -190,6 +228,8 @@ def predict(
     out["base_world_size"] = rows["base_world_size"].astype("int64")
     out["model_error"] = rows["model_error"]
     out["network"] = network.description or network.name
+    # a cluster of two link classes: the one whose part of the allreduce is the longer
+    out["bound_by"] = rows["bound_by"] if "bound_by" in rows.columns else None
     out["note"] = [
         str(note)
         + ("" if math.isfinite(float(e)) else "; no interval: no measured point besides the base")

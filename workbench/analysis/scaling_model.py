@@ -10,8 +10,9 @@ steps, ``1 - exposed / span``, unless given. A
 weak-scaling curve keeps the per-device batch, hence ``compute_s``, as N grows; a strong-scaling
 curve keeps the global batch, so the per-device batch, and with it ``compute_s``, shrinks as
 ``base N / N``. Gradient bytes and bucket count come from the traces (``comm_bytes``,
-``comm_buckets``); the network from :data:`NETWORK_PRESETS` or :func:`fit_network`. Pure
-pandas/numpy; no torch.
+``comm_buckets``); the network from :data:`NETWORK_PRESETS` or :func:`fit_network`, or a
+cluster of two link classes (:class:`workbench.analysis.cluster_network.ClusterNetwork`: the
+allreduce inside a node, then across nodes). Pure pandas/numpy; no torch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.cluster_network import ClusterNetwork, allreduce_time
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.model_base import (
     CurveRows,
@@ -102,11 +104,7 @@ def model_curve(
     else:  # the global batch is fixed: each device gets base N / N of its base share
         compute = compute_b * base.world_size / n
         samples = np.full(len(n), base.samples_per_step)
-    comm = np.asarray(
-        ring_allreduce_time(
-            base.gradient_bytes, n, network.bandwidth_bytes_per_s, network.latency_s, base.buckets
-        )
-    )
+    comm = allreduce_time(network, base.gradient_bytes, n, base.buckets)
     exposed = (1 - overlap) * comm
     hideable = base.backward_compute_s * compute / compute_b if compute_b > 0 else np.nan
     bounded = np.isfinite(hideable)
@@ -290,6 +288,8 @@ def _predict_curve(
     out["predicted_comm_s"] = pred["exposed_comm_s"].to_numpy()
     out["predicted_samples_per_s"] = pred["samples_per_s"].to_numpy()
     out["predicted_speedup"] = (pred["samples_per_s"] / base_thr).to_numpy()
+    if isinstance(fit.model, ClusterNetwork):
+        out["bound_by"] = fit.model.bound_by(base.gradient_bytes, sizes, base.buckets)
     out["note"] = note
     return out
 

@@ -30,12 +30,25 @@ def add_predict(sub: Any) -> None:
     parser.add_argument(
         "--output-dir", default="experiments/results", help="root of the result store"
     )
-    parser.add_argument(
-        "--world-sizes", type=world_sizes, required=True, help="comma-separated, e.g. 2,8,64"
+    where = parser.add_argument_group("where (world sizes, or nodes of --per-node ranks)")
+    where.add_argument("--world-sizes", type=world_sizes, help="comma-separated, e.g. 2,8,64")
+    where.add_argument(
+        "--nodes",
+        type=world_sizes,
+        metavar="N,N,...",
+        help="comma-separated node counts, e.g. 2,8: world size = nodes x --per-node",
     )
-    net = parser.add_argument_group("the network (one of)").add_mutually_exclusive_group(
-        required=True
+    where.add_argument(
+        "--per-node",
+        type=int,
+        metavar="P",
+        help="ranks (GPUs) a node: the network then has two link classes, within a node "
+        "(--intra-busbw or --intra-bandwidth; default: as the sweep's runs measured it on "
+        "their machine) and across nodes (--busbw or --bandwidth)",
     )
+    net = parser.add_argument_group(
+        "the network, across nodes where --per-node is given (one of)"
+    ).add_mutually_exclusive_group(required=True)
     net.add_argument(
         "--busbw",
         help="allreduce bus bandwidth in nccl-tests' terms (what nccl-tests or the workbench's "
@@ -48,6 +61,13 @@ def add_predict(sub: Any) -> None:
         "(an ideal ring: an upper bound; prefer a measured --busbw)",
     )
     parser.add_argument("--latency", default="0", help="per hop and bucket, e.g. 5us (default 0)")
+    intra = parser.add_argument_group("within a node (with --per-node; at most one)")
+    one = intra.add_mutually_exclusive_group()
+    one.add_argument("--intra-busbw", help="bus bandwidth inside one node, e.g. 150GB/s")
+    one.add_argument("--intra-bandwidth", help="a link rate inside one node, e.g. 600Gbit/s")
+    intra.add_argument(
+        "--intra-latency", default="0", help="per hop and bucket inside a node (default 0)"
+    )
     parser.add_argument("--json", action="store_true", help="a JSON list, one object per row")
     parser.set_defaults(func=predict_command)
 
@@ -62,6 +82,21 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     if runs.empty:
         raise ValueError(f"no runs of sweep {name!r} under {root}")
     return runs, StoredSteps(iter_run_dirs(root, [name]))  # the rows stay in the engine
+
+
+def _world_sizes(args: argparse.Namespace) -> list[int]:
+    """The world sizes asked for: ``--world-sizes``, or ``--nodes`` x ``--per-node``; a
+    ValueError naming the flags where they do not fit together."""
+    if (args.world_sizes is None) == (args.nodes is None):
+        raise ValueError("give --world-sizes, or --nodes with --per-node (exactly one of them)")
+    if args.per_node is not None and args.per_node < 1:
+        raise ValueError(f"--per-node {args.per_node}: ranks a node, 1 or more")
+    if args.per_node is None and (args.nodes or args.intra_busbw or args.intra_bandwidth):
+        given = "--nodes" if args.nodes else "--intra-busbw/--intra-bandwidth"
+        raise ValueError(f"{given} needs --per-node (how many ranks share a node)")
+    if args.nodes is not None:
+        return [n * args.per_node for n in args.nodes]
+    return list(args.world_sizes)
 
 
 def _clean(value: Any) -> Any:
@@ -79,19 +114,34 @@ def predict_command(args: argparse.Namespace) -> int:
         parse_rate,
         parse_seconds,
         predict,
+        target_cluster,
         target_network,
     )
     from workbench.ui.what_if import prediction_lines
 
     try:
+        sizes = _world_sizes(args)
         network = target_network(
             busbw_bytes_per_s=parse_rate(args.busbw) if args.busbw else None,
             link_bits_per_s=parse_rate(args.bandwidth, bits=True) * 8 if args.bandwidth else None,
             latency_s=parse_seconds(args.latency),
         )
+        intra = None
+        if args.intra_busbw or args.intra_bandwidth:
+            intra = target_network(
+                busbw_bytes_per_s=parse_rate(args.intra_busbw) if args.intra_busbw else None,
+                link_bits_per_s=(
+                    parse_rate(args.intra_bandwidth, bits=True) * 8
+                    if args.intra_bandwidth
+                    else None
+                ),
+                latency_s=parse_seconds(args.intra_latency),
+            )
         runs, steps = _load(args.sweep, args.output_dir)
         with steps:
-            table = predict(runs, steps, args.world_sizes, network)
+            if args.per_node:
+                network = target_cluster(network, args.per_node, intra, runs, steps)
+            table = predict(runs, steps, sizes, network)
     except PredictionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

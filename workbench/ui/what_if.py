@@ -51,10 +51,15 @@ def prediction_lines(table: pd.DataFrame) -> list[str]:
             f"{seconds(row['compute_s'])} + exposed communication "
             f"{seconds(row['exposed_comm_s'])}; {ratio(row['speedup'])} of "
             f"{_ranks(int(row['base_world_size']))}, {percent(row['efficiency'])} of ideal"
+            + (f"; bound by the {row['bound_by']} links" if _given(row.get("bound_by")) else "")
         )
     notes = dict.fromkeys(str(n) for n in table["note"])
     lines.append("model: " + "; ".join(notes))
     return lines
+
+
+def _given(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
 
 
 def parse_world_sizes(text: str) -> list[int]:
