@@ -18,7 +18,21 @@ MODEL_OPTIONS: dict[str, dict[str, Any]] = {
         "num_classes": 4,
     },
     "gpt": {"vocab_size": 128, "seq_len": 32, "d_model": 64, "num_heads": 4, "num_layers": 2},
+    # Compute planted as sleeps (microseconds a step, and a sample), gradients of a chosen size:
+    # a step that takes as long on a rank sharing the cores with seven others as on its own.
+    "planted": {
+        "layers": 4,
+        "forward_us": 2000,
+        "backward_us": 4000,
+        "forward_us_per_sample": 0,
+        "backward_us_per_sample": 0,
+        "gradient_kib": 1024,
+        "input_dim": 32,
+        "num_classes": 4,
+    },
 }
+#: Model options that may be 0 (every other one is a whole number >= 1).
+ZERO_OPTIONS = frozenset({"forward_us_per_sample", "backward_us_per_sample"})
 #: Size presets of the built-in models, named as the field names them: ``model_options={"size":
 #: "distilbert"}`` fills in every option of the model, and options given beside ``size`` override
 #: the preset's (``workbench.config.sizes``). The classifiers' presets keep seed 002's 6 classes

@@ -19,6 +19,7 @@ from workbench.config.choices import (
     HF_PREFIX,
     MODEL_OPTIONS,
     SIZE_OPTION,
+    ZERO_OPTIONS,
 )
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, did_you_mean, is_int
@@ -95,8 +96,9 @@ def model_options(c: Any, bad: frozenset[str]) -> list[Problem]:
         elif key not in valid:
             rule = f"unknown option of model {c.model!r}; {did_you_mean(key, names)}"
             p.append(Problem(f"model_options.{key}", value, rule + f"valid: {', '.join(names)}"))
-        elif not is_int(value) or value < 1:
-            p.append(Problem(f"model_options.{key}", value, "must be an integer >= 1"))
+        elif not is_int(value) or value < (0 if key in ZERO_OPTIONS else 1):
+            least = 0 if key in ZERO_OPTIONS else 1
+            p.append(Problem(f"model_options.{key}", value, f"must be an integer >= {least}"))
     opts = merged_options(c.model, c.model_options)
     if c.model in ATTENTION_MODELS:
         d_model, heads = opts["d_model"], opts["num_heads"]

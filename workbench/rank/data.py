@@ -48,7 +48,7 @@ def synthetic_dataset(
     (train) or 1 (eval): the same labelling teacher for both splits, different inputs."""
     teacher = torch.Generator().manual_seed(seed * 7919 + 17)  # same teacher for both splits
     gen = torch.Generator().manual_seed(seed * 7919 + 1000 + split)
-    if model == "mlp":
+    if model in ("mlp", "planted"):
         x = torch.randn(n, opts["input_dim"], generator=gen)
         return TensorPairDataset(x, _teacher_labels(x, opts["num_classes"], teacher))
     if model == "cnn":

@@ -9,6 +9,7 @@ against next tokens ``[B, T]``).
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -149,11 +150,68 @@ class GPT(nn.Module):
         return self.head(self.encoder(ids, mask))
 
 
+class _Planted(torch.autograd.Function):
+    """Identity on the activations; its forward and its backward each sleep their planted time,
+    and the layer's ballast gets a gradient of its size (zeros: what DDP sends is real bytes)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, ballast: torch.Tensor, fwd_s: float, bwd_s: float
+    ) -> Any:
+        time.sleep(fwd_s)
+        ctx.bwd_s = bwd_s
+        ctx.ballast_shape = ballast.shape
+        return x.clone()  # a few KiB: the planted sleep is the forward's time
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        time.sleep(ctx.bwd_s)
+        return grad, grad.new_zeros(ctx.ballast_shape), None, None
+
+
+class PlantedModel(nn.Module):
+    """A workload whose compute does not depend on how many ranks share the cores: ``layers``
+    layers, each sleeping its share of ``forward_us`` (+ ``forward_us_per_sample`` a sample) in
+    forward and of ``backward_us`` (+ ``backward_us_per_sample``) in backward, so DDP's buckets
+    become ready one layer after another and overlap the backward as on a GPU; ``gradient_kib``
+    KiB of gradients spread over the layers; a small linear head that learns the mlp's
+    synthetic labels."""
+
+    task = "classification"
+
+    def __init__(
+        self,
+        layers: int,
+        forward_us: int,
+        backward_us: int,
+        forward_us_per_sample: int,
+        backward_us_per_sample: int,
+        gradient_kib: int,
+        input_dim: int,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        per_layer = max(1, gradient_kib * 1024 // 4 // layers)  # float32 elements
+        self.ballast = nn.ParameterList(nn.Parameter(torch.zeros(per_layer)) for _ in range(layers))
+        self.head = nn.Linear(input_dim, num_classes)
+        self.step_us = (forward_us / layers, backward_us / layers)
+        self.sample_us = (forward_us_per_sample / layers, backward_us_per_sample / layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        fwd_s = (self.step_us[0] + self.sample_us[0] * n) / 1e6
+        bwd_s = (self.step_us[1] + self.sample_us[1] * n) / 1e6
+        for ballast in self.ballast:
+            x = _Planted.apply(x, ballast, fwd_s, bwd_s)
+        return self.head(x)
+
+
 BUILTIN: dict[str, type[nn.Module]] = {
     "mlp": MLP,
     "cnn": SmallResNet,
     "transformer": TransformerClassifier,
     "gpt": GPT,
+    "planted": PlantedModel,
 }
 assert set(BUILTIN) == set(MODEL_OPTIONS) and set(MODEL_SIZES) <= set(BUILTIN)
 
