@@ -62,7 +62,7 @@ def test_run_help_groups_the_flags_and_lists_the_choices(capsys) -> None:
         "--optimizer {sgd,adamw}",
         "--eval-on {all,rank0}",
         "--trace-comm {sampled,hook,off}",
-        "--model {mlp,cnn,transformer,gpt,MODULE:FACTORY}",
+        "--model {mlp,cnn,transformer,gpt,planted,MODULE:FACTORY}",
     ):
         assert listed in text, f"{listed!r} not in run --help"
     # the DDP group holds the DDP knobs, the tracing group the tracing ones

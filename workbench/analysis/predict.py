@@ -228,7 +228,6 @@ def predict(
     out["base_world_size"] = rows["base_world_size"].astype("int64")
     out["model_error"] = rows["model_error"]
     out["network"] = network.description or network.name
-    # a cluster of two link classes: the one whose part of the allreduce is the longer
     out["bound_by"] = rows["bound_by"] if "bound_by" in rows.columns else None
     out["note"] = [
         str(note)

@@ -53,6 +53,20 @@ def bucket_sizes(module: nn.Module, bucket_cap_mb: float, element_bytes: int = 4
     return sizes
 
 
+def ddp_bucket_sizes(ddp: Any, element_bytes: int = 4) -> list[int]:
+    """The bytes of each bucket of a DDP just built, as its reducer formed them (DDP's logging
+    data; each sent at ``element_bytes`` per 4-byte gradient element); where that is not
+    available, as :func:`bucket_sizes` forms them from DDP's own cap."""
+    try:
+        text = str(ddp._get_ddp_logging_data().get("bucket_sizes") or "")
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except Exception:  # a torch without the private call: DDP's rule instead
+        sizes = []
+    if sizes:
+        return [max(1, size * element_bytes // 4) for size in sizes]
+    return bucket_sizes(ddp.module, ddp.bucket_bytes_cap / 2**20, element_bytes)
+
+
 def bus_factor(world_size: int) -> float:
     """nccl-tests' bus bandwidth factor for allreduce: 2(n-1)/n."""
     return 2.0 * (world_size - 1) / world_size

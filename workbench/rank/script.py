@@ -14,17 +14,18 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from workbench import schema
 from workbench.config.run_config import RunConfig
 from workbench.errors import ScriptExit
-from workbench.rank import distributed
+from workbench.rank import distributed, network
 from workbench.store.trace_files import consolidate
 from workbench.trace.torch_hooks import ScriptHooks
 from workbench.trace.tracer import Tracer
@@ -177,6 +178,7 @@ def run_script_rank(
             collective_timeout_s=config.collective_timeout_s,
             ddp_kwargs=script_ddp_kwargs(config),
             on_ddp=script_comm_hook(config),
+            on_primary=network_at_buckets(config, env.world_size),
         ).install()
         try:
             with as_main_program(config, cwd):
@@ -209,4 +211,23 @@ def _summary(
         "joined_process_group": hooks.joined_group,
         "comm_method": hooks.sampler.method if hooks.sampler is not None else "none",
         "measurement_warnings": list(dict.fromkeys(hooks.warnings)),
+        **({"network": hooks.measured} if hooks.measured is not None else {}),
     }
+
+
+def network_at_buckets(
+    config: RunConfig, world_size: int
+) -> Callable[[DistributedDataParallel], dict[str, Any] | None] | None:
+    """What the hooks call once the script's first DDP is built, before its first step: the
+    network micro-benchmark at that DDP's own buckets (as a built-in run measures it before
+    its first step), on every rank of a multi-rank run unless ``network_benchmark`` is off."""
+    if not (config.network_benchmark and world_size > 1):
+        return None
+    element = 2 if config.comm_hook in ("fp16", "bf16") else 4
+
+    def measure(ddp: DistributedDataParallel) -> dict[str, Any] | None:
+        sizes = network.ddp_bucket_sizes(ddp, element)
+        device = next(ddp.module.parameters()).device
+        return network.measure_allreduce(sizes, device, world_size, config.comm_hook)
+
+    return measure

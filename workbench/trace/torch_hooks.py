@@ -91,11 +91,16 @@ class ScriptHooks:
         collective_timeout_s: float,
         ddp_kwargs: Mapping[str, Any] | None = None,
         on_ddp: Callable[[DistributedDataParallel], None] | None = None,
+        on_primary: Callable[[DistributedDataParallel], Any] | None = None,
     ) -> None:
         self.tracer = tracer
         # DDP settings the run gives (tune's candidates), over the script's own arguments
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
+        # called once the primary DDP is built (on every rank: building a DDP is collective),
+        # e.g. the network micro-benchmark at its buckets; its result is kept in ``measured``
+        self.on_primary = on_primary
+        self.measured: Any = None
         self.script, self.rank, self.world_size = script, rank, world_size
         self.warmup_steps = warmup_steps
         self.comm_every_steps = comm_every_steps
@@ -173,6 +178,8 @@ class ScriptHooks:
         )
         self.sampler = DDPCommSampler(ddp, self.comm_every_steps, gradient_bytes)
         self.warnings.extend(self.sampler.warnings)
+        if self.on_primary is not None:
+            self.measured = self.on_primary(ddp)
 
     def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """DDP's ``forward`` for every module, timed for those built under the hooks: a patch
