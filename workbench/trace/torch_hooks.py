@@ -18,7 +18,10 @@
   minutes), and then a barrier on a gloo side group, after which every rank sets its trace
   clock's zero (as the built-in loop does after its barrier);
 - ``torch.multiprocessing.spawn`` and ``start_processes`` raise ``ScriptError``: the workbench
-  starts one process per rank itself, as torchrun does.
+  starts one process per rank itself, as torchrun does;
+- the objects alive when the hooks are installed (torch's, the rank's) are frozen out of the
+  garbage collector's passes (``gc.freeze``) until ``close()``: the buffered trace rows would
+  otherwise trigger full passes over them, about 10 us a step.
 
 The run's DDP settings (``ddp_kwargs``: ``bucket_cap_mb``, ``gradient_as_bucket_view``,
 ``static_graph`` where the run gives them) are passed to every ``DistributedDataParallel`` the
