@@ -84,6 +84,17 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     return runs, StoredSteps(iter_run_dirs(root, [name]))  # the rows stay in the engine
 
 
+def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:
+    """One link class from its flags: a bus bandwidth or a link rate, and a latency."""
+    from workbench.analysis.predict import parse_rate, parse_seconds, target_network
+
+    return target_network(
+        busbw_bytes_per_s=parse_rate(busbw) if busbw else None,
+        link_bits_per_s=parse_rate(bandwidth, bits=True) * 8 if bandwidth else None,
+        latency_s=parse_seconds(latency),
+    )
+
+
 def _world_sizes(args: argparse.Namespace) -> list[int]:
     """The world sizes asked for: ``--world-sizes``, or ``--nodes`` x ``--per-node``; a
     ValueError naming the flags where they do not fit together."""
@@ -109,34 +120,15 @@ def _clean(value: Any) -> Any:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from workbench.analysis.predict import (
-        PredictionError,
-        parse_rate,
-        parse_seconds,
-        predict,
-        target_cluster,
-        target_network,
-    )
+    from workbench.analysis.predict import PredictionError, predict, target_cluster
     from workbench.ui.what_if import prediction_lines
 
     try:
         sizes = _world_sizes(args)
-        network = target_network(
-            busbw_bytes_per_s=parse_rate(args.busbw) if args.busbw else None,
-            link_bits_per_s=parse_rate(args.bandwidth, bits=True) * 8 if args.bandwidth else None,
-            latency_s=parse_seconds(args.latency),
-        )
+        network = _network(args.busbw, args.bandwidth, args.latency)
         intra = None
         if args.intra_busbw or args.intra_bandwidth:
-            intra = target_network(
-                busbw_bytes_per_s=parse_rate(args.intra_busbw) if args.intra_busbw else None,
-                link_bits_per_s=(
-                    parse_rate(args.intra_bandwidth, bits=True) * 8
-                    if args.intra_bandwidth
-                    else None
-                ),
-                latency_s=parse_seconds(args.intra_latency),
-            )
+            intra = _network(args.intra_busbw, args.intra_bandwidth, args.intra_latency)
         runs, steps = _load(args.sweep, args.output_dir)
         with steps:
             if args.per_node:
