@@ -161,8 +161,12 @@ def scale(args: argparse.Namespace) -> int:
                 print(f"# world_size {one.world_size}")
                 print(sbatch_script(one, **options))
             return 0
-        handles = _submit(configs, args.executor, options, progress=not args.no_progress)
     except (ValueError, ConfigError, PreflightError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        handles = _submit(configs, args.executor, options, progress=not args.no_progress)
+    except PreflightError as exc:  # the executor's options, refused before the first launch
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for handle in handles:
