@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the slow tests need: Chromium (browser checks), Slurm and munge (local cluster),
-# iproute2 (network namespaces and tc, for the emulated links).
+# iproute2 and util-linux (network namespaces, tc and nsenter, for the emulated links and cluster).
 # Idempotent; installs only what is missing. Without root it says what is missing: a note on a
 # developer's machine (those tests are skipped), an error in CI (CI=true), where they must run.
 set -euo pipefail
@@ -9,6 +9,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need+=(munge)
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
