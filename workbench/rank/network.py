@@ -6,7 +6,8 @@ nccl-tests (``doc/PERFORMANCE.md``): algorithm bandwidth ``algbw = bytes / time`
 for allreduce ``busbw = algbw x 2(n-1)/n`` with n ranks, the figure comparable with the
 hardware's link bandwidth whatever the rank count. Time is the mean over the ranks of one
 allreduce, from a barrier to the last of a loop of back-to-back allreduces completing, the
-median of three such loops.
+median of three such loops. Beside the bucket sizes, a one-element allreduce: its time over the
+ring's 2(n-1) hops is ``latency_s``, the per-message cost that grows with the world size.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def measure_allreduce(
     total = sum(per_size[n]["bytes"] for n in sizes)
     time_s = sum(per_size[n]["time_s"] for n in sizes)
     algbw = total / time_s if time_s > 0 else None
+    # one element: the time is the ring's hops, 2(n-1) of them, and no bytes to speak of
+    tiny = _time_size(4, torch.float32, device, budget_s / 4)
+    hop_s = tiny["time_s"] / (2 * (world_size - 1)) if world_size > 1 else None
     return {
         "collective": "allreduce",
         "definition": "nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n",
@@ -130,5 +134,7 @@ def measure_allreduce(
         "algbw_bytes_per_s": algbw,
         "busbw_bytes_per_s": algbw * factor if algbw is not None else None,
         "sizes": [per_size[n] for n in distinct],
+        # seconds per ring hop: a one-element allreduce's time over its 2(n-1) hops
+        "latency_s": hop_s,
         "duration_s": time.perf_counter() - started,
     }

@@ -178,11 +178,12 @@ def run_script_rank(
             collective_timeout_s=config.collective_timeout_s,
             ddp_kwargs=script_ddp_kwargs(config),
             on_ddp=script_comm_hook(config),
-            on_primary=network_at_buckets(config, env.world_size),
+            at_end=network_at_buckets(config, env.world_size),
         ).install()
         try:
             with as_main_program(config, cwd):
                 run_main(config)
+            hooks.finish()  # the script returned: every rank is here, its group still up
         finally:
             hooks.close()
     consolidate(traces, env.rank)
@@ -218,9 +219,11 @@ def _summary(
 def network_at_buckets(
     config: RunConfig, world_size: int
 ) -> Callable[[DistributedDataParallel], dict[str, Any] | None] | None:
-    """What the hooks call once the script's first DDP is built, before its first step: the
-    network micro-benchmark at that DDP's own buckets (as a built-in run measures it before
-    its first step), on every rank of a multi-rank run unless ``network_benchmark`` is off."""
+    """What the hooks call once the script's training is over: the network micro-benchmark at
+    its first DDP's own buckets, on every rank of a multi-rank run unless
+    ``network_benchmark`` is off. A built-in run measures it before its first step; a script
+    measures it after its last, outside every clock of the script's own (the HF Trainer's
+    starts before it builds its DDP, so a measurement there would count in its throughput)."""
     if not (config.network_benchmark and world_size > 1):
         return None
     element = 2 if config.comm_hook in ("fp16", "bf16") else 4

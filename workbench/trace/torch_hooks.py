@@ -94,15 +94,17 @@ class ScriptHooks:
         collective_timeout_s: float,
         ddp_kwargs: Mapping[str, Any] | None = None,
         on_ddp: Callable[[DistributedDataParallel], None] | None = None,
-        on_primary: Callable[[DistributedDataParallel], Any] | None = None,
+        at_end: Callable[[DistributedDataParallel], Any] | None = None,
     ) -> None:
         self.tracer = tracer
         # DDP settings the run gives (tune's candidates), over the script's own arguments
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
-        # called once the primary DDP is built (on every rank: building a DDP is collective),
-        # e.g. the network micro-benchmark at its buckets; its result is kept in ``measured``
-        self.on_primary = on_primary
+        # called with the primary DDP once the script's training is over, on every rank (e.g.
+        # the network micro-benchmark at its buckets), its result kept in ``measured``: before
+        # the script ends its process group, or when it returns (``finish``). Never before
+        # its first step: clocks such as the HF Trainer's run from before it builds its DDP.
+        self.at_end = at_end
         self.measured: Any = None
         self.script, self.rank, self.world_size = script, rank, world_size
         self.warmup_steps = warmup_steps
@@ -181,8 +183,6 @@ class ScriptHooks:
         )
         self.sampler = DDPCommSampler(ddp, self.comm_every_steps, gradient_bytes)
         self.warnings.extend(self.sampler.warnings)
-        if self.on_primary is not None:
-            self.measured = self.on_primary(ddp)
 
     def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """DDP's ``forward`` for every module, timed for those built under the hooks: a patch
@@ -302,6 +302,22 @@ class ScriptHooks:
 
         return init_process_group
 
+    def _destroy_process_group(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if not args and kwargs.get("group") is None:  # the default group: the run's
+                self.finish()
+            return original(*args, **kwargs)
+
+        return destroy_process_group
+
+    def finish(self) -> None:
+        """The script's training is over (it returned, or it is ending its process group):
+        ``at_end`` once, with the primary DDP, while the process group still exists."""
+        if self.at_end is None or self.primary is None or self.measured is not None:
+            return
+        if dist.is_available() and dist.is_initialized():
+            self.measured = self.at_end(self.primary)
+
     def _refuse_spawn(self, name: str) -> Callable[..., Any]:
         def refuse(*args: Any, **kwargs: Any) -> Any:
             raise ScriptError(
@@ -345,6 +361,9 @@ class ScriptHooks:
         init = self._init_process_group(distributed_c10d.init_process_group)
         self._patch(distributed_c10d, "init_process_group", init)
         self._patch(dist, "init_process_group", init)
+        destroy = self._destroy_process_group(distributed_c10d.destroy_process_group)
+        self._patch(distributed_c10d, "destroy_process_group", destroy)
+        self._patch(dist, "destroy_process_group", destroy)
         for name in ("spawn", "start_processes"):
             self._patch(mp, name, self._refuse_spawn(name))
         pre = register_optimizer_step_pre_hook(self._optimizer_pre)
