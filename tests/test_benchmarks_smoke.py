@@ -41,7 +41,7 @@ NEEDS = {
 #: The figures each script prints (a number with its unit or word); any other script: a number.
 FIGURES = {
     "analysis_scale.py": r"workbench report\s+[\d.]+ s",
-    "cluster_prediction.py": r"held out \(\d+ points at [\d, ]+ nodes\), bus bandwidth: median",
+    "cluster_prediction.py": r"held out \(\d+ points at [\d, ]+ nodes\), bus bandwidth at the",
     "launch_latency.py": r"to_result_s: workbench [\d.]+ s, torchrun [\d.]+ s, ratio",
     "network_emulation.py": r"held out, overlap fraction model: median \|error\| [\d.]+%",
     "plain_ddp.py": r"[\d,]+ samples/s",
