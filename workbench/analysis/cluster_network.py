@@ -19,6 +19,7 @@ class is the one to buy. Pure numpy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +55,7 @@ class ClusterNetwork(NetworkModel):
         )
 
     def parts(
-        self, nbytes: float, world_size: np.ndarray, buckets: float
+        self, nbytes: float, world_size: Sequence[int] | np.ndarray, buckets: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Seconds of the intra-node and of the inter-node part of each allreduce."""
         assert self.intra is not None and self.inter is not None
@@ -69,22 +70,23 @@ class ClusterNetwork(NetworkModel):
         )
         return np.atleast_1d(intra), np.atleast_1d(inter)
 
-    def bound_by(self, nbytes: float, world_size: np.ndarray, buckets: float) -> list[str]:
+    def bound_by(
+        self, nbytes: float, world_size: Sequence[int] | np.ndarray, buckets: int
+    ) -> list[str]:
         """Per world size, the link class whose part of the allreduce is the longer."""
         intra, inter = self.parts(nbytes, world_size, buckets)
         return [INTER if b > a else INTRA for a, b in zip(intra, inter, strict=True)]
 
 
 def allreduce_time(
-    network: NetworkModel, nbytes: float, world_size: np.ndarray, buckets: float
+    network: NetworkModel, nbytes: float, world_size: Sequence[int] | np.ndarray, buckets: int
 ) -> np.ndarray:
     """Seconds for DDP's allreduce of ``nbytes`` in ``buckets`` over each ``world_size``: the
     ring over one link class, or the two parts over a :class:`ClusterNetwork`."""
     if isinstance(network, ClusterNetwork):
         intra, inter = network.parts(nbytes, world_size, buckets)
         return intra + inter
+    n = np.asarray(world_size, dtype="int64")
     return np.asarray(
-        ring_allreduce_time(
-            nbytes, world_size, network.bandwidth_bytes_per_s, network.latency_s, buckets
-        )
+        ring_allreduce_time(nbytes, n, network.bandwidth_bytes_per_s, network.latency_s, buckets)
     )
