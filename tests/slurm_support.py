@@ -30,6 +30,18 @@ CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
 SHIM_BIN = ROOT / "tests" / "slurm" / "bin"
 
 
+def all_job_ids() -> list[str]:
+    """Every job the cluster knows, finished ones included (MinJobAge keeps them an hour)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-t", "all", "-o", "%i"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    return sorted(out.split())
+
+
 def _cluster_dir() -> Path | None:
     """The folder of a cluster the environment names, or None: the session starts its own."""
     if os.environ.get("WORKBENCH_SLURM_DIR"):

@@ -5,7 +5,6 @@ typed at a login node's prompt complete on the local Slurm cluster."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,22 +13,12 @@ from workbench.cli import main
 from workbench.store.files import read_json
 from workbench.store.load import load_runs
 
+from .slurm_support import all_job_ids
+
 SMALL = [
     "--train-samples", "512", "--eval-samples", "128", "--global-batch-size", "64",
     "--steps", "6", "--warmup-steps", "2", "--eval-batch-size", "64", "--trace-flush-s", "0.2",
 ]  # fmt: skip
-
-
-def _jobs() -> list[str]:
-    """Every job the cluster knows, finished ones included."""
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-t", "all", "-o", "%i"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return sorted(out.stdout.split())
 
 
 # -- no cluster needed: the script, and the refusals
@@ -102,7 +91,7 @@ def test_run_and_scale_from_the_terminal_complete_on_the_cluster(
     slurm_cluster, tmp_path: Path, capsys
 ) -> None:
     store = tmp_path / "store"
-    before = _jobs()
+    before = all_job_ids()
     common = ["--executor", "slurm", "--partition", "debug", "--poll-s", "2", "--no-progress"]
     common += ["--time-min", "5", "--output-dir", str(store), *SMALL]
     assert main(["run", *common, "--world-size", "2", "--sweep", "one", "--env", "A=1"]) == 0
@@ -121,4 +110,4 @@ def test_run_and_scale_from_the_terminal_complete_on_the_cluster(
     assert {(r["executor"], r["status"]) for r in runs} == {("slurm", "completed")}, runs
     # Submitted at once (one job array per layout), not one after another's end.
     assert max(r["submitted_at"] for r in runs) < min(r["ended_at"] for r in runs), runs
-    assert len(set(_jobs()) - set(before)) == 3
+    assert len(set(all_job_ids()) - set(before)) == 3

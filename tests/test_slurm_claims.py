@@ -31,6 +31,7 @@ from workbench.store.files import read_json
 
 from .conftest import base_config
 from .helpers import job_processes, wait_for
+from .slurm_support import all_job_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_02 = ROOT / "notebooks" / "02_scaling_sweep.ipynb"
@@ -60,18 +61,6 @@ def _scontrol(job_id: str) -> dict[str, str]:
         check=True,
     ).stdout
     return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def _all_job_ids() -> list[str]:
-    """Every job the cluster knows, finished ones included (MinJobAge keeps them an hour)."""
-    out = subprocess.run(
-        ["squeue", "-h", "-r", "-t", "all", "-o", "%i"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    return sorted(out.split())
 
 
 def _slurm_completed(job_id: str, timeout_s: float = 60) -> dict[str, str]:
@@ -323,10 +312,10 @@ def test_sweep_spec_with_the_slurm_executor_runs_on_the_cluster(
         "grid": {"world_size": [1, 2]},
     }
     path = tmp_path / "slurm.yaml"
-    before = _all_job_ids()
+    before = all_job_ids()
     path.write_text(yaml.safe_dump({**spec, "executor_options": {"partiton": "debug"}}))
     assert main(["sweep", str(path), "--no-progress"]) == 2
-    assert _all_job_ids() == before, "a misspelled option submitted a job"
+    assert all_job_ids() == before, "a misspelled option submitted a job"
 
     path.write_text(yaml.safe_dump(spec))
     assert main(["sweep", str(path), "--no-progress"]) == 0
