@@ -45,33 +45,8 @@ LOG_DIR="$DIR/log"
 
 # --------------------------------------------------------------------------- helpers
 
-our_pid() {   # a pid file's process, only if alive and started with our folder in its arguments
-  local pidfile="$1" pid
-  [[ -s "$pidfile" ]] || return 1
-  pid="$(tr -dc '0-9' <"$pidfile")"
-  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$DIR/" || return 1
-  echo "$pid"
-}
-
-wait_pidfile() {
-  local i
-  for i in $(seq 1 100); do
-    our_pid "$1" >/dev/null && return 0
-    sleep 0.1
-  done
-  die "$2 did not start; see $LOG_DIR"
-}
-
-stop_pid() {   # stop_pid <pidfile> <name>: TERM, then KILL after 10 s
-  local pid i
-  pid="$(our_pid "$1")" || { rm -f "$1"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do [[ -d "/proc/$pid" ]] || break; sleep 0.1; done
-  [[ -d "/proc/$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$1"
-  log "stopped $2 (pid $pid)"
-}
+# shellcheck source=lib/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/daemons.sh"
 
 nodes_of_state() { [[ -s "$DIR/nodes" ]] && cat "$DIR/nodes" || echo 0; }
 
@@ -218,9 +193,9 @@ stop_daemons() {
   if our_pid "$RUN_DIR/slurmctld.pid" >/dev/null; then
     SLURM_CONF="$CONF" scancel --partition "$PARTITION" 2>/dev/null || true
   fi
-  for f in "$RUN_DIR"/slurmd-*.pid; do [[ -e "$f" ]] && stop_pid "$f" "$(basename "$f" .pid)"; done
-  stop_pid "$RUN_DIR/slurmctld.pid" slurmctld
-  stop_pid "$RUN_DIR/munged.pid" munged
+  for f in "$RUN_DIR"/slurmd-*.pid; do [[ -e "$f" ]] && stop_one "$f" "$(basename "$f" .pid)"; done
+  stop_one "$RUN_DIR/slurmctld.pid" slurmctld
+  stop_one "$RUN_DIR/munged.pid" munged
 }
 
 # --------------------------------------------------------------------------- commands

@@ -51,16 +51,8 @@ CTLD_HOST="$(hostname -s)"
 
 # --------------------------------------------------------------------------- helpers
 
-# pid from a pid file, only if that process is alive AND its command line mentions our folder
-# (so a recycled pid or someone else's daemon is never touched).
-our_pid() {
-  local pidfile="$1" pid
-  [[ -s "$pidfile" ]] || return 1
-  pid="$(tr -dc '0-9' <"$pidfile")"
-  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$DIR/" || return 1
-  echo "$pid"
-}
+# shellcheck source=../lib/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/daemons.sh"
 
 munged_pidfile() { echo "$RUN_DIR/munged.pid"; }
 ctld_pidfile() { echo "$RUN_DIR/slurmctld.pid"; }
@@ -217,15 +209,6 @@ port_free() {
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-wait_pidfile() {   # wait until a daemon wrote its pid file
-  local pidfile="$1" name="$2" i
-  for i in $(seq 1 100); do
-    our_pid "$pidfile" >/dev/null && return 0
-    sleep 0.1
-  done
-  die "$name did not start; see $LOG_DIR"
-}
-
 start_munged() {
   if our_pid "$(munged_pidfile)" >/dev/null; then log "munged already running"; return; fi
   rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
@@ -290,25 +273,6 @@ cmd_start() {
   wait_idle
   log "cluster ready in $((SECONDS - t0)) s (folder $DIR); environment (also in $ENV_FILE):"
   print_env
-}
-
-stop_one() {   # stop_one <pidfile> <name>
-  local pidfile="$1" name="$2" pid i
-  if ! pid="$(our_pid "$pidfile")"; then
-    [[ -e "$pidfile" ]] && rm -f "$pidfile"
-    return 0
-  fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 100); do
-    [[ -d "/proc/$pid" ]] || break
-    sleep 0.1
-  done
-  if [[ -d "/proc/$pid" ]]; then
-    log "$name (pid $pid) ignored SIGTERM; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
-  log "stopped $name (pid $pid)"
 }
 
 cancel_jobs() {   # cancel this cluster's unfinished jobs, so no job process outlives the daemons
