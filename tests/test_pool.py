@@ -35,9 +35,14 @@ SLEEPY = dict(
 )
 
 
-def pool_workers(parent_pid: int) -> list[int]:
-    """Live worker processes (idle or running a rank) started by the pool of ``parent_pid``,
-    found in /proc independently of the pool's own bookkeeping."""
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def pool_processes(parent_pid: int) -> list[int]:
+    """Live processes of the pools of ``parent_pid`` (templates and workers), found in /proc
+    independently of the pools' own bookkeeping."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and alive(int(proc.name)):
@@ -45,6 +50,19 @@ def pool_workers(parent_pid: int) -> list[int]:
             if "workbench.rank.pool_worker" in args and str(parent_pid) in args:
                 found.append(int(proc.name))
     return sorted(found)
+
+
+def pool_workers(parent_pid: int) -> list[int]:
+    """The workers among them (idle or running a rank): forks of a template, so not children of
+    ``parent_pid`` as the templates are."""
+    workers = []
+    for pid in pool_processes(parent_pid):
+        try:
+            if _parent(pid) != parent_pid:
+                workers.append(pid)
+        except OSError:
+            pass  # gone meanwhile
+    return workers
 
 
 def _running(handle) -> dict:
@@ -198,6 +216,7 @@ def test_parent_death_ends_idle_workers_and_the_run_is_reattached_and_cancelled(
         parent.kill()  # what a kernel restart does to the kernel
         parent.wait()
         wait_for(lambda: not any(alive(p) for p in idle), 30, f"idle workers {idle} to exit")
+        assert set(pool_processes(parent.pid)) == set(ranks), "the templates are gone too"
         assert all(alive(p) for p in ranks), "the run's ranks outlive the parent"
         again = attach(run_path)  # a new session finds the run in the store
         assert again.status() == "running"
@@ -226,8 +245,10 @@ def test_close_returns_once_every_idle_worker_is_gone() -> None:
 
     workers = wait_for(lambda: len(ours()) == 2 and ours(), 60, "2 workers in /proc")
     assert sorted(pool.pids()) == workers  # the positive control: /proc finds them alive
+    assert alive(pool.template_pid)
     pool.close()
     assert not any(alive(p) for p in workers), "close() returned with workers alive"
+    assert not alive(pool.template_pid), "close() returned with the template alive"
     assert ours() == []
     with pytest.raises(RuntimeError, match="closed"):
         pool.take(1)
@@ -240,14 +261,8 @@ def test_an_idle_worker_exits_on_its_own_after_the_idle_time() -> None:
     pool = WarmPool(size=1, idle_s=idle_s)
     (pid,) = wait_for(lambda: pool.pids(), 60, "the worker")
     assert alive(pid)
-    status: list[int] = []
-
-    def reaped() -> bool:
-        done, code = os.waitpid(pid, os.WNOHANG)
-        status.append(code)
-        return done == pid
-
-    wait_for(reaped, 120, "the worker to exit")
-    assert os.waitstatus_to_exitcode(status[-1]) == 0, "it left on its own, not killed"
+    wait_for(lambda: not alive(pid), 120, "the worker to exit")
+    # Nothing else ends an idle worker while its pool is open and its template alive.
+    assert not pool.closed and alive(pool.template_pid), "it left on its own"
     assert time.monotonic() - started >= idle_s, "it waited its idle time first"
     pool.close()

@@ -1,15 +1,21 @@
-"""A warm rank process of the pool executor: a fresh interpreter that imports torch, DDP's
-``torch._dynamo``, ``torch.distributed`` and the rank's code, then waits for exactly one task.
+"""The warm rank processes of the pool executor.
 
-Started as ``python -m workbench.rank.pool_worker PARENT_PID IDLE_S`` (never a fork of the
-parent). Before its task it initialises neither CUDA nor a process group, and it dies with its
-parent (``PR_SET_PDEATHSIG``, and a thread watching the parent's pid where that is missing) or
-after ``IDLE_S`` seconds without a task. Its task arrives on stdin as one pickled
-dict (``task``: the pickled ``RankTask``;
-``rank``, ``world_size``, ``master_port``, ``job_id``; ``log_stem``: its log files without
-``.out``/``.err``), then stdin closes; from then on it is an ordinary rank of a run: it outlives the
-parent (a notebook kernel restart does not end the run, which is re-attached from the store), its
-output goes to the run's log files, and it exits when the rank is done.
+A pool starts one *template*: ``python -m workbench.rank.pool_worker PARENT_PID IDLE_S CHANNEL_FD``,
+a fresh interpreter (never a fork of the parent) that imports torch, DDP's ``torch._dynamo``,
+``torch.distributed`` and the rank's code once, then forks one worker per request that arrives on
+``CHANNEL_FD`` (a Unix socket; each request carries the read end of the worker's stdin). A fork
+costs milliseconds and shares those imports, where a fresh interpreter per rank would import them
+again (seconds of CPU each). The template computes nothing and starts no thread pool, so a fork
+inherits no half-held lock of torch's; it exits when the pool closes the channel or its parent dies.
+
+A worker waits for exactly one task. Before its task it initialises neither CUDA nor a process
+group, and it dies with the template (``PR_SET_PDEATHSIG``, and a thread watching the parent's pid
+where that is missing) or after ``IDLE_S`` seconds without a task. Its task arrives on stdin as one
+pickled dict (``task``: the pickled ``RankTask``; ``rank``, ``world_size``, ``master_port``,
+``job_id``; ``log_stem``: its log files without ``.out``/``.err``), then stdin closes; from then on
+it is an ordinary rank of a run in a session of its own: it outlives the parent (a notebook kernel
+restart does not end the run, which is re-attached from the store), its output goes to the run's
+log files, and it exits when the rank is done.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import os
 import pickle
 import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -86,17 +94,17 @@ def _redirect_output(log_stem: str) -> None:
         os.close(log)
 
 
-def main(argv: list[str]) -> int:
-    """Wait for one task and run it; 0 when it completed or none came, 1 when it failed."""
-    parent_pid, idle_s = int(argv[0]), float(argv[1])
+def _worker(idle_s: float) -> int:
+    """A forked worker: wait for one task on stdin and run it; 0 when it completed or none
+    came, 1 when it failed."""
+    template_pid = os.getppid()
     _parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent_pid:
-        return 0  # the parent ended before the signal was asked for
+    if os.getppid() != template_pid:
+        return 0  # the template ended before the signal was asked for
     stop_watching = threading.Event()
     threading.Thread(
-        target=_watch_parent, args=(parent_pid, stop_watching), daemon=True, name="parent-watch"
+        target=_watch_parent, args=(template_pid, stop_watching), daemon=True, name="parent-watch"
     ).start()
-    _warm_up()
     payload = _read_task(idle_s)
     if not payload:
         return 0  # idle too long, or the pool closed this worker's stdin
@@ -114,6 +122,57 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()  # the rank's own record holds it too
         return 1
     return 0
+
+
+def _fork_worker(channel: socket.socket, stdin_fd: int, idle_s: float) -> int:
+    """Fork one worker whose stdin is ``stdin_fd``; the worker's pid in the template."""
+    pid = os.fork()
+    if pid:
+        os.close(stdin_fd)
+        return pid
+    code = 1
+    try:
+        # The template ignores SIGCHLD to have its workers reaped; a rank waits for its own
+        # children (a script's subprocesses), so it needs the default back.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()  # Ctrl-C in the parent's terminal or kernel does not reach a rank
+        channel.close()
+        os.dup2(stdin_fd, 0)
+        os.close(stdin_fd)
+        code = _worker(idle_s)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(parent_pid: int, idle_s: float, channel_fd: int) -> int:
+    """The template: warm up, then fork a worker for each request on the channel (answered with
+    the worker's pid) until the pool closes it; 0 when it ended so."""
+    _parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        return 0  # the parent ended before the signal was asked for
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid, threading.Event()), daemon=True, name="parent-watch"
+    ).start()
+    _warm_up()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    channel = socket.socket(fileno=channel_fd)
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+        except OSError:
+            return 0
+        if not fds:
+            return 0  # the pool closed the channel
+        channel.sendall(struct.pack("!i", _fork_worker(channel, fds[0], idle_s)))
+
+
+def main(argv: list[str]) -> int:
+    """``PARENT_PID IDLE_S CHANNEL_FD``: serve forks until the pool closes the channel."""
+    return serve(int(argv[0]), float(argv[1]), int(argv[2]))
 
 
 if __name__ == "__main__":
