@@ -116,7 +116,10 @@ class _Template:
         argv.append(str(theirs.fileno()))
         try:
             self.process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=[theirs.fileno()]
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
             )
         finally:
             theirs.close()
