@@ -9,6 +9,11 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+#: The executor of the tests whose claim is not about how ranks start (the local back end, a
+#: cold start, Slurm): forks of the warm pool's template, so a run pays no imports per rank.
+#: ``test_pool.py`` holds that a pool run equals a local run bit for bit.
+WARM = "pool"
+
 
 def job_processes(run_path: Path) -> list[int]:
     """PIDs of live processes whose command line or environment names this run's submitit folder."""

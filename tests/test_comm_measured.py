@@ -21,6 +21,7 @@ from workbench.run.launch import launch
 from workbench.store.files import read_json
 
 from .conftest import base_config
+from .helpers import WARM
 
 # timing: its claims are durations measured on this host; they run alone (tests/README.md)
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
@@ -50,7 +51,7 @@ def comm_runs(store):
     backward, which is exactly the exposed time measured (8 % of the step was seen so)."""
     handles = {}
     for key, world_size, name in (("one", 1, "comm-1rank"), ("two", 2, "comm-2rank")):
-        handles[key] = launch(_comm_config(store, world_size, name))
+        handles[key] = launch(_comm_config(store, world_size, name), WARM)
         assert handles[key].wait(timeout_s=300) == "completed", handles[key].logs()
     return handles
 
@@ -155,7 +156,8 @@ def test_network_busbw_within_4x_of_a_bare_allreduce_loop(comm_runs) -> None:
 
 def test_network_benchmark_can_be_turned_off(store) -> None:
     handle = launch(
-        base_config(store, world_size=2, run_name="no-net", network_benchmark=False, epochs=1)
+        base_config(store, world_size=2, run_name="no-net", network_benchmark=False, epochs=1),
+        WARM,
     )
     assert handle.wait(timeout_s=180) == "completed"
     assert read_json(handle.path / schema.RUN_FILE)["network"] is None
@@ -169,7 +171,8 @@ def test_a_missing_private_ddp_call_falls_back_to_bytes_with_one_warning(store) 
             run_name="no-ddp-logging",
             model="tests.plugins:mlp_in_a_torch_without_ddp_logging_data",
             dataset="tests.plugins:synthetic_like_mlp",
-        )
+        ),
+        WARM,
     )
     assert handle.wait(timeout_s=180) == "completed", handle.logs()
     steps = handle.traces()

@@ -16,6 +16,8 @@ from workbench.store.files import read_json
 from workbench.store.load import load_traces
 from workbench.ui.report import report_from_store
 
+from .helpers import WARM
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "scripts"
 #: Each example with arguments that keep a run to a few seconds on a CPU.
@@ -60,7 +62,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 extra = ["--metrics-json", str(store / "trainer.json")]
                 with_metrics = script == "hf_trainer.py"
                 config = _config(script, world_size, store, "examples", *(extra * with_metrics))
-                assert launch(config).wait(timeout_s=300) == "completed", config.script
+                assert launch(config, WARM).wait(timeout_s=300) == "completed", config.script
     finally:
         os.chdir(cwd)
     return store

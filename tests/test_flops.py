@@ -22,6 +22,7 @@ from workbench.store.load import load_runs, load_traces
 from workbench.ui.report import write_report
 
 from .conftest import base_config
+from .helpers import WARM
 
 
 def _tokens(vocab: int, batch: int, seq_len: int) -> torch.Tensor:
@@ -219,7 +220,8 @@ def flops_run(store: Path):  # type: ignore[no-untyped-def]
             epochs=1,
             warmup_steps=2,
             checkpoint_every_steps=0,
-        )
+        ),
+        WARM,
     )
     assert handle.wait(timeout_s=180) == "completed"
     return handle

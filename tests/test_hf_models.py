@@ -16,6 +16,8 @@ from workbench.rank.hf_models import ARCHITECTURES, build_hf_model
 from workbench.rank.models import build_model, takes_dict_batch
 from workbench.rank.trainer import step_loss
 
+from .helpers import WARM
+
 pytest.importorskip("transformers")
 
 
@@ -72,7 +74,7 @@ def test_a_two_rank_run_of_distilbert_traces_like_a_built_in_model(tmp_path: Pat
         eval_samples=64,
         output_dir=str(tmp_path),
     )
-    handle = launch(config)
+    handle = launch(config, WARM)
     assert handle.wait(timeout_s=300) == "completed"
     steps, evals = handle.traces(), handle.traces("eval")
     assert len(steps) == 2 * 6 and (steps["samples"] == 8).all()

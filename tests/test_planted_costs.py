@@ -21,6 +21,8 @@ from workbench.analysis import measured_window, phase_breakdown
 from workbench.cli.commands import _print_summary
 from workbench.store.files import read_json
 
+from .helpers import WARM
+
 # timing: its claims are durations measured on this host; they run alone (tests/README.md)
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
@@ -65,7 +67,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> dict:
         run_name="planted",
         collective_timeout_s=60,
     )
-    handle = launch(config)
+    handle = launch(config, WARM)
     assert handle.wait(timeout_s=180) == "completed"
     steps = handle.traces()
     return dict(

@@ -13,6 +13,8 @@ import pytest
 from workbench import RunConfig, launch
 from workbench.errors import ConfigError
 
+from .helpers import WARM
+
 # timing: its claims are durations measured on this host; they run alone (tests/README.md)
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
@@ -43,7 +45,7 @@ def _run(store, world_size: int):
         sweep="planted",
         run_name=f"planted-w{world_size}",
     )
-    handle = launch(config)
+    handle = launch(config, WARM)
     assert handle.wait(timeout_s=300) == "completed"
     steps = handle.traces()
     return steps[~steps["warmup"]]

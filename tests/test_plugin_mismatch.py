@@ -8,6 +8,7 @@ from workbench.errors import RunFailedError
 from workbench.run.launch import launch
 
 from .conftest import base_config
+from .helpers import WARM
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.slow
 def test_a_dataset_that_does_not_fit_the_model_is_named(store) -> None:
     # two_features gives 6 features per item; the built-in mlp takes 32.
     handle = launch(
-        base_config(store, run_name="width-mismatch", dataset="tests.plugins:two_features")
+        base_config(store, run_name="width-mismatch", dataset="tests.plugins:two_features"),
+        WARM,
     )
     with pytest.raises(RunFailedError) as err:
         handle.wait(timeout_s=120)
