@@ -17,7 +17,7 @@ from workbench.run.processes import alive
 from workbench.store.files import read_json
 
 from .conftest import base_config
-from .helpers import job_processes, wait_for
+from .helpers import WARM, job_processes, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -156,7 +156,8 @@ def test_time_limit_checkpoints_requeues_and_completes(slurm_cluster, store, ddp
     uninterrupted = launch(
         config.replace(
             run_name="timelimit-reference", model_options={"sleep_s": 0.0}, timeout_min=10
-        )
+        ),
+        WARM,
     )
     assert uninterrupted.wait(timeout_s=120) == "completed"
     assert [s["param_sha256"] for s in handle.result()] == [

@@ -21,6 +21,7 @@ from workbench.ui.monitor import RunMonitor
 
 from .conftest import base_config
 from .frames import make_evals, make_steps, scaling_sweep, write_run
+from .helpers import WARM
 
 
 @pytest.fixture
@@ -291,7 +292,7 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
 @pytest.mark.slow
 def test_run_monitor_and_launch_panel_on_a_real_run(tmp_path: Path) -> None:
     panel = LaunchPanel(
-        base_config(tmp_path, world_size=2, checkpoint_every_steps=0, trace_flush_s=0.1)
+        base_config(tmp_path, world_size=2, checkpoint_every_steps=0, trace_flush_s=0.1), WARM
     )
     panel.sweep.value = "live"
     handle = panel.launch()

@@ -18,14 +18,8 @@ it. Unlike the local back end the pool enforces no ``timeout_min``.
 from __future__ import annotations
 
 import atexit
-import os
 import pickle
-import queue
-import signal
-import socket
-import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -37,120 +31,12 @@ from typing import Any
 from workbench.config.run_config import RunConfig
 from workbench.errors import PreflightError, Problem
 from workbench.run.backends.base import Backend, JobWatch, RankStates
-from workbench.run.processes import POOL_PIDS_FILE, alive
+from workbench.run.backends.pool_template import SPAWNER, Template
+from workbench.run.processes import POOL_PIDS_FILE
 from workbench.store.files import write_json
 
-WORKER_MODULE = "workbench.rank.pool_worker"
 #: A worker older than its idle time less this is not handed a task (it may be about to leave).
 IDLE_MARGIN_S = 5.0
-
-
-class _Spawner:
-    """Starts every template, and asks for every fork, from one thread that lives as long as this
-    process: Linux sends a template its parent-death signal when the *thread* that started it
-    ends, so a template started from a short-lived thread would die with that thread."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[Any, Future[Any]]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, call: Any) -> Future[Any]:
-        """A future of ``call()``, run on the spawner's thread."""
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, daemon=True, name="pool-spawn")
-                self._thread.start()
-        done: Future[Any] = Future()
-        self._queue.put((call, done))
-        return done
-
-    def _loop(self) -> None:
-        while True:
-            call, done = self._queue.get()
-            try:
-                done.set_result(call())
-            except BaseException as exc:  # the caller sees it
-                done.set_exception(exc)
-
-
-_SPAWNER = _Spawner()
-
-
-class ForkedWorker:
-    """A worker forked by a pool's template: not this process's child, so whether it runs is read
-    from ``/proc`` (the template reaps it). The part of ``subprocess.Popen`` the pool uses."""
-
-    def __init__(self, pid: int, stdin: Any) -> None:
-        self.pid = pid
-        self.stdin = stdin
-        self.spawned_at = time.monotonic()
-
-    def poll(self) -> int | None:
-        """None while the worker runs, else 0 (its exit status is the template's to reap)."""
-        return None if alive(self.pid) else 0
-
-    def kill(self) -> None:
-        """SIGKILL the worker."""
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Return once the worker has ended; ``subprocess.TimeoutExpired`` after ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
-            time.sleep(0.01)
-        return 0
-
-
-class _Template:
-    """A pool's template process and the Unix socket on which it is asked for forks."""
-
-    def __init__(self, idle_s: float) -> None:
-        ours, theirs = socket.socketpair()
-        argv = [sys.executable, "-m", WORKER_MODULE, str(os.getpid()), repr(idle_s)]
-        argv.append(str(theirs.fileno()))
-        try:
-            self.process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                pass_fds=[theirs.fileno()],
-            )
-        finally:
-            theirs.close()
-        self._channel = ours
-
-    def fork(self) -> ForkedWorker:
-        """A new worker (waits for the template's imports the first time)."""
-        read_end, write_end = os.pipe()
-        try:
-            socket.send_fds(self._channel, [b"f"], [read_end])
-            answer = b""
-            while len(answer) < 4:
-                chunk = self._channel.recv(4 - len(answer))
-                if not chunk:
-                    raise RuntimeError(f"the pool's template (pid {self.process.pid}) ended")
-                answer += chunk
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        return ForkedWorker(struct.unpack("!i", answer)[0], os.fdopen(write_end, "wb"))
-
-    def close(self, timeout_s: float) -> None:
-        """Close the channel (the template exits, and its idle workers with it) and reap it."""
-        self._channel.close()
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def pool_problems(size: Any, idle_s: Any) -> list[Problem]:
@@ -176,7 +62,7 @@ class WarmPool:
         self._idle: list[Any] = []
         self._pending = 0
         self._lock = threading.Lock()
-        self._template = _SPAWNER.submit(lambda: _Template(self.idle_s)).result()
+        self._template = SPAWNER.submit(lambda: Template(self.idle_s)).result()
         self.refill()
 
     def __repr__(self) -> str:
@@ -216,7 +102,7 @@ class WarmPool:
             missing = self.size - len(self._idle) - self._pending
             self._pending += max(0, missing)
         for _ in range(missing):
-            _SPAWNER.submit(self._template.fork).add_done_callback(self._arrived)
+            SPAWNER.submit(self._template.fork).add_done_callback(self._arrived)
 
     def _arrived(self, done: Future[Any]) -> None:
         """A worker started for the pool: keep it, or end it when the pool closed meanwhile."""
@@ -239,7 +125,7 @@ class WarmPool:
         with self._lock:
             self._prune()
             taken, self._idle = self._idle[:n], self._idle[n:]
-        cold = [_SPAWNER.submit(self._template.fork) for _ in range(n - len(taken))]
+        cold = [SPAWNER.submit(self._template.fork) for _ in range(n - len(taken))]
         taken += [c.result() for c in cold]
         self.refill()
         return taken
