@@ -45,7 +45,8 @@ REGIMES = {
     "bandwidth-bound": {"gradient_kib": 8192, "forward_us": 20000, "backward_us": 40000},
 }
 FULL = {"fit": 400, "others": [200, 800], "nodes": [4, 8], "steps": 24}
-SMOKE = {"fit": 400, "others": [200], "nodes": [4], "steps": 10, "regimes": ["bandwidth-bound"]}
+#: A check of the harness: one regime at the fit rate, fitted on 1 and 2 nodes, one held-out size.
+SMOKE = {"fit": 400, "others": [], "nodes": [3], "steps": 10, "regimes": ["bandwidth-bound"]}
 
 
 def _cluster(emu: Path, *args: str) -> None:
@@ -154,7 +155,7 @@ def _throughput(runs: pd.DataFrame, dirs: list[Path]) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="one regime, 2 rates, 4 nodes")
+    parser.add_argument("--smoke", action="store_true", help="one regime at the fit rate, 3 nodes")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
