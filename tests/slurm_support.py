@@ -7,6 +7,12 @@ Set ``WORKBENCH_SLURM_AUTOSTART=0`` to only use an already running cluster. With
 tests are skipped with the reason (in CI, ``CI=true``, they fail instead). While it is active,
 ``SLURM_CONF`` is exported and ``tests/slurm/bin`` (a test-only ``sacct``, since the cluster has
 no accounting database) is first on ``PATH``.
+
+As soon as the cluster is up it is also given the time-limit job of
+``test_slurm_launch.py::test_time_limit_checkpoints_requeues_and_completes``: two minutes and more
+of ranks that mostly sleep, past their limit and requeued. A thread records its statuses as they
+change; the test judges them at the end. Its wait overlaps the tests in between instead of adding
+to them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import typing as tp
 from pathlib import Path
 
@@ -28,6 +36,71 @@ from .requirements import require
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "scripts" / "slurm" / "cluster.sh"
 SHIM_BIN = ROOT / "tests" / "slurm" / "bin"
+
+
+#: The statuses that end a run.
+ENDED = ("completed", "failed", "cancelled")
+
+
+class StatusLog:
+    """A run's statuses in the order they were seen, recorded by a thread that asks every half
+    second until the run ends or ``timeout_s`` passes."""
+
+    def __init__(self, handle: tp.Any, timeout_s: float) -> None:
+        self.handle = handle
+        self.seen = [handle.status()]
+        self._deadline = time.monotonic() + timeout_s
+        self._thread = threading.Thread(target=self._follow, daemon=True, name="status-log")
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while self.seen[-1] not in ENDED and time.monotonic() < self._deadline:
+            time.sleep(0.5)
+            try:
+                status = self.handle.status()
+            except Exception:  # noqa: BLE001  (a busy controller: ask again)
+                continue
+            if status != self.seen[-1]:
+                self.seen.append(status)
+
+    def wait(self) -> list[str]:
+        """The statuses seen, once the run ended (or the time ran out)."""
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 5)
+        return list(self.seen)
+
+
+#: The time-limit job's config and its status log, once the cluster gave it.
+TIME_LIMIT: dict[str, tp.Any] = {}
+
+
+def time_limit_config(store: Path) -> tp.Any:
+    """A 2-minute limit, warned 45 s before. Slurm may send the warning up to a minute early, so
+    it arrives 15 to 75 s in; the run (480 steps of 0.2 s sleep: 96 s) cannot finish first, so
+    the ranks stop together, checkpoint, requeue and resume (perhaps twice)."""
+    from .conftest import base_config
+
+    return base_config(
+        store,
+        world_size=2,
+        run_name="slurm-timelimit",
+        model="tests.plugins:sleepy_mlp",
+        dataset="tests.plugins:synthetic_like_mlp",
+        model_options={"sleep_s": 0.2},
+        epochs=60,
+        timeout_min=2,
+        signal_delay_s=45,
+        stop_check_every_steps=1,
+        checkpoint_every_steps=0,
+    )
+
+
+def _submit_time_limit_job(store: Path) -> None:
+    from workbench.run.launch import launch
+
+    config = time_limit_config(store)
+    partition = os.environ.get("WORKBENCH_SLURM_PARTITION", "debug")
+    handle = launch(config, executor="slurm", partition=partition, poll_s=2.0)
+    TIME_LIMIT.update(config=config, log=StatusLog(handle, timeout_s=420))
 
 
 def all_job_ids() -> list[str]:
@@ -89,7 +162,7 @@ def _script(
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> tp.Iterator[dict[str, str]]:
+def slurm_cluster(store: Path) -> tp.Iterator[dict[str, str]]:
     named = _cluster_dir()
     # A short folder of its own: the munge socket's path must fit a Unix socket name.
     cluster_dir = named or Path(tempfile.mkdtemp(prefix="wb-slurm-", dir="/tmp"))
@@ -133,8 +206,12 @@ def slurm_cluster() -> tp.Iterator[dict[str, str]]:
         mp.setenv(key, val)
     mp.setenv("PATH", f"{SHIM_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     try:
+        _submit_time_limit_job(store)
         yield env
     finally:
+        log = TIME_LIMIT.pop("log", None)
+        if log is not None and log.seen[-1] not in ENDED:
+            log.handle.cancel()  # the session ended before its test judged it
         mp.undo()
         if started_here:
             _script("stop", cluster_dir)
