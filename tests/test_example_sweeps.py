@@ -30,7 +30,9 @@ CPU_SWEEPS = [
 def swept(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
     """The example sweeps (they only check results, not speed), one process each, two at a time
     (a sweep runs its points one after another, so at most four ranks share the two cores); the
-    next starts as soon as one ends."""
+    next starts as soon as one ends. Each runs on the warm pool (``--executor pool``): its
+    points' ranks fork from one template, so the sweep imports torch once, not once a rank;
+    the specs' own executor (local) is the demo's, which ``test_cli.py`` runs as written."""
     out = tmp_path_factory.mktemp("examples")
     logs = tmp_path_factory.mktemp("sweep-logs")
     # The GPU-only sweep stops before launching anything: it goes first, beside a CPU one.
@@ -69,6 +71,8 @@ def _start_sweep(name: str, out: Path, log: Path) -> subprocess.Popen:
                 "--output-dir",
                 str(out),
                 "--no-progress",
+                "--executor",
+                "pool",
             ],
             cwd=ROOT,
             stdout=sink,

@@ -1,6 +1,7 @@
 """The pool executor with real processes: warm single-use workers that run a rank exactly like
 the local executor does (same results bit for bit), failures named by rank, cancel and
-re-attach after the parent dies, and no worker outliving its pool, its parent or its idle time."""
+re-attach after the parent dies, no worker outliving its pool, its parent or its idle time, and
+one template shared by the processes a sweep starts."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from workbench import RunFailedError, WarmPool, warm_pool
 from workbench.errors import PreflightError
+from workbench.run.backends.pool import SHARED_TEMPLATE_ENV, shared_template
 from workbench.run.handle import attach
 from workbench.run.launch import launch
 from workbench.run.processes import alive, command_line, pids_of_run
@@ -266,3 +268,44 @@ def test_an_idle_worker_exits_on_its_own_after_the_idle_time() -> None:
     assert not pool.closed and alive(pool.template_pid), "it left on its own"
     assert time.monotonic() - started >= idle_s, "it waited its idle time first"
     pool.close()
+
+
+# -- one template shared by a sweep's kernels
+
+KERNEL = """
+import json, sys
+from workbench import RunConfig, launch
+handle = launch(RunConfig.from_dict(json.loads(sys.argv[1])), executor="pool")
+print(handle.path, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_shared_template_forks_the_ranks_of_every_process_it_serves(store) -> None:
+    """Two processes (as two points' kernels) launch pool runs while one shared template serves
+    them: every rank is a fork of that template, none of a template of their own."""
+    ranks = {}
+    with shared_template() as path:
+        assert os.environ[SHARED_TEMPLATE_ENV] == path
+        for name in ("shared-a", "shared-b"):
+            config = base_config(store, world_size=2, run_name=name, **SLEEPY)
+            out = subprocess.run(
+                [sys.executable, "-c", KERNEL, json.dumps(config.to_dict())],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            handle = attach(Path(out.stdout.split()[-1]))
+            states = wait_for(lambda h=handle: _running(h), 120, f"both ranks of {name} running")
+            ranks[name] = (handle, [int(s["pid"]) for s in states.values()])
+        parents = {_parent(pid) for _, pids in ranks.values() for pid in pids}
+        assert len(parents) == 1, f"the ranks of both runs have one parent, not {parents}"
+        (template,) = parents
+        assert "workbench.rank.pool_worker" in command_line(template)
+        assert str(os.getpid()) in command_line(template), "the template this process started"
+        for handle, _ in ranks.values():
+            handle.cancel()
+    assert SHARED_TEMPLATE_ENV not in os.environ
+    wait_for(lambda: not alive(template), 30, "the shared template to end with its block")

@@ -146,6 +146,13 @@ def _add_sweep(sub: Any) -> None:
     )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     sweep.add_argument("--output-dir", help="root of the result store (default: the spec's)")
+    sweep.add_argument(
+        "--executor",
+        choices=list(BACKENDS),
+        help="run every point on this executor instead of the spec's, e.g. pool (warm workers: "
+        "no imports per rank) or local for a spec written for Slurm; the spec's "
+        "executor_options are dropped unless it names the same one (default: the spec's)",
+    )
     sweep.set_defaults(func=commands.sweep)
 
 

@@ -213,6 +213,8 @@ def sweep(args: argparse.Namespace) -> int:
         spec = SweepSpec.from_yaml(args.spec)
         if args.output_dir:
             spec = dataclasses.replace(spec, output_dir=args.output_dir)
+        if args.executor and args.executor != spec.executor:
+            spec = dataclasses.replace(spec, executor=args.executor, executor_options={})
         check_notebook(spec.notebook_path())
     except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -46,7 +46,8 @@ EXAMPLES: dict[str, str] = {
     "sweep": """\
   workbench sweep experiments/sweeps/quickstart.yaml
   workbench sweep experiments/sweeps/comm_hooks.yaml --dry-run
-  workbench sweep experiments/sweeps/comm_hooks.yaml --force --output-dir results2""",
+  workbench sweep experiments/sweeps/comm_hooks.yaml --force --output-dir results2
+  workbench sweep experiments/sweeps/quickstart.yaml --executor pool""",
     "repartition": """\
   workbench repartition train.parquet --make 100000          a synthetic dataset
   workbench repartition train.parquet --row-groups 8         shards evenly over 1, 2, 4, 8

@@ -124,8 +124,9 @@ def _worker(idle_s: float) -> int:
     return 0
 
 
-def _fork_worker(channel: socket.socket, stdin_fd: int, idle_s: float) -> int:
-    """Fork one worker whose stdin is ``stdin_fd``; the worker's pid in the template."""
+def _fork_worker(sockets: list[socket.socket], stdin_fd: int, idle_s: float) -> int:
+    """Fork one worker whose stdin is ``stdin_fd`` (closing the template's ``sockets`` in it);
+    the worker's pid in the template."""
     pid = os.fork()
     if pid:
         os.close(stdin_fd)
@@ -136,7 +137,8 @@ def _fork_worker(channel: socket.socket, stdin_fd: int, idle_s: float) -> int:
         # children (a script's subprocesses), so it needs the default back.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()  # Ctrl-C in the parent's terminal or kernel does not reach a rank
-        channel.close()
+        for sock in sockets:
+            sock.close()
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
         code = _worker(idle_s)
@@ -150,7 +152,9 @@ def _fork_worker(channel: socket.socket, stdin_fd: int, idle_s: float) -> int:
 
 def serve(parent_pid: int, idle_s: float, channel_fd: int) -> int:
     """The template: warm up, then fork a worker for each request on the channel (answered with
-    the worker's pid) until the pool closes it; 0 when it ended so."""
+    the worker's pid) until the pool closes it; 0 when it ended so. A listening channel (a
+    template shared by a sweep's kernels) takes requests from every process that connects, until
+    the template is ended."""
     _parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         return 0  # the parent ended before the signal was asked for
@@ -160,14 +164,26 @@ def serve(parent_pid: int, idle_s: float, channel_fd: int) -> int:
     _warm_up()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
     channel = socket.socket(fileno=channel_fd)
-    while True:
-        try:
-            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
-        except OSError:
-            return 0
-        if not fds:
-            return 0  # the pool closed the channel
-        channel.sendall(struct.pack("!i", _fork_worker(channel, fds[0], idle_s)))
+    listening = bool(channel.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    clients = [] if listening else [channel]
+    while listening or clients:
+        for sock in select.select([channel] * listening + clients, [], [])[0]:
+            if listening and sock is channel:
+                clients.append(channel.accept()[0])
+                continue
+            try:
+                _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+            except OSError:
+                fds = []
+            try:
+                if not fds:
+                    raise OSError("closed")  # this client closed its pool
+                pid = _fork_worker([channel, *clients], fds[0], idle_s)
+                sock.sendall(struct.pack("!i", pid))
+            except OSError:
+                clients.remove(sock)
+                sock.close()
+    return 0
 
 
 def main(argv: list[str]) -> int:

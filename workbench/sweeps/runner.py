@@ -10,6 +10,7 @@ runs the others again from an empty folder. Executing a notebook is
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -270,6 +271,16 @@ def write_summary(spec: SweepSpec) -> tuple[Path | None, Path | None]:
     return summary, report
 
 
+def _pool_for(spec: SweepSpec) -> contextlib.AbstractContextManager[Any]:
+    """On the pool executor, one template that every point's kernel forks its ranks from
+    (torch imported once a sweep, not once a rank); else nothing."""
+    if spec.executor != "pool" or spec.executor_options.get("pool") is not None:
+        return contextlib.nullcontext()
+    from workbench.run.backends.pool import shared_template
+
+    return shared_template()
+
+
 def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> SweepResult:
     """Run every point that is not complete (all of them with ``force``), one after another,
     each by executing the sweep notebook with papermill; then write the summary and report.
@@ -284,7 +295,10 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
     notebook = spec.notebook_path()
     check_notebook(notebook)
     outcomes: list[PointOutcome] = []
-    with tqdm(points, desc=f"sweep {spec.name}", unit="point", disable=not progress) as bar:
+    with (
+        _pool_for(spec),
+        tqdm(points, desc=f"sweep {spec.name}", unit="point", disable=not progress) as bar,
+    ):
         for point in bar:
             bar.set_postfix_str(point.run_id)
             if not force and point_state(point.path) == "complete":

@@ -18,8 +18,12 @@ it. Unlike the local back end the pool enforces no ``timeout_min``.
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
+import shutil
+import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -31,7 +35,7 @@ from typing import Any
 from workbench.config.run_config import RunConfig
 from workbench.errors import PreflightError, Problem
 from workbench.run.backends.base import Backend, JobWatch, RankStates
-from workbench.run.backends.pool_template import SPAWNER, Template
+from workbench.run.backends.pool_template import SPAWNER, ForkedWorker, Template, fork_over
 from workbench.run.processes import POOL_PIDS_FILE
 from workbench.store.files import write_json
 
@@ -170,12 +174,76 @@ def warm_pool(size: int = 2, idle_s: float = 600.0) -> Iterator[WarmPool]:
         pool.close()
 
 
-def current_pool(processes: int) -> WarmPool:
-    """The innermost open :func:`warm_pool`, else this process's own pool (made on first use
-    with ``processes`` workers, closed when the process exits)."""
+#: In the environment of the processes a :func:`shared_template` serves: its socket's path.
+SHARED_TEMPLATE_ENV = "WORKBENCH_POOL_TEMPLATE"
+
+
+@contextmanager
+def shared_template(idle_s: float = 600.0) -> Iterator[str]:
+    """One template for this process and every process it starts meanwhile (a sweep's notebook
+    kernels): their pool runs fork their ranks from it, so a sweep pays torch's imports once,
+    not once a rank and point. Yields the socket's path, which is also exported as
+    ``$WORKBENCH_POOL_TEMPLATE``; the template ends with the block."""
+    folder = tempfile.mkdtemp(prefix="wb-pool-")
+    path = os.path.join(folder, "template.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(path)
+        listener.listen()
+        template = SPAWNER.submit(lambda: Template(idle_s, listener)).result()
+    finally:
+        listener.close()
+    before = os.environ.get(SHARED_TEMPLATE_ENV)
+    os.environ[SHARED_TEMPLATE_ENV] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(SHARED_TEMPLATE_ENV, None)
+        else:
+            os.environ[SHARED_TEMPLATE_ENV] = before
+        template.close(timeout_s=10.0)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class SharedPool:
+    """The pool of a process that a :func:`shared_template` serves: each ``take`` forks its
+    workers there, when the run is launched; none waits idle in between."""
+
+    size = 0
+    closed = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._channel = socket.socket(socket.AF_UNIX)
+        self._channel.connect(path)
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> list[ForkedWorker]:
+        """``n`` new workers."""
+        with self._lock:
+            return [fork_over(self._channel, self.path) for _ in range(n)]
+
+    def pids(self) -> list[int]:
+        """No worker waits idle."""
+        return []
+
+
+_SHARED: dict[str, SharedPool] = {}
+
+
+def current_pool(processes: int) -> WarmPool | SharedPool:
+    """The innermost open :func:`warm_pool`, else the template shared with this process
+    (``$WORKBENCH_POOL_TEMPLATE``), else this process's own pool (made on first use with
+    ``processes`` workers, closed when the process exits)."""
     for pool in reversed(_OPEN):
         if not pool.closed:
             return pool
+    shared = os.environ.get(SHARED_TEMPLATE_ENV)
+    if shared and os.path.exists(shared):
+        if shared not in _SHARED:
+            _SHARED[shared] = SharedPool(shared)
+        return _SHARED[shared]
     if not _FALLBACK or _FALLBACK[0].closed:
         _FALLBACK[:] = [WarmPool(size=processes)]
         atexit.register(_FALLBACK[0].close)
@@ -208,7 +276,7 @@ class PoolJob:
 class PoolExecutor:
     """Hands one run's ranks to workers of ``pool``; its logs in ``folder``."""
 
-    def __init__(self, pool: WarmPool, config: RunConfig, folder: Path) -> None:
+    def __init__(self, pool: WarmPool | SharedPool, config: RunConfig, folder: Path) -> None:
         self.pool = pool
         self.config = config
         self.folder = folder

@@ -83,11 +83,32 @@ class ForkedWorker:
         return 0
 
 
-class Template:
-    """A pool's template process and the Unix socket on which it is asked for forks."""
+def fork_over(channel: socket.socket, template: str) -> ForkedWorker:
+    """A new worker forked by the template at the other end of ``channel`` (named ``template``
+    in the error when it has ended); waits for the template's imports the first time."""
+    read_end, write_end = os.pipe()
+    try:
+        socket.send_fds(channel, [b"f"], [read_end])
+        answer = b""
+        while len(answer) < 4:
+            chunk = channel.recv(4 - len(answer))
+            if not chunk:
+                raise RuntimeError(f"the pool's template ({template}) ended")
+            answer += chunk
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return ForkedWorker(struct.unpack("!i", answer)[0], os.fdopen(write_end, "wb"))
 
-    def __init__(self, idle_s: float) -> None:
-        ours, theirs = socket.socketpair()
+
+class Template:
+    """A pool's template process and the Unix socket on which it is asked for forks: a channel
+    of its own, or, given ``listener``, a listening socket any process may connect to."""
+
+    def __init__(self, idle_s: float, listener: socket.socket | None = None) -> None:
+        ours, theirs = (None, listener) if listener is not None else socket.socketpair()
         argv = [sys.executable, "-m", WORKER_MODULE, str(os.getpid()), repr(idle_s)]
         argv.append(str(theirs.fileno()))
         try:
@@ -98,30 +119,22 @@ class Template:
                 pass_fds=[theirs.fileno()],
             )
         finally:
-            theirs.close()
+            if ours is not None:
+                theirs.close()
         self._channel = ours
 
     def fork(self) -> ForkedWorker:
         """A new worker (waits for the template's imports the first time)."""
-        read_end, write_end = os.pipe()
-        try:
-            socket.send_fds(self._channel, [b"f"], [read_end])
-            answer = b""
-            while len(answer) < 4:
-                chunk = self._channel.recv(4 - len(answer))
-                if not chunk:
-                    raise RuntimeError(f"the pool's template (pid {self.process.pid}) ended")
-                answer += chunk
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        return ForkedWorker(struct.unpack("!i", answer)[0], os.fdopen(write_end, "wb"))
+        assert self._channel is not None, "a shared template forks for the processes that connect"
+        return fork_over(self._channel, f"pid {self.process.pid}")
 
     def close(self, timeout_s: float) -> None:
-        """Close the channel (the template exits, and its idle workers with it) and reap it."""
-        self._channel.close()
+        """Close the channel (the template exits, and its idle workers with it) and reap it; a
+        shared template is ended."""
+        if self._channel is None:
+            self.process.kill()
+        else:
+            self._channel.close()
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
