@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config.run_config import RunConfig
+from workbench.run.backends.pool import shared_template
 from workbench.run.launch import launch
 
 # Keep each rank to one thread: two ranks share this machine's two cores.
@@ -29,6 +30,15 @@ def jupyter_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pool_template() -> Iterator[str]:
+    """One pool template for the session: every pool run, in this process or in a kernel or a
+    CLI it starts (``$WORKBENCH_POOL_TEMPLATE``), forks its ranks from it, so the suite imports
+    torch for them once instead of once a rank (tests/helpers.py: ``WARM``)."""
+    with shared_template() as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from workbench.analysis.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.study import scaling_configs
 
+from .helpers import WARM
 from .parquet_rows import expected_rows
 from .test_sweep import SWEEP_PARAMETERS, write_notebook
 
@@ -108,8 +109,9 @@ def test_scaling_configs_keep_what_the_config_fixed() -> None:
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     store = tmp_path_factory.mktemp("cli-store")
     done = workbench(
-        "scale", "--world-sizes", "1,2", "--sweep", "cli", "--output-dir", str(store), *TINY
-    )
+        "scale", "--world-sizes", "1,2", "--sweep", "cli", "--output-dir", str(store),
+        "--executor", WARM, *TINY,
+    )  # fmt: skip
     return store, done
 
 
@@ -187,7 +189,7 @@ def test_report_of_a_sweep_and_of_a_run_folder(scaled, tmp_path: Path) -> None:
 def test_run_launches_one_run_and_prints_its_summary(tmp_path: Path) -> None:
     done = workbench(
         "run", "--world-size", "2", "--run-name", "one", "--sweep", "cli-run",
-        "--output-dir", str(tmp_path), *TINY,
+        "--output-dir", str(tmp_path), "--executor", WARM, *TINY,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     record = run_record(tmp_path, "cli-run", "one")
@@ -213,7 +215,7 @@ def test_on_off_flags_and_the_hidden_fault_flag_reach_the_run(tmp_path: Path) ->
     done = workbench(
         "run", "--world-size", "1", "--run-name", "flags", "--sweep", "cli-flags",
         "--output-dir", str(tmp_path), "--static-graph", "--no-eval-at-end",
-        "--fault", json.dumps(fault), "--no-progress", *TINY,
+        "--fault", json.dumps(fault), "--no-progress", "--executor", WARM, *TINY,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     config = run_record(tmp_path, "cli-flags", "flags")["config"]

@@ -16,6 +16,8 @@ import pytest
 
 from workbench.store.load import load_runs
 
+from .helpers import WARM
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 NAMES = (
@@ -146,6 +148,7 @@ def test_your_script_runs_an_example_at_two_world_sizes_and_states_its_finding(
         notebook_env,
         script=str(ROOT / "examples" / "scripts" / "ddp_amp.py"),
         script_args=["--steps", "12"],
+        executor=WARM,
     )
     assert_no_errors(book)
     runs = load_runs(notebook_env, ["your-script"])

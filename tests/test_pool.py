@@ -285,6 +285,7 @@ def test_a_shared_template_forks_the_ranks_of_every_process_it_serves(store) -> 
     """Two processes (as two points' kernels) launch pool runs while one shared template serves
     them: every rank is a fork of that template, none of a template of their own."""
     ranks = {}
+    outer = os.environ.get(SHARED_TEMPLATE_ENV)  # the session's (conftest.pool_template)
     with shared_template() as path:
         assert os.environ[SHARED_TEMPLATE_ENV] == path
         for name in ("shared-a", "shared-b"):
@@ -307,5 +308,5 @@ def test_a_shared_template_forks_the_ranks_of_every_process_it_serves(store) -> 
         assert str(os.getpid()) in command_line(template), "the template this process started"
         for handle, _ in ranks.values():
             handle.cancel()
-    assert SHARED_TEMPLATE_ENV not in os.environ
+    assert os.environ.get(SHARED_TEMPLATE_ENV) == outer, "the outer template is back"
     wait_for(lambda: not alive(template), 30, "the shared template to end with its block")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from nbformat.v4 import new_code_cell, new_notebook
 
-from tests.helpers import job_processes, stays
+from tests.helpers import WARM, job_processes, stays
 from workbench.cli import main
 from workbench.errors import ConfigError
 from workbench.sweeps.runner import (
@@ -536,6 +536,7 @@ def test_notebook_02_runs_its_grid_interactively_with_papermill(tmp_path: Path) 
             "world_sizes": [1, 2],
             "per_device_batch_sizes": [32],
             "max_steps": 6,
+            "executor": WARM,
             "output_dir": str(tmp_path / "store"),
             "sweep": "nb",
             "config": {k: v for k, v in SMALL.items() if k not in ("model", "max_steps")},

@@ -117,6 +117,7 @@ def _worker(idle_s: float) -> int:
 
     env = RankEnv.on_this_host(job["rank"], job["world_size"], job["master_port"], job["job_id"])
     try:
+        os.chdir(job["task"].cwd)  # the caller's, as a local rank inherits it
         job["task"].run(env)
     except BaseException:
         traceback.print_exc()  # the rank's own record holds it too

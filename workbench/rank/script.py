@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -139,14 +139,9 @@ def run_script_rank(
     run_id: str,
     attempt: int,
     cwd: str,
-    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run the script as rank ``env.rank`` and return its summary; ``device`` (the rank's, by
-    local rank) is the one whose memory the trace samples. ``environ``: the caller's
-    variables, for a rank whose process started before the launch (the warm pool); other
-    executors' ranks inherit them."""
-    if environ:
-        os.environ.update(environ)
+    local rank) is the one whose memory the trace samples."""
     error_file = str(run_dir / schema.LOGS_DIR / f"error-rank{env.rank:05d}.json")
     variables = torchrun_environment(
         env, config.nodes, attempt, run_id, config.threads_per_rank, error_file

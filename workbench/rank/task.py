@@ -40,8 +40,8 @@ class RankTask:
     attempt: int = 0
     #: A script run: the caller's working directory, where ``python train.py`` would run.
     cwd: str = "."
-    #: A script run on the warm pool: the caller's environment at launch (the workers started
-    #: before it); other executors' ranks inherit it.
+    #: A run on the warm pool: the caller's environment at launch (the workers started before
+    #: it, from a template that may serve other processes); other executors' ranks inherit it.
     environ: Mapping[str, str] | None = None
 
     def __call__(self) -> dict[str, Any]:
@@ -52,6 +52,8 @@ class RankTask:
         """Run this rank as ``env`` says who it is, recording its status (running, then
         completed, preempted or failed with the traceback) in its rank file; returns its
         summary."""
+        if self.environ:
+            os.environ.update(self.environ)
         stop = PreemptionSignal().install()
         # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -79,7 +81,6 @@ class RankTask:
                     self.run_id,
                     self.attempt,
                     self.cwd,
-                    self.environ,
                 )
             else:
                 summary = run_rank(

@@ -148,7 +148,7 @@ def _prepare(
         attempt=attempt,
         cwd=os.getcwd(),
         # Pool workers started before this launch: they get the caller's variables with the task.
-        environ=dict(os.environ) if config.is_script and executor == "pool" else None,
+        environ=dict(os.environ) if executor == "pool" else None,
     )
     return config, run_path, task
 

@@ -273,11 +273,13 @@ def write_summary(spec: SweepSpec) -> tuple[Path | None, Path | None]:
 
 def _pool_for(spec: SweepSpec) -> contextlib.AbstractContextManager[Any]:
     """On the pool executor, one template that every point's kernel forks its ranks from
-    (torch imported once a sweep, not once a rank); else nothing."""
-    if spec.executor != "pool" or spec.executor_options.get("pool") is not None:
-        return contextlib.nullcontext()
-    from workbench.run.backends.pool import shared_template
+    (torch imported once a sweep, not once a rank), unless one already serves this process;
+    else nothing."""
+    from workbench.run.backends.pool import SHARED_TEMPLATE_ENV, shared_template
 
+    served = os.environ.get(SHARED_TEMPLATE_ENV)
+    if spec.executor != "pool" or (served and os.path.exists(served)):
+        return contextlib.nullcontext()
     return shared_template()
 
 
