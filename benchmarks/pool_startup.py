@@ -10,6 +10,11 @@ each pool launch the pool's workers are waited for until each sits idle, blocked
 (``/proc/PID/wchan``): the figure is a warm start, which is what the pool is for. One untimed
 launch per executor first imports, in this process, what ``launch()`` itself imports.
 
+Then the CPU a worker costs: a fork of the pool's template (its user and system time from
+``/proc``, once it waits for its task) against a fresh interpreter that imports what a worker
+imports (what each worker cost before the template, and what every local rank still pays); and
+the template's own imports, paid once a pool.
+
 Usage: ``python benchmarks/pool_startup.py [--repeats 5] [--smoke] [--json out.json]``;
 ``--smoke`` (alias ``--quick``): one repeat at 1 rank, no untimed launches (a check of the
 harness: the first launches carry this process's imports).
@@ -18,7 +23,9 @@ harness: the first launches carry this process's imports).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -86,6 +93,36 @@ def measure(variant: str, job: dict[str, Any], pool: Any) -> dict[str, Any]:
     return run_launch("local", job)
 
 
+#: What a worker imports before its task (``workbench.rank.pool_worker._warm_up``).
+WORKER_IMPORTS = "import torch, torch._dynamo, torch.nn.parallel, workbench.rank.task"
+
+
+def _cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_cpu(workers: int) -> dict[str, float]:
+    """CPU seconds of a forked worker, of the template, and of a fresh interpreter's imports
+    (medians over ``workers``)."""
+    import resource
+
+    from workbench import WarmPool
+
+    with WarmPool(size=workers, idle_s=3600) as pool:
+        wait_warm(pool)
+        forked = statistics.median(_cpu_s(pid) for pid in pool.pids())
+        template = _cpu_s(pool.template_pid)
+    fresh = []
+    for _ in range(workers):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", WORKER_IMPORTS], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        fresh.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return {"forked_s": forked, "template_s": template, "fresh_s": statistics.median(fresh)}
+
+
 def table(rows: list[tuple[int, str, dict[str, Any]]]) -> str:
     """Medians per world size and launcher, and the pool's ratio to torchrun."""
     lines = [
@@ -138,7 +175,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         flush=True,
                     )
     print(table(rows))
-    result = {"job": base, "repeats": repeats, "rows": rows}
+    cpu = worker_cpu(1 if a.smoke else 4)
+    print(
+        f"cpu per worker: forked {cpu['forked_s']:.2f} s, fresh interpreter {cpu['fresh_s']:.2f} s"
+        f" (the template's imports, once a pool: {cpu['template_s']:.2f} s)"
+    )
+    result = {"job": base, "repeats": repeats, "rows": rows, "cpu": cpu}
     write_result(a.json, "pool_startup", result)
     return result
 
