@@ -16,7 +16,7 @@ from workbench.run.handle import attach
 from workbench.run.launch import launch
 
 from .conftest import base_config
-from .helpers import wait_for, wait_until_no_job_processes
+from .helpers import WARM, wait_for, wait_until_no_job_processes
 from .nonfinite_plugin import NAN_RANK, NAN_STEP
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,8 @@ def test_non_finite_loss_stops_with_step_and_rank(store) -> None:
             run_name="nan",
             model="tests.nonfinite_plugin:nan_on_one_rank",
             dataset="tests.plugins:synthetic_like_mlp",
-        )
+        ),
+        WARM,
     )
     err = _fails(handle)
     assert err.rank == NAN_RANK, err.exception
@@ -86,7 +87,8 @@ def test_unused_parameters_get_advice(store) -> None:
             run_name="unused",
             model="tests.plugins:with_unused_head",
             dataset="tests.plugins:synthetic_like_mlp",
-        )
+        ),
+        WARM,
     )
     err = _fails(handle)
     assert "unused_head.weight" in err.exception and "find_unused_parameters=True" in err.exception
@@ -112,8 +114,10 @@ def test_full_disk_is_refused_before_launch(
 
 
 def test_two_runs_writing_into_one_store_at_once(store) -> None:
-    a = launch(base_config(store, world_size=1, run_name="together-a", sweep="shared"))
-    b = launch(base_config(store, world_size=1, run_name="together-b", sweep="shared", seed=1))
+    a = launch(base_config(store, world_size=1, run_name="together-a", sweep="shared"), WARM)
+    b = launch(
+        base_config(store, world_size=1, run_name="together-b", sweep="shared", seed=1), WARM
+    )
     assert a.wait(timeout_s=120) == b.wait(timeout_s=120) == "completed"
     for handle in (a, b):
         steps = handle.traces()
