@@ -210,9 +210,6 @@ class SharedPool:
     """The pool of a process that a :func:`shared_template` serves: each ``take`` forks its
     workers there, when the run is launched; none waits idle in between."""
 
-    size = 0
-    closed = False
-
     def __init__(self, path: str) -> None:
         self.path = path
         self._channel = socket.socket(socket.AF_UNIX)
@@ -223,10 +220,6 @@ class SharedPool:
         """``n`` new workers."""
         with self._lock:
             return [fork_over(self._channel, self.path) for _ in range(n)]
-
-    def pids(self) -> list[int]:
-        """No worker waits idle."""
-        return []
 
 
 _SHARED: dict[str, SharedPool] = {}
