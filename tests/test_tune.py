@@ -19,10 +19,16 @@ from workbench import schema
 from workbench.analysis.finding import findings
 from workbench.analysis.network import NetworkModel
 from workbench.analysis.scaling_model import Base
-from workbench.analysis.tune_measure import paired_gain, step_throughput, t975, verdict
+from workbench.analysis.tune_measure import (
+    model_inputs,
+    paired_gain,
+    step_throughput,
+    t975,
+    verdict,
+)
 from workbench.analysis.tune_plan import (
+    NOISE,
     ModelInputs,
-    advice,
     candidates_for,
     diagnose,
     predicted_gain,
@@ -32,6 +38,7 @@ from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.tune import TuneError, tune
 from workbench.tune.render import report_text, sweep_yaml
+from workbench.tune.tuner import _predict
 
 # -- the interval of a measured gain
 
@@ -129,7 +136,7 @@ def test_a_script_run_lists_what_the_instrumentation_cannot_reach() -> None:
     ]
 
 
-def test_the_findings_advice_is_the_tunes_candidate_list() -> None:
+def test_the_findings_changes_are_the_tunes_candidates_in_the_tunes_order() -> None:
     runs = make_runs([{"run_id": "a", "world_size": 1}, {"run_id": "b", "world_size": 2}])
     steps = pd.concat(
         [
@@ -139,10 +146,21 @@ def test_the_findings_advice_is_the_tunes_candidate_list() -> None:
         ignore_index=True,
     )
     first = findings(runs, steps)[0]
-    said = advice("exposed_transfer", {"per_device_batch_size": 8})
-    assert first.endswith("so " + said)
-    for c in candidates_for("exposed_transfer", {"per_device_batch_size": 8}):
-        assert c.label in said
+    named = [first.lead.split("most promising: ")[1]] + first.more.split("; ")[:-1]
+    labels = [n.split(": predicted")[0] for n in named]
+    config = {"per_device_batch_size": 8}
+    # the tune's plan for the 2-rank run, measured in its order (highest prediction first,
+    # the hooks' predictions, which leave their compute out, after the others)
+    plan = candidates_for("exposed_transfer", config)
+    inputs = model_inputs(runs[runs["run_id"] == "b"], steps[steps["run_id"] == "b"], config)
+    rows, todo = _predict(plan, inputs, NOISE)
+    assert labels == [rows[i]["label"] for i in todo][: len(labels)]
+    assert labels == [
+        "per-device batch 8 -> 32",
+        "gradient accumulation 1 -> 2 (no_sync)",
+        "comm_hook powersgd",
+        "comm_hook fp16",
+    ]
 
 
 # -- predictions worked out by hand

@@ -14,17 +14,16 @@ from workbench.analysis.comm import communication
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.memory import memory_by_rank
+from workbench.analysis.ranked_advice import MORE, Change, ranked_changes
 from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps, is_stored
-from workbench.analysis.tune_plan import SAID, advice, verified
+from workbench.analysis.tune_measure import inputs_of
+from workbench.analysis.tune_plan import NOISE, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
 SAME = 0.05
-#: What to try, by the largest cause of lost efficiency: written from the candidate list that
-#: ``workbench tune`` tries (analysis.tune_plan), so the advice and the tune never disagree.
-ADVICE = {**SAID, "exposed_transfer": advice("exposed_transfer")}
 #: The straggler report's phases in words.
 PHASE_WORDS = {
     "data_s": "data loading",
@@ -59,7 +58,13 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
-def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, parts: pd.DataFrame) -> str:
+def _curve_sentence(
+    points: pd.DataFrame,
+    per_run: pd.DataFrame,
+    parts: pd.DataFrame,
+    steps: pd.DataFrame | StoredSteps,
+    runs: pd.DataFrame,
+) -> str:
     """One curve: its largest world size against its base, why, and what to try."""
     base = points.iloc[0]
     top = points.iloc[-1]
@@ -97,7 +102,27 @@ def _curve_sentence(points: pd.DataFrame, per_run: pd.DataFrame, parts: pd.DataF
     )
     if causes.empty:
         return text + "; the traces cannot say where the time went"
-    return text + _causes_text(causes, parts.loc[parts.index.isin(at_top)], per_run, n)
+    top_parts = parts.loc[parts.index.isin(at_top)]
+
+    def model(cause: str, share: float, config: Mapping[str, Any]) -> list[Change]:
+        inputs, interval = None, (float("nan"), float("nan"))
+        if cause == "exposed_transfer":  # the only cause with knobs to predict
+            spans = float(top_parts["samples_per_step"].mean()), float(top_parts["step_s"].mean())
+            inputs, interval = inputs_of(steps, runs, list(at_top), config, *spans)
+        return ranked_changes(cause, share, config, inputs, interval, _is_script(per_run))
+
+    return _causes_finding(text, causes, top_parts, per_run, n, model)
+
+
+def _labelled(label: str, sentence: str) -> str:
+    """``label: sentence``, a :class:`Finding` kept one."""
+    if not label:
+        return sentence
+    if isinstance(sentence, Finding):
+        return Finding(
+            f"{label}: {sentence.lead}", sentence.more, sentence.heading, sentence.losses
+        )
+    return f"{label}: {sentence}"
 
 
 def _time(value: float) -> str:
@@ -120,14 +145,39 @@ def _is_script(runs: pd.DataFrame) -> bool:
     return "model" in runs.columns and runs["model"].astype(str).str.startswith("script:").all()
 
 
-def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame, n: int) -> str:
-    """``; of the 48 % lost, as shares of the 2-rank step: compute grown 39 % (17.2 ms -> ...``
-    then the advice that follows the largest cause."""
-    loss = float(causes["loss"].iloc[0])
-    if loss <= SAME / 2:
-        return "; no efficiency lost to explain"
-    contention = _shared_cores(top, per_run)
-    told = []
+class Finding(str):
+    """One curve's finding: its text, a line each (the lead, the changes after the most
+    promising one, the loss table's heading and rows), and those parts for a page to lay
+    out: ``lead``, ``more`` (the next changes, ranked), ``heading`` and ``losses`` (rows of
+    cause, share, base -> top per step)."""
+
+    lead: str
+    more: str
+    heading: str
+    losses: list[tuple[str, str, str]]
+
+    def __new__(
+        cls,
+        lead: str,
+        more: str = "",
+        heading: str = "",
+        losses: Sequence[tuple[str, str, str]] = (),
+    ) -> Finding:
+        lines = [lead] + ([f"  next: {more}"] if more else [])
+        if losses:
+            width = max(len(cause) for cause, _, _ in losses)
+            lines.append(f"  {heading}")
+            lines += [f"    {c:<{width}}  {s:>6}  {d}".rstrip() for c, s, d in losses]
+        self = super().__new__(cls, "\n".join(lines))
+        self.lead, self.more, self.heading = lead, more, heading
+        self.losses = list(losses)
+        return self
+
+
+def _losses(causes: pd.DataFrame, contention: bool) -> list[tuple[str, str, str]]:
+    """The loss table's rows: each cause's words, its share of the step and its seconds per
+    step at the base and at N (shares under half a percent left out, except unexplained)."""
+    rows = []
     for row in causes.itertuples():
         if not math.isfinite(row.share) or (abs(row.share) < 0.005 and row.cause != "unexplained"):
             continue
@@ -136,23 +186,49 @@ def _causes_text(causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame,
             words = "compute grown (contention: the ranks share the host's CPU cores)"
         detail = ""
         if row.cause != "unexplained":
-            detail = f" ({_time(row.base_s)} -> {_time(row.top_s)} per step)"
+            detail = f"{_time(row.base_s)} -> {_time(row.top_s)} per step"
         share = 0.0 if abs(row.share) < 0.0005 else row.share
-        told.append(f"{words} {percent(share)}{detail}")
+        rows.append((words, percent(share), detail))
+    return rows
+
+
+def _causes_finding(
+    text: str, causes: pd.DataFrame, top: pd.DataFrame, per_run: pd.DataFrame, n: int, model: Any
+) -> Finding:
+    """The lead (``text``, then the largest cause and the most promising change with its
+    predicted gain), the next changes, ranked, and the loss table. ``model``: called with the
+    cause, its share and the top point's config, it returns the ranked changes."""
+    loss = float(causes["loss"].iloc[0])
+    if loss <= SAME / 2:
+        return Finding(text + "; no efficiency lost to explain")
+    contention = _shared_cores(top, per_run)
     named = causes[causes["cause"] != "unexplained"]
     largest = causes.loc[causes["share"].fillna(-math.inf).idxmax()]
     if named["share"].fillna(0).max() <= 0:
         largest = causes[causes["cause"] == "unexplained"].iloc[0]
     cause = str(largest["cause"])
+    words = CAUSE_WORDS[cause]
     if cause == "compute" and contention:
-        cause = "contention"
+        cause, words = "contention", "compute grown (contention)"
     mine = per_run[per_run["world_size"] == n]
     config = mine.iloc[0].to_dict() if len(mine) else {}
-    said = advice(cause, config, script=_is_script(per_run))
-    return (
-        f"; of the {percent(loss)} lost, as shares of the {n}-rank step: "
-        f"{', '.join(told)}. Largest: {CAUSE_WORDS[str(largest['cause'])]}, so {said}"
+    changes = model(cause, float(largest["share"]), config)
+    # the next changes worth a measurement: those tune would try (a gain over the noise)
+    worth = [c for c in changes[1:] if math.isfinite(c.gain) and c.gain >= NOISE]
+    first, rest = changes[0], worth[:MORE]
+    tuned = len(changes) > 1 or not first.bound and math.isfinite(first.gain)
+    how = "; workbench tune RUN measures them in this order" if tuned else ""
+    lead = (
+        f"{text}; largest cause: {words}, {percent(float(largest['share']))} of the {n}-rank "
+        f"step; most promising: {first.words()}"
     )
+    more = "; ".join(c.words() for c in rest)
+    if more:
+        more += how
+    else:
+        lead += how
+    heading = f"of the {percent(loss)} lost, as shares of the {n}-rank step:"
+    return Finding(lead, more, heading, _losses(causes, contention))
 
 
 def _straggler_lines(steps: pd.DataFrame | StoredSteps, found: pd.DataFrame | None) -> list[str]:
@@ -209,9 +285,9 @@ def findings(
     )
     for _, mine in per_run.groupby(curve_id, sort=True):
         points = points_table(mine, keys).sort_values("world_size")
-        sentence = _curve_sentence(points, mine, parts)
+        sentence = _curve_sentence(points, mine, parts, steps, runs)
         label = _label(mine.iloc[0], varying)
-        out.append(f"{label}: {sentence}" if label else sentence)
+        out.append(_labelled(label, sentence))
     out += [verified(t) for t in tunes]
     out += _straggler_lines(steps, found)
     memory = memory_by_rank(steps)

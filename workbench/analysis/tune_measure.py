@@ -13,7 +13,7 @@ pandas/numpy; no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,7 @@ import pandas as pd
 from workbench.analysis.comm import communication
 from workbench.analysis.losses import run_parts
 from workbench.analysis.model_base import (
-    backward_compute,
+    CurveRows,
     calibrated_overlap,
     exposed_at_base,
     sampled_medians,
@@ -30,8 +30,9 @@ from workbench.analysis.model_base import (
 from workbench.analysis.network import NetworkModel, link_class, network_fit
 from workbench.analysis.scaling import run_table
 from workbench.analysis.scaling_model import Base
+from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.tune_plan import NOISE, ModelInputs, diagnose, span_network
-from workbench.analysis.windows import measured_steps, measured_window
+from workbench.analysis.windows import measured_steps, measured_window, sampled_comm
 
 #: Student t's 97.5 % quantile by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
 T975 = {
@@ -115,36 +116,58 @@ def model_inputs(
     communication on its sampled steps, gradient bytes and buckets, the calibrated overlap,
     and the network its own allreduce benchmark measured (else the one its measured span
     implies). ``None`` without measured steps."""
-    cols = ["world_size", "step_s", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    m = measured_steps(steps, [c for c in [*cols, "backward_s", "backward_compute_s"]])
+    m = measured_steps(steps, ["world_size", "step_s"])
     if m.empty:
         return None
     window = measured_window(steps).iloc[0]
-    n = int(window["world_size"])
-    exposed, span, measured = sampled_medians(m)
+    spans = float(window["samples"] / window["steps"]), float(window["wall_step_s"])
+    return inputs_of(steps, runs, list(pd.unique(m["run_id"])), config, *spans)[0]
+
+
+def inputs_of(
+    steps: pd.DataFrame | StoredSteps,
+    runs: pd.DataFrame,
+    run_ids: Sequence[object],
+    config: Mapping[str, Any],
+    samples_per_step: float,
+    step_s: float,
+) -> tuple[ModelInputs, tuple[float, float]]:
+    """The scaling model's base for ``run_ids`` (repeats of one point, from a frame or the
+    engine) at their own world size, with their ``samples_per_step`` and wall ``step_s``; and
+    the exposed communication at the ends of the 95 % interval of its median over the sampled
+    steps (distribution-free: order statistics), ``(nan, nan)`` with fewer than 2 sampled
+    steps: what a predicted gain's interval is computed from."""
+    rows = CurveRows(steps, pd.Series(run_ids), pd.Series(run_ids))
+    sampled = rows.base_sampled
+    n = int(sampled["world_size"].max()) if len(sampled) else 1
+    if is_stored(steps):
+        p = steps.measured_per_rank
+        n = int(p.loc[p["run_id"].isin([str(r) for r in run_ids]), "world_size"].max())
+    exposed, span, measured = sampled_medians(sampled)
     overlap = calibrated_overlap(exposed, span, measured)
-    nbytes = float(np.median(m["comm_bytes"].fillna(0))) if "comm_bytes" in m.columns else 0.0
-    has = "comm_buckets" in m.columns and m["comm_buckets"].notna().any()
-    buckets = max(1, int(np.median(m["comm_buckets"].dropna()))) if has else 1
     exposed_b = exposed_at_base(exposed, span, measured, overlap) if n > 1 else 0.0
     exposed_b = exposed_b if math.isfinite(exposed_b) else 0.0
+    nbytes = rows.multi_median("comm_bytes") if n > 1 else float("nan")
+    nbytes = nbytes if math.isfinite(nbytes) else 0.0
+    buckets = rows.multi_median("comm_buckets") if n > 1 else float("nan")
     base = Base(
         world_size=n,
-        step_s=float(window["wall_step_s"]),
-        samples_per_step=float(window["samples"] / window["steps"]),
+        step_s=step_s,
+        samples_per_step=samples_per_step,
         exposed_comm_s=exposed_b,
         gradient_bytes=nbytes,
-        buckets=buckets,
-        backward_compute_s=backward_compute(m, exposed_b),
+        buckets=max(1, int(buckets)) if math.isfinite(buckets) else 1,
+        backward_compute_s=rows.base_backward_compute(exposed_b),
     )
+    mine = runs[runs["run_id"].isin(list(run_ids))] if "run_id" in runs.columns else runs
     link = link_class(config.get("nodes", 1))
-    fit = network_fit(None, steps, runs, link=link) if n > 1 else None
+    fit = network_fit(None, steps, mine, link=link) if n > 1 else None
     network: NetworkModel | None = fit.model if fit is not None else None
     if network is None:
         network = span_network(nbytes, n, span) or NetworkModel(
             name="none", bandwidth_bytes_per_s=1e30, latency_s=0.0
         )
-    return ModelInputs(
+    inputs = ModelInputs(
         base=base,
         network=network,
         overlap=overlap,
@@ -152,6 +175,23 @@ def model_inputs(
         per_device_batch_size=int(config.get("per_device_batch_size") or 1),
         gradient_accumulation_steps=int(config.get("gradient_accumulation_steps") or 1),
     )
+    return inputs, _exposed_interval(sampled, measured) if n > 1 else (0.0, 0.0)
+
+
+def _exposed_interval(sampled: pd.DataFrame, measured: bool) -> tuple[float, float]:
+    """The 95 % interval of the median exposed communication over sampled steps (each step's
+    smallest over ranks), from order statistics: ranks ``(k - 1.96 sqrt k) / 2`` and
+    ``1 + (k + 1.96 sqrt k) / 2`` of the ``k`` sorted values (clipped to the ends)."""
+    if not measured or sampled.empty:
+        return float("nan"), float("nan")
+    values = np.sort(sampled_comm(sampled)["comm_exposed_s"].dropna().to_numpy())
+    k = len(values)
+    if k < 2:
+        return float("nan"), float("nan")
+    half = 1.96 * math.sqrt(k)
+    low = max(math.floor((k - half) / 2), 1)
+    high = min(math.ceil(1 + (k + half) / 2), k)
+    return float(values[low - 1]), float(values[high - 1])
 
 
 def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:

@@ -5,13 +5,14 @@ and ``workbench tune`` read, so the two never disagree.
 ``wait``, ``data``, ``gaps``) when it takes at least :data:`DIAGNOSIS_SHARE` of the step, else
 ``compute``. :func:`candidates_for` lists the RunConfig changes that cause calls for, each
 marked when it changes the training's mathematics (batch, accumulation, compression), and for a
-script run whether the workbench's instrumentation reaches it. :func:`advice` is the finding's
-sentence, written from the same list. :func:`predicted_gain` feeds each change to the scaling
-model (:func:`workbench.analysis.scaling_model.model_curve`). Pure pandas/numpy; no torch.
+script run whether the workbench's instrumentation reaches it; :func:`prediction_order` ranks
+them for both. :func:`predicted_gain` feeds each change to the scaling model
+(:func:`workbench.analysis.scaling_model.model_curve`). Pure pandas/numpy; no torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,13 +43,28 @@ SCRIPT_REACHABLE = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", 
 class Candidate:
     """One change to try: ``change`` (RunConfig fields and values), ``label`` (words),
     ``changes_math`` (the training computes something else: the user decides), ``reachable``
-    (for a script run: whether the workbench can apply it without changing the script)."""
+    (for a script run: whether the workbench can apply it without changing the script),
+    ``partial`` (the cost its prediction leaves out; see :func:`prediction_order`)."""
 
     change: Mapping[str, Any]
     label: str
     changes_math: bool = False
     reachable: bool = True
     note: str = ""
+    partial: str = ""
+
+
+#: What a comm hook's prediction leaves out: the model knows the bytes a hook saves, not what
+#: compressing and decompressing the gradients costs (PowerSGD measured -57 % where +23 % was
+#: predicted: BENCHMARKS.md, "Tune: predicted against measured").
+HOOK_COST = "before the cost of compressing"
+
+
+def prediction_order(gain: float, partial: str = "") -> tuple[bool, float]:
+    """The sort key of a change, the order the finding names changes in and ``workbench tune``
+    tries them: predictions that cover the change's costs first, then those that leave one
+    out (``partial``), each by predicted gain, best first; no prediction last."""
+    return bool(partial), -gain if math.isfinite(gain) else math.inf
 
 
 #: What a cause with no RunConfig knob asks of the user (said, not tuned).
@@ -102,7 +118,8 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
         )
     if (_value(config, "comm_hook") or "allreduce") == "allreduce":
         for hook in ("fp16", "bf16", "powersgd"):
-            out.append(Candidate({"comm_hook": hook}, f"comm_hook {hook}", changes_math=True))
+            label = f"comm_hook {hook}"
+            out.append(Candidate({"comm_hook": hook}, label, changes_math=True, partial=HOOK_COST))
     if not _value(config, "gradient_as_bucket_view"):
         out.append(Candidate({"gradient_as_bucket_view": True}, "gradient_as_bucket_view"))
     if not _value(config, "static_graph"):
@@ -126,29 +143,10 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
         out = [
             c
             if c.change and all(k in SCRIPT_REACHABLE for k in c.change)
-            else Candidate(c.change, c.label, c.changes_math, False, c.note)
+            else dataclasses.replace(c, reachable=False)
             for c in out
         ]
     return out
-
-
-def advice(cause: str, config: Mapping[str, Any] | None = None, script: bool = False) -> str:
-    """The finding's advice for ``cause``, written from :func:`candidates_for`'s list: what
-    ``workbench tune`` will try, in the same order; the words of :data:`SAID` where no knob
-    reaches the cause."""
-    listed = candidates_for(cause, config or {}, script)
-    if not listed:
-        return SAID.get(cause, SAID["unexplained"])
-    how = "; workbench tune RUN predicts and measures each"
-    if not script:
-        return "communication-bound: try " + ", ".join(c.label for c in listed) + how
-    reach = [c.label for c in listed if c.reachable]
-    rest = [c.label for c in listed if not c.reachable]
-    text = "communication-bound: the workbench applies to the script's DDP, with no change to it, "
-    text += ", ".join(reach)
-    if rest:
-        text += "; in the script itself: " + ", ".join(rest)
-    return text + how
 
 
 def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:

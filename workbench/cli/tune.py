@@ -30,10 +30,10 @@ def add_tune(sub: Any) -> None:
         description="From a completed run: the changes its diagnosis calls for "
         "(communication-bound: bucket size, compression hooks, gradient_as_bucket_view, "
         "static_graph, a larger per-device batch, gradient accumulation), each predicted by "
-        "the scaling model, then run short on warm workers as interleaved pairs with the base "
-        "and measured with a 95 %% interval. Predictions below the noise are skipped and said "
-        "so; the tune stops at the budget. Exit status: 0 done, 1 a short run failed, 2 bad "
-        "input (nothing launched).",
+        "the scaling model, then, in the finding's order, run short on warm workers as "
+        "interleaved pairs with the base and measured with a 95 %% interval. Predictions "
+        "below the noise are skipped and said so; the tune stops at the budget. Exit status: "
+        "0 done, 1 a short run failed, 2 bad input (nothing launched).",
         epilog=examples("tune"),
         formatter_class=Formatter,
     )

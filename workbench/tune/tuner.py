@@ -35,6 +35,7 @@ from workbench.analysis.tune_plan import (
     ModelInputs,
     candidates_for,
     predicted_gain,
+    prediction_order,
 )
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError
@@ -153,7 +154,7 @@ def _row(c: Candidate, gain: float, note: str) -> dict[str, Any]:
         "verdict": "skipped",
         "why": "",
         "changes_math": c.changes_math,
-        "note": "; ".join(n for n in (c.note, note) if n),
+        "note": "; ".join(n for n in (c.note, note, c.partial and f"predicted {c.partial}") if n),
     }
 
 
@@ -295,11 +296,7 @@ def _predict(
             row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
         rows.append(row)
     todo = [i for i, r in enumerate(rows) if not r["why"]]
-    todo.sort(
-        key=lambda i: (
-            -(rows[i]["predicted_gain"] if math.isfinite(rows[i]["predicted_gain"]) else 0)
-        )
-    )
+    todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], plan[i].partial))
     return rows, todo
 
 

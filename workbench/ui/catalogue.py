@@ -199,8 +199,10 @@ class FigureSpec:
         return f"{self.title}, run {ctx.focus}" if self.one_run else self.title
 
     def figure(self, ctx: FigureContext) -> go.Figure:
-        """The figure from ``ctx`` with its definition in the subtitle (after its own notes)."""
-        return plots.subtitle(self.build(ctx), self.definition)
+        """The figure from ``ctx`` with its definition in the subtitle (after its own notes),
+        and in ``layout.meta`` for a page that folds it away (``plots.split_definition``)."""
+        fig = plots.subtitle(self.build(ctx), self.definition)
+        return fig.update_layout(meta={"definition": self.definition})
 
 
 def _predicted(c: FigureContext) -> go.Figure:

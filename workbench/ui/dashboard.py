@@ -36,7 +36,8 @@ from workbench.ui.catalogue import (
     figure_context,
     figure_spec,
 )
-from workbench.ui.plots import message_figure
+from workbench.ui.finding_html import definition_toggle, finding_items
+from workbench.ui.plots import message_figure, split_definition
 from workbench.ui.tables import scaling_table_html
 from workbench.ui.what_if import WhatIf
 
@@ -78,18 +79,20 @@ def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
 
 
 def lift_definition(fig: go.Figure) -> tuple[go.Figure, str]:
-    """``fig`` without its subtitle (the figure's definition, see ``ui.plots.style.subtitle``)
-    and that subtitle as HTML for a caption above it: in a FigureWidget the title is drawn over
-    its subtitle, and a caption wraps at the cell's width."""
+    """``fig`` without its subtitle, and above it as HTML: the subtitle's notes as a caption and
+    the figure's definition behind a toggle (in a FigureWidget the title is drawn over its
+    subtitle, and a caption wraps at the cell's width)."""
+    fig, definition = split_definition(fig)
     text = fig.layout.title.subtitle.text
-    if not text:
-        return fig, ""
-    lines = text.count("<br>") + 1
-    above = 24 if fig.layout.annotations else 0
-    fig.update_layout(title_subtitle_text=None, margin_t=50 + above)
-    if fig.layout.height:
-        fig.update_layout(height=fig.layout.height - 14 * lines)
-    return fig, f'<div style="{DEFINITION_STYLE}">{text.replace("<br>", " ")}</div>'
+    caption = ""
+    if text:
+        lines = text.count("<br>") + 1
+        above = 24 if fig.layout.annotations else 0
+        fig.update_layout(title_subtitle_text=None, margin_t=50 + above)
+        if fig.layout.height:
+            fig.update_layout(height=fig.layout.height - 14 * lines)
+        caption = f'<div style="{DEFINITION_STYLE}">{text.replace("<br>", " ")}</div>'
+    return fig, caption + definition_toggle(definition)
 
 
 def _column(grow: str) -> widgets.Layout:
@@ -102,8 +105,7 @@ def finding_html(said: list[str]) -> str:
     """The study's finding (:func:`workbench.analysis.finding.findings`) as the report words it."""
     if not said:
         return ""
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in said)
-    return f'<div style="{FINDING_BOX}"><b>Finding</b><ul>{items}</ul></div>'
+    return f'<div style="{FINDING_BOX}"><b>Finding</b><ul>{finding_items(said)}</ul></div>'
 
 
 def baseline_html(notes: list[str]) -> str:

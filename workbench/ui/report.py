@@ -36,7 +36,9 @@ from workbench.ui.catalogue import (
     figure_context,
     focus_run,
 )
+from workbench.ui.finding_html import definition_toggle, finding_items
 from workbench.ui.glossary import glossary_html
+from workbench.ui.plots import split_definition
 from workbench.ui.report_stages import ReportProgress, Stages
 from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
@@ -192,16 +194,6 @@ def _toc_html(figs: list[tuple[str, go.Figure]], parts: list[str]) -> str:
     return f'<nav class="toc">{text}</nav>'
 
 
-def _tone(line: str) -> str:
-    """The colour of a finding's line: green for a speedup, red for a slowdown or a
-    communication-bound curve, orange for a straggler or an incomplete run; none otherwise."""
-    if "slower than" in line or "communication-bound" in line:
-        return "bad"
-    if "straggler" in line or "incomplete" in line:
-        return "warn"
-    return "good" if "faster than" in line else ""
-
-
 def _finding_html(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -216,8 +208,7 @@ def _finding_html(
     said += unmeasured_lines(runs)
     if not said:
         return ""
-    items = "".join(f'<li class="{_tone(line)}">{html.escape(line)}</li>' for line in said)
-    return f'<section class="finding"><h2>Finding</h2><ul>{items}</ul></section>'
+    return f'<section class="finding"><h2>Finding</h2><ul>{finding_items(said)}</ul></section>'
 
 
 def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> list[str]:
@@ -228,6 +219,7 @@ def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> lis
     first: bool | str = True if plotly_js == "inline" else "directory"
     parts = []
     for i, (heading, fig) in enumerate(figs):
+        fig, definition = split_definition(fig)
         height = "460px"
         if i == 0 and heading == LEAD_FIGURE:  # shorter, to share the first screen
             fig.update_layout(height=max(LEAD_HEIGHT, (fig.layout.height or 0) - 130))
@@ -241,8 +233,8 @@ def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> lis
             div_id=f"fig-{i}",
         )
         parts.append(
-            f'<section class="figure" id="figure-{i}"><h2>{html.escape(heading)}</h2>{div}'
-            "</section>"
+            f'<section class="figure" id="figure-{i}"><h2>{html.escape(heading)}</h2>'
+            f"{definition_toggle(definition)}{div}</section>"
         )
     return parts
 

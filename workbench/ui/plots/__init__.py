@@ -26,10 +26,17 @@ from workbench.ui.plots.scaling import (
     tradeoff_figure,
 )
 from workbench.ui.plots.spread import rank_spread_figure
-from workbench.ui.plots.style import GIB, group_labels, message_figure, subtitle
+from workbench.ui.plots.style import (
+    GIB,
+    group_labels,
+    message_figure,
+    split_definition,
+    subtitle,
+)
 from workbench.ui.plots.timing import PHASE_NAMES, phase_breakdown_figure, step_time_heatmap
 
 __all__ = [
+    "split_definition",
     "GIB",
     "PHASE_NAMES",
     "epoch_time_figure",

@@ -137,6 +137,26 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
     return fig
 
 
+def split_definition(fig: go.Figure) -> tuple[go.Figure, str]:
+    """``fig`` without its definition (``layout.meta["definition"]``, which :func:`subtitle`
+    wrapped last into the subtitle) and that definition, for a page that folds it behind a
+    toggle; the margin and height shrink by its lines. ``(fig, "")`` when it has none."""
+    meta = fig.layout.meta
+    definition = meta.get("definition", "") if isinstance(meta, dict) else ""
+    text = fig.layout.title.subtitle.text or ""
+    part = wrap(definition)
+    if not definition or not text.endswith(part):
+        return fig, ""
+    rest = text[: -len(part)].removesuffix("<br>")
+    lines = part.count("<br>") + 1
+    fig.update_layout(
+        title_subtitle_text=rest or None,
+        margin_t=max(fig.layout.margin.t - 14 * lines, 50),
+        height=fig.layout.height - 14 * lines if fig.layout.height else None,
+    )
+    return fig, definition
+
+
 def note_shortened(fig: go.Figure) -> go.Figure:
     """Say in the subtitle when a legend name was shortened (the hover has it in full)."""
     if any("…" in str(t.name or "") for t in fig.data):

@@ -1,0 +1,104 @@
+"""What to change first: the changes a curve's largest cause calls for, ranked by the gain the
+scaling model predicts for each, best first (:func:`~workbench.analysis.tune_plan.prediction_order`:
+the order ``workbench tune`` tries them in).
+
+A cause with knobs (communication: :func:`~workbench.analysis.tune_plan.candidates_for`) gets
+each change's predicted gain (:func:`~workbench.analysis.tune_plan.predicted_gain`, the model
+fed by the point's own measurements) and its interval: the gain predicted at the two ends of the
+95 % interval of the point's median exposed communication over its sampled steps. A cause no
+knob reaches gets the finding's words for it (:data:`~workbench.analysis.tune_plan.SAID`) and
+a bound, not a prediction: the gain if that cause went back to its ideal, ``share / (1 -
+share)`` of the step. Pure pandas; no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.analysis.tune_plan import (
+    SAID,
+    ModelInputs,
+    candidates_for,
+    predicted_gain,
+    prediction_order,
+)
+
+#: The changes the finding names besides the most promising one.
+MORE = 3
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change and what it is expected to gain (ratio minus 1): ``gain`` predicted by the
+    model with its interval ``low`` to ``high`` (NaN: none), or, where ``bound``, the most it
+    can gain. ``in_script``: a script's own setting, which the workbench cannot apply.
+    ``partial``: the cost the prediction leaves out."""
+
+    label: str
+    gain: float = float("nan")
+    low: float = float("nan")
+    high: float = float("nan")
+    bound: bool = False
+    in_script: bool = False
+    partial: str = ""
+
+    def words(self) -> str:
+        """``per-device batch 32 -> 128: predicted +21 % (+15 % to +27 %)``."""
+        label = self.label + (" (in the script)" if self.in_script else "")
+        if not math.isfinite(self.gain):
+            return label
+        if self.bound:
+            return f"{label}: up to {_pct(self.gain)}"
+        spread = ""
+        if math.isfinite(self.low) and math.isfinite(self.high):
+            spread = f" ({_pct(self.low)} to {_pct(self.high)})"
+        partial = f" {self.partial}" if self.partial else ""
+        return f"{label}: predicted {_pct(self.gain)}{spread}{partial}"
+
+
+def _pct(value: float) -> str:
+    """A gain in percent with its sign: ``+21 %``, ``-3 %``, ``+0 %``."""
+    rounded = round(value * 100)
+    return f"{'+' if rounded >= 0 else '-'}{abs(rounded)} %"
+
+
+def _with_exposed(inputs: ModelInputs, exposed_s: float) -> ModelInputs:
+    base = dataclasses.replace(inputs.base, exposed_comm_s=exposed_s)
+    return dataclasses.replace(inputs, base=base)
+
+
+def ranked_changes(
+    cause: str,
+    share: float,
+    config: Mapping[str, Any],
+    inputs: ModelInputs | None,
+    exposed_interval: tuple[float, float] = (float("nan"), float("nan")),
+    script: bool = False,
+) -> list[Change]:
+    """The changes ``cause`` (taking ``share`` of the step) calls for, best first (changes
+    without a prediction last, in the candidate list's order); see the module docstring.
+    ``inputs``: the model's view of the point (``None``: no prediction); ``config``: its
+    RunConfig fields."""
+    listed = candidates_for(cause, config, script)
+    if not listed:
+        words = SAID.get(cause, SAID["unexplained"])
+        known = cause != "unexplained" and math.isfinite(share) and 0 < share < 1
+        return [Change(words, share / (1 - share), bound=True) if known else Change(words)]
+    out = []
+    for c in listed:
+        if not c.change or inputs is None:
+            out.append(Change(c.label, in_script=not c.reachable, partial=c.partial))
+            continue
+        gain = predicted_gain(c.change, inputs)[0]
+        ends = [
+            predicted_gain(c.change, _with_exposed(inputs, e))[0]
+            for e in exposed_interval
+            if math.isfinite(e)
+        ]
+        low, high = (min(ends), max(ends)) if len(ends) == 2 else (float("nan"),) * 2
+        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial))
+    return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))
