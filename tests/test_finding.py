@@ -47,7 +47,8 @@ def test_a_curve_that_scales() -> None:
     assert said[0] == (
         "4 ranks: 2.50x the throughput of 1 rank (62 % of ideal), faster than 1 rank "
         "(20/s against 8/s); largest cause: exposed allreduce transfer, 19 % of the 4-rank "
-        "step; most promising: per-device batch 8 -> 32: predicted +16 %\n"
+        "step; most promising: per-device batch 8 -> 32: predicted +16 % if all of its compute "
+        "grows 4x\n"
         "  next: gradient accumulation 1 -> 2 (no_sync): predicted +10 %; comm_hook powersgd: "
         "predicted +20 % before the cost of compressing; comm_hook fp16: predicted +10 % before "
         "the cost of compressing; workbench tune RUN measures them in this order\n"
@@ -77,7 +78,7 @@ def test_a_communication_bound_curve_says_what_to_try() -> None:
     assert first.lead == (
         "2 ranks: 1.00x the throughput of 1 rank (50 % of ideal), no faster than 1 rank "
         "(8/s against 8/s); largest cause: exposed allreduce transfer, 50 % of the 2-rank step; "
-        "most promising: per-device batch 8 -> 32: predicted +82 %"
+        "most promising: per-device batch 8 -> 32: predicted +82 % if all of its compute grows 4x"
     ), first
     assert "comm_hook fp16: predicted +43 % before the cost of compressing" in first.more
     assert first.losses == [
@@ -178,7 +179,8 @@ def test_a_scripts_advice_is_in_the_scripts_own_terms() -> None:
     )
     first = findings(runs, steps)[0]
     assert first.lead.endswith(
-        "most promising: per-device batch 8 -> 32 (in the script): predicted +82 %"
+        "most promising: per-device batch 8 -> 32 (in the script): predicted +82 % if all of "
+        "its compute grows 4x"
     )
     assert first.more.startswith(
         "gradient accumulation 1 -> 2 (no_sync) (in the script): predicted +43 %; comm_hook "

@@ -36,7 +36,7 @@ class Change:
     """One change and what it is expected to gain (ratio minus 1): ``gain`` predicted by the
     model with its interval ``low`` to ``high`` (NaN: none), or, where ``bound``, the most it
     can gain. ``in_script``: a script's own setting, which the workbench cannot apply.
-    ``partial``: the cost the prediction leaves out."""
+    ``partial``: the cost the prediction leaves out; ``assumes``: what it assumes."""
 
     label: str
     gain: float = float("nan")
@@ -45,6 +45,7 @@ class Change:
     bound: bool = False
     in_script: bool = False
     partial: str = ""
+    assumes: str = ""
 
     def words(self) -> str:
         """``per-device batch 32 -> 128: predicted +21 % (+15 % to +27 %)``."""
@@ -56,8 +57,8 @@ class Change:
         spread = ""
         if math.isfinite(self.low) and math.isfinite(self.high):
             spread = f" ({_pct(self.low)} to {_pct(self.high)})"
-        partial = f" {self.partial}" if self.partial else ""
-        return f"{label}: predicted {_pct(self.gain)}{spread}{partial}"
+        said = "".join(f" {text}" for text in (self.partial, self.assumes) if text)
+        return f"{label}: predicted {_pct(self.gain)}{spread}{said}"
 
 
 def _pct(value: float) -> str:
@@ -100,5 +101,5 @@ def ranked_changes(
             if math.isfinite(e)
         ]
         low, high = (min(ends), max(ends)) if len(ends) == 2 else (float("nan"),) * 2
-        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial))
+        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, c.assumes))
     return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))

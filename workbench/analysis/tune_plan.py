@@ -44,7 +44,8 @@ class Candidate:
     """One change to try: ``change`` (RunConfig fields and values), ``label`` (words),
     ``changes_math`` (the training computes something else: the user decides), ``reachable``
     (for a script run: whether the workbench can apply it without changing the script),
-    ``partial`` (the cost its prediction leaves out; see :func:`prediction_order`)."""
+    ``partial`` (the cost its prediction leaves out; see :func:`prediction_order`),
+    ``assumes`` (what its prediction assumes, said beside it)."""
 
     change: Mapping[str, Any]
     label: str
@@ -52,6 +53,7 @@ class Candidate:
     reachable: bool = True
     note: str = ""
     partial: str = ""
+    assumes: str = ""
 
 
 #: What a comm hook's prediction leaves out: the model knows the bytes a hook saves, not what
@@ -130,7 +132,10 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
         label = f"per-device batch {int(batch)} -> {int(batch) * BATCH_FACTOR}"
     else:
         change, label = {}, f"a per-device batch {BATCH_FACTOR}x as large"
-    out.append(Candidate(change, label, changes_math=True, note="memory permitting"))
+    # the model has one compute time per step: it cannot tell the per-step cost from the
+    # per-sample one, so it scales all of it (an underestimate where a step is mostly overhead)
+    assumes = f"if all of its compute grows {BATCH_FACTOR}x"
+    out.append(Candidate(change, label, True, note="memory permitting", assumes=assumes))
     accumulation = int(_value(config, "gradient_accumulation_steps") or 1)
     out.append(
         Candidate(

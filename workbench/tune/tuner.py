@@ -154,7 +154,9 @@ def _row(c: Candidate, gain: float, note: str) -> dict[str, Any]:
         "verdict": "skipped",
         "why": "",
         "changes_math": c.changes_math,
-        "note": "; ".join(n for n in (c.note, note, c.partial and f"predicted {c.partial}") if n),
+        "note": "; ".join(
+            n for n in (c.note, note, c.partial and f"predicted {c.partial}", c.assumes) if n
+        ),
     }
 
 
