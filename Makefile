@@ -29,13 +29,12 @@ system-deps:
 demo: setup
 	$(VENV)/bin/workbench sweep experiments/sweeps/quickstart.yaml
 
-# Two phases (scripts/test.sh): all but the timing tests on two workers, then the timing tests alone.
 test: setup system-deps
-	PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
-# The suite with each phase's 30 slowest tests listed at its end (tests/README.md keeps them).
+# The suite with its 30 slowest tests listed at the end (tests/README.md keeps that list).
 test-profile: setup system-deps
-	PY=$(PY) bash scripts/test.sh --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

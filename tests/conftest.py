@@ -103,12 +103,7 @@ def ddp1(store: Path):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """GPU tests run wherever a CUDA device is visible, and are skipped with the reason
-    elsewhere (a skip is never counted as verification). Under pytest-xdist (``make test``'s
-    first phase) each module runs whole on one worker, so its module fixtures launch once, and
-    every test that needs the Slurm cluster runs on one worker, so it is started once."""
-    for item in items:
-        slurm = "slurm" in item.keywords or "slurm_cluster" in item.fixturenames
-        item.add_marker(pytest.mark.xdist_group("slurm" if slurm else item.nodeid.split("::")[0]))
+    elsewhere (a skip is never counted as verification)."""
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if not gpu_tests:
         return
