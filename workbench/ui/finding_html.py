@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from workbench.analysis.finding import Finding
 
 #: The loss table's look, inline so that it holds in a notebook's output as in the report.
-TABLE = "border-collapse: collapse; margin: 0.2rem 0 0.3rem 0.6rem; font-size: 0.9em;"
-CELL = "padding: 0.05rem 0.6rem 0.05rem 0; text-align: {};"
+TABLE = "border-collapse: collapse; margin: 0 0 0.2rem 0.6rem; line-height: 1.25;"
+CELL = "padding: 0 0.6rem 0 0; text-align: {};"
+#: The lines under a curve's lead: smaller, so the lead reads first.
+UNDER = "font-size: 0.88em; color: #333;"
 DEFINITION = "color: #555; font-size: 0.85em; line-height: 1.35; margin: 0.2rem 0;"
 
 
@@ -38,7 +40,7 @@ def _losses_html(finding: Finding) -> str:
         for cause, share, detail in finding.losses
     )
     return (
-        f'<div class="losses">{html.escape(finding.heading)}'
+        f'<div class="losses" style="{UNDER}">{html.escape(finding.heading)}'
         f'<table style="{TABLE}">{rows}</table></div>'
     )
 
@@ -50,7 +52,8 @@ def finding_items(said: Sequence[str]) -> str:
         if not isinstance(line, Finding):
             items.append(f'<li class="{tone(line)}">{html.escape(line)}</li>')
             continue
-        more = f'<div class="next">next: {html.escape(line.more)}</div>' if line.more else ""
+        more = html.escape(line.more)
+        more = f'<div class="next" style="{UNDER}">next: {more}</div>' if more else ""
         losses = _losses_html(line) if line.losses else ""
         items.append(f'<li class="{tone(line)}">{html.escape(line.lead)}{more}{losses}</li>')
     return "".join(items)
