@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import html
+import math
 
 import pandas as pd
 
 from workbench.analysis.comm import communication
 from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.ranked_advice import median_interval
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 from workbench.ui.catalogue import CATALOGUE
 from workbench.ui.dashboard import finding_html
@@ -155,6 +157,14 @@ def test_the_report_and_the_dashboard_show_the_same_words(tmp_path) -> None:
     speedup = definition_of("speedup")
     assert f"<summary>What this figure shows</summary>{html.escape(speedup)}</details>" in page
     assert wrap(speedup) not in page  # no longer in any subtitle
+
+
+def test_the_interval_of_a_median_is_read_from_order_statistics() -> None:
+    # k = 20: ranks (20 - 1.96 x 4.47) / 2 = 5.6 -> 5 and 1 + (20 + 8.77) / 2 = 15.4 -> 16
+    assert median_interval([float(v) for v in range(20, 0, -1)]) == (5.0, 16.0)
+    # k = 7: 0.9 -> 1 (clipped) and 7.1 -> 7 (clipped): the whole range
+    assert median_interval([3.0, 1.0, 2.0, 7.0, 5.0, 4.0, 6.0]) == (1.0, 7.0)
+    assert all(math.isnan(v) for v in median_interval([1.0]))
 
 
 def definition_of(key: str) -> str:

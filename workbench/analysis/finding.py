@@ -105,11 +105,11 @@ def _curve_sentence(
     top_parts = parts.loc[parts.index.isin(at_top)]
 
     def model(cause: str, share: float, config: Mapping[str, Any]) -> list[Change]:
-        inputs, interval = None, (float("nan"), float("nan"))
+        inputs, sampled = None, []
         if cause == "exposed_transfer":  # the only cause with knobs to predict
             spans = float(top_parts["samples_per_step"].mean()), float(top_parts["step_s"].mean())
-            inputs, interval = inputs_of(steps, runs, list(at_top), config, *spans)
-        return ranked_changes(cause, share, config, inputs, interval, _is_script(per_run))
+            inputs, sampled = inputs_of(steps, runs, list(at_top), config, *spans)
+        return ranked_changes(cause, share, config, inputs, sampled, _is_script(per_run))
 
     return _causes_finding(text, causes, top_parts, per_run, n, model)
 

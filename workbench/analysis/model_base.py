@@ -63,7 +63,7 @@ class CurveRows:
     engine: the multi-rank runs' (``multi``) and the base repeats' (``base_sampled``)."""
 
     COLUMNS = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    COLUMNS += ["backward_s", "backward_compute_s"]
+    COLUMNS += ["backward_s", "backward_compute_s", "step_s"]
 
     def __init__(
         self, steps: pd.DataFrame | StoredSteps, curve_runs: pd.Series, base_runs: pd.Series

@@ -4,8 +4,9 @@ the order ``workbench tune`` tries them in).
 
 A cause with knobs (communication: :func:`~workbench.analysis.tune_plan.candidates_for`) gets
 each change's predicted gain (:func:`~workbench.analysis.tune_plan.predicted_gain`, the model
-fed by the point's own measurements) and its interval: the gain predicted at the two ends of the
-95 % interval of the point's median exposed communication over its sampled steps. A cause no
+fed by the point's own measurements) and its interval: the gain predicted from each sampled step
+on its own (its wall step and exposed communication), and the 95 % interval of their median
+(order statistics, no distribution assumed; none under 2 sampled steps). A cause no
 knob reaches gets the finding's words for it (:data:`~workbench.analysis.tune_plan.SAID`) and
 a bound, not a prediction: the gain if that cause went back to its ideal, ``share / (1 -
 share)`` of the step. Pure pandas; no torch.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,24 @@ def _pct(value: float) -> str:
     return f"{'+' if rounded >= 0 else '-'}{abs(rounded)} %"
 
 
-def _with_exposed(inputs: ModelInputs, exposed_s: float) -> ModelInputs:
-    base = dataclasses.replace(inputs.base, exposed_comm_s=exposed_s)
+def _at_step(inputs: ModelInputs, step_s: float, exposed_s: float) -> ModelInputs:
+    """``inputs`` with one sampled step's wall step and exposed communication."""
+    base = dataclasses.replace(inputs.base, step_s=step_s, exposed_comm_s=exposed_s)
     return dataclasses.replace(inputs, base=base)
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """The 95 % interval of the median of ``values``, from order statistics: the values of
+    ranks ``(k - 1.96 sqrt k) / 2`` and ``1 + (k + 1.96 sqrt k) / 2`` of the ``k`` sorted ones,
+    clipped to the ends; ``(nan, nan)`` under 2 values."""
+    ordered = sorted(values)
+    k = len(ordered)
+    if k < 2:
+        return float("nan"), float("nan")
+    half = 1.96 * math.sqrt(k)
+    low = max(math.floor((k - half) / 2), 1)
+    high = min(math.ceil(1 + (k + half) / 2), k)
+    return ordered[low - 1], ordered[high - 1]
 
 
 def ranked_changes(
@@ -77,13 +93,13 @@ def ranked_changes(
     share: float,
     config: Mapping[str, Any],
     inputs: ModelInputs | None,
-    exposed_interval: tuple[float, float] = (float("nan"), float("nan")),
+    sampled: Sequence[tuple[float, float]] = (),
     script: bool = False,
 ) -> list[Change]:
     """The changes ``cause`` (taking ``share`` of the step) calls for, best first (changes
     without a prediction last, in the candidate list's order); see the module docstring.
     ``inputs``: the model's view of the point (``None``: no prediction); ``config``: its
-    RunConfig fields."""
+    RunConfig fields; ``sampled``: its sampled steps' (wall step, exposed communication)."""
     listed = candidates_for(cause, config, script)
     if not listed:
         words = SAID.get(cause, SAID["unexplained"])
@@ -95,11 +111,7 @@ def ranked_changes(
             out.append(Change(c.label, in_script=not c.reachable, partial=c.partial))
             continue
         gain = predicted_gain(c.change, inputs)[0]
-        ends = [
-            predicted_gain(c.change, _with_exposed(inputs, e))[0]
-            for e in exposed_interval
-            if math.isfinite(e)
-        ]
-        low, high = (min(ends), max(ends)) if len(ends) == 2 else (float("nan"),) * 2
+        each = [predicted_gain(c.change, _at_step(inputs, t, e))[0] for t, e in sampled]
+        low, high = median_interval([g for g in each if math.isfinite(g)])
         out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, c.assumes))
     return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))

@@ -32,7 +32,7 @@ from workbench.analysis.scaling import run_table
 from workbench.analysis.scaling_model import Base
 from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.tune_plan import NOISE, ModelInputs, diagnose, span_network
-from workbench.analysis.windows import measured_steps, measured_window, sampled_comm
+from workbench.analysis.windows import measured_steps, measured_window
 
 #: Student t's 97.5 % quantile by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
 T975 = {
@@ -131,12 +131,11 @@ def inputs_of(
     config: Mapping[str, Any],
     samples_per_step: float,
     step_s: float,
-) -> tuple[ModelInputs, tuple[float, float]]:
+) -> tuple[ModelInputs, list[tuple[float, float]]]:
     """The scaling model's base for ``run_ids`` (repeats of one point, from a frame or the
     engine) at their own world size, with their ``samples_per_step`` and wall ``step_s``; and
-    the exposed communication at the ends of the 95 % interval of its median over the sampled
-    steps (distribution-free: order statistics), ``(nan, nan)`` with fewer than 2 sampled
-    steps: what a predicted gain's interval is computed from."""
+    each sampled step's wall step and exposed communication (:func:`_sampled_steps`; none
+    without an exposed timer): what a predicted gain's interval is computed from."""
     rows = CurveRows(steps, pd.Series(run_ids), pd.Series(run_ids))
     sampled = rows.base_sampled
     n = int(sampled["world_size"].max()) if len(sampled) else 1
@@ -175,23 +174,27 @@ def inputs_of(
         per_device_batch_size=int(config.get("per_device_batch_size") or 1),
         gradient_accumulation_steps=int(config.get("gradient_accumulation_steps") or 1),
     )
-    return inputs, _exposed_interval(sampled, measured) if n > 1 else (0.0, 0.0)
+    return inputs, _sampled_steps(sampled, measured, step_s) if n > 1 else []
 
 
-def _exposed_interval(sampled: pd.DataFrame, measured: bool) -> tuple[float, float]:
-    """The 95 % interval of the median exposed communication over sampled steps (each step's
-    smallest over ranks), from order statistics: ranks ``(k - 1.96 sqrt k) / 2`` and
-    ``1 + (k + 1.96 sqrt k) / 2`` of the ``k`` sorted values (clipped to the ends)."""
-    if not measured or sampled.empty:
-        return float("nan"), float("nan")
-    values = np.sort(sampled_comm(sampled)["comm_exposed_s"].dropna().to_numpy())
-    k = len(values)
-    if k < 2:
-        return float("nan"), float("nan")
-    half = 1.96 * math.sqrt(k)
-    low = max(math.floor((k - half) / 2), 1)
-    high = min(math.ceil(1 + (k + half) / 2), k)
-    return float(values[low - 1]), float(values[high - 1])
+def _sampled_steps(
+    sampled: pd.DataFrame, measured: bool, step_s: float
+) -> list[tuple[float, float]]:
+    """Each sampled step's ``(wall step, exposed communication)``: its exposed the smallest
+    over ranks (as :func:`sampled_medians` takes it), its traced step the largest, moved by the
+    window's gaps so that their median is the window's ``step_s``."""
+    if not measured or sampled.empty or "step_s" not in sampled.columns:
+        return []
+    s = sampled if "attempt" in sampled.columns else sampled.assign(attempt=0)
+    s = s[s["comm_s"].notna()]
+    per_step = s.groupby(["run_id", "attempt", "step"], sort=True).agg(
+        step_s=("step_s", "max"), exposed=("comm_exposed_s", "min")
+    )
+    per_step = per_step.dropna()
+    if per_step.empty:
+        return []
+    gaps = step_s - float(per_step["step_s"].median())
+    return [(float(t + gaps), float(e)) for t, e in per_step.itertuples(index=False)]
 
 
 def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:
