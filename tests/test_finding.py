@@ -159,6 +159,42 @@ def test_the_report_and_the_dashboard_show_the_same_words(tmp_path) -> None:
     assert wrap(speedup) not in page  # no longer in any subtitle
 
 
+def test_a_larger_batch_is_predicted_from_the_compute_fitted_on_two_batches() -> None:
+    """Per-device batches 8 and 16 at 1 and 2 ranks: compute (forward, backward less the 1 s
+    of exposed allreduce, optimizer) 0.9 s a step at 8 and 1.4 s at 16, so 0.4 s a step and
+    62.5 ms a sample. The 2-rank point at 8 (step 2 s, all of its 1.2 s allreduce counted
+    exposed: 0.8 s of compute) with 4x the batch: 0.4 / 0.9 of its compute stays, the rest
+    grows 4x, 0.8 x 2.67 + 1.2 = 3.33 s for 4x the samples: 4 x 2 / 3.33 = 2.40 (+140 %, where
+    all of it growing would give +82 %). At 16: 0.4 / 1.4 stays, 1.3 x 3.14 + 1.2 = 5.29 s,
+    4 x 2.5 / 5.29 = 1.89 (+89 %)."""
+    runs = make_runs(
+        [
+            {"run_id": "a8", "world_size": 1},
+            {"run_id": "b8", "world_size": 2},
+            {"run_id": "a16", "world_size": 1, "per_device_batch_size": 16},
+            {"run_id": "b16", "world_size": 2, "per_device_batch_size": 16},
+        ]
+    )
+    steps = pd.concat(
+        [
+            make_steps("a8", world_size=1, step_s=1.0, backward_s=0.6),
+            make_steps("b8", world_size=2, step_s=2.0, comm_s=1.2, backward_s=1.6),
+            make_steps("a16", world_size=1, step_s=1.5, forward_s=0.3, backward_s=1.0, samples=16),
+            make_steps(
+                "b16", world_size=2, step_s=2.5, forward_s=0.3, backward_s=2.0, samples=16
+            ).assign(comm_s=1.2),
+        ],
+        ignore_index=True,
+    )
+    eight, sixteen = findings(runs, steps)[:2]
+    fitted = "with 400 ms of its compute a step and 62.5 ms a sample (fitted on per-device "
+    fitted += "batches 8 and 16 at 2 ranks)"
+    assert eight.lead.endswith(
+        f"most promising: per-device batch 8 -> 32: predicted +140 % {fitted}"
+    )
+    assert sixteen.lead.endswith(f"per-device batch 16 -> 64: predicted +89 % {fitted}")
+
+
 def test_the_interval_of_a_median_is_read_from_order_statistics() -> None:
     # k = 20: ranks (20 - 1.96 x 4.47) / 2 = 5.6 -> 5 and 1 + (20 + 8.77) / 2 = 15.4 -> 16
     assert median_interval([float(v) for v in range(20, 0, -1)]) == (5.0, 16.0)

@@ -4,12 +4,15 @@ shows: how the largest world size compares with the smallest, what grew with it,
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.batch_cost import batch_cost
 from workbench.analysis.comm import communication
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.losses import CAUSE_WORDS, efficiency_loss, run_parts
@@ -64,8 +67,11 @@ def _curve_sentence(
     parts: pd.DataFrame,
     steps: pd.DataFrame | StoredSteps,
     runs: pd.DataFrame,
+    every_run: pd.DataFrame,
+    keys: Sequence[str],
 ) -> str:
-    """One curve: its largest world size against its base, why, and what to try."""
+    """One curve (``per_run``: its runs; ``every_run``: the study's, which a larger batch's
+    prediction is fitted on): its largest world size against its base, why, and what to try."""
     base = points.iloc[0]
     top = points.iloc[-1]
     n0, n = int(base["world_size"]), int(top["world_size"])
@@ -103,15 +109,38 @@ def _curve_sentence(
     if causes.empty:
         return text + "; the traces cannot say where the time went"
     top_parts = parts.loc[parts.index.isin(at_top)]
-
-    def model(cause: str, share: float, config: Mapping[str, Any]) -> list[Change]:
-        inputs, sampled = None, []
-        if cause == "exposed_transfer":  # the only cause with knobs to predict
-            spans = float(top_parts["samples_per_step"].mean()), float(top_parts["step_s"].mean())
-            inputs, sampled = inputs_of(steps, runs, list(at_top), config, *spans)
-        return ranked_changes(cause, share, config, inputs, sampled, _is_script(per_run))
-
+    model = functools.partial(
+        _changes, steps=steps, runs=runs, study=(every_run, parts, keys), top=list(at_top)
+    )
     return _causes_finding(text, causes, top_parts, per_run, n, model)
+
+
+def _changes(
+    cause: str,
+    share: float,
+    config: Mapping[str, Any],
+    *,
+    steps: pd.DataFrame | StoredSteps,
+    runs: pd.DataFrame,
+    study: tuple[pd.DataFrame, pd.DataFrame, Sequence[str]],
+    top: list[Any],
+) -> list[Change]:
+    """The changes ``cause`` calls for at the point of runs ``top``, ranked: predicted from the
+    point's measurements (and a larger batch from the compute fitted on the ``study``'s runs:
+    its run table, parts and curve keys) where the cause has knobs."""
+    every_run, parts, keys = study
+    inputs, sampled = None, []
+    if cause == "exposed_transfer":  # the only cause with knobs to predict
+        mine = parts.loc[parts.index.isin(top)]
+        spans = float(mine["samples_per_step"].mean()), float(mine["step_s"].mean())
+        inputs, sampled = inputs_of(steps, runs, top, config, *spans)
+        cost = batch_cost(every_run, parts, top, keys)
+        if cost is not None:
+            samples = inputs.per_device_batch_size * inputs.gradient_accumulation_steps
+            fixed = cost.per_step_share(samples)
+            inputs = dataclasses.replace(inputs, per_step_share=fixed, batch_split=cost.words())
+    script = _is_script(every_run[every_run["run_id"].isin(top)])
+    return ranked_changes(cause, share, config, inputs, sampled, script)
 
 
 def _labelled(label: str, sentence: str) -> str:
@@ -285,7 +314,7 @@ def findings(
     )
     for _, mine in per_run.groupby(curve_id, sort=True):
         points = points_table(mine, keys).sort_values("world_size")
-        sentence = _curve_sentence(points, mine, parts, steps, runs)
+        sentence = _curve_sentence(points, mine, parts, steps, runs, per_run, keys)
         label = _label(mine.iloc[0], varying)
         out.append(_labelled(label, sentence))
     out += [verified(t) for t in tunes]

@@ -113,5 +113,7 @@ def ranked_changes(
         gain = predicted_gain(c.change, inputs)[0]
         each = [predicted_gain(c.change, _at_step(inputs, t, e))[0] for t, e in sampled]
         low, high = median_interval([g for g in each if math.isfinite(g)])
-        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, c.assumes))
+        measured = inputs.batch_split if "per_device_batch_size" in c.change else ""
+        assumes = measured or c.assumes
+        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, assumes))
     return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))

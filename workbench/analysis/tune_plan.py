@@ -201,6 +201,10 @@ class ModelInputs:
     bucket_cap_mb: float = 25.0
     per_device_batch_size: int = 1
     gradient_accumulation_steps: int = 1
+    #: The share of the compute that does not grow with the batch (0: all of it grows, the
+    #: assumption where nothing measured it), and how it was measured (words; "" assumed).
+    per_step_share: float = 0.0
+    batch_split: str = ""
 
 
 def span_network(nbytes: float, world_size: int, span_s: float) -> NetworkModel | None:
@@ -222,7 +226,9 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
     predicted by the model (so its error on the base cancels), and what it assumed: fp16 and
     bf16 halve the gradient bytes, PowerSGD sends :data:`POWERSGD_BYTES` of them (the hooks'
     own compute is not modelled); ``bucket_cap_mb`` scales the bucket count (the latency term);
-    a batch or accumulation k times as large does k times the compute per allreduce;
+    accumulating k times the micro-steps does k times the compute per allreduce; a batch k
+    times as large, ``per_step_share + (1 - per_step_share) x k`` times (k times where nothing
+    measured the share);
     ``gradient_as_bucket_view`` and ``static_graph`` are not in the model (0). NaN when the
     base has no modelled compute."""
     b = inputs.base
@@ -247,21 +253,25 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
         notes.append(
             f"{b.buckets} -> {buckets} bucket(s), latency {inputs.network.latency_s:.2g} s each"
         )
+    samples = 1.0  # samples per step, as a multiple of the base's
     if "per_device_batch_size" in change and change["per_device_batch_size"]:
-        work = float(change["per_device_batch_size"]) / float(inputs.per_device_batch_size)
+        samples = float(change["per_device_batch_size"]) / float(inputs.per_device_batch_size)
+        # the per-step part of the compute stays; the rest grows with the samples
+        work = inputs.per_step_share + (1 - inputs.per_step_share) * samples
     if "gradient_accumulation_steps" in change:
-        work = float(change["gradient_accumulation_steps"]) / float(
+        samples = float(change["gradient_accumulation_steps"]) / float(
             inputs.gradient_accumulation_steps
         )
+        work = samples  # every micro-step is a whole forward and backward
     if work != 1.0:
-        notes.append(f"{work:g}x the compute per allreduce")
+        notes.append(f"{work:.3g}x the compute per allreduce for {samples:g}x the samples")
     if {"gradient_as_bucket_view", "static_graph"} & set(change):
         notes.append("not in the model (no term): 0")
     compute = b.step_s - b.exposed_comm_s
     after = Base(
         world_size=b.world_size,
         step_s=compute * work + b.exposed_comm_s,
-        samples_per_step=b.samples_per_step * work,
+        samples_per_step=b.samples_per_step * samples,
         exposed_comm_s=b.exposed_comm_s,
         gradient_bytes=nbytes,
         buckets=buckets,

@@ -1,0 +1,79 @@
+"""What of a step's compute grows with the batch: ``compute = per_step + per_sample x samples``
+(samples a rank computes a step: its per-device batch times the accumulation micro-steps),
+fitted by least squares on the runs of a study that differ from a point only in their batch, at
+its world size (the same sharing of the cores). Without two batch sizes there is no fit, and a
+prediction assumes all of the compute grows with the batch. Pure pandas; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.units import seconds
+
+#: Columns that say the batch, or follow from it: left out when matching runs to a point.
+BATCH_COLUMNS = ("per_device_batch_size", "global_batch_size", "fixed_batch_size", "scaling")
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """A point's compute per step: ``per_step_s`` plus ``per_sample_s`` a sample, fitted on
+    ``batches`` (per-device) at ``world_size``."""
+
+    per_step_s: float
+    per_sample_s: float
+    batches: tuple[int, ...]
+    world_size: int
+
+    def per_step_share(self, samples: float) -> float:
+        """The share of the compute at ``samples`` a rank that does not grow with the batch."""
+        total = self.per_step_s + self.per_sample_s * samples
+        return min(max(self.per_step_s / total, 0.0), 1.0) if total > 0 else 0.0
+
+    def words(self) -> str:
+        """``with 400 ms of its compute a step and 62.5 ms a sample (fitted on ...)``."""
+        batches = ", ".join(str(b) for b in self.batches[:-1]) + f" and {self.batches[-1]}"
+        ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
+        return (
+            f"with {seconds(self.per_step_s)} of its compute a step and "
+            f"{seconds(self.per_sample_s)} a sample (fitted on per-device batches {batches} "
+            f"at {ranks})"
+        )
+
+
+def batch_cost(
+    per_run: pd.DataFrame, parts: pd.DataFrame, top_runs: Sequence[object], keys: Sequence[str]
+) -> BatchCost | None:
+    """The fit for the point of ``top_runs`` (see the module docstring), from ``per_run`` (a
+    run table: its curve ``keys``, ``world_size``, ``per_device_batch_size``) and ``parts``
+    (:func:`~workbench.analysis.losses.run_parts`: ``compute`` seconds a step). ``None``
+    without two per-device batches, or when the compute does not grow with the batch."""
+    if "per_device_batch_size" not in per_run.columns:
+        return None
+    runs = per_run.drop_duplicates("run_id").set_index("run_id")
+    top = runs.loc[[r for r in top_runs if r in runs.index]]
+    if top.empty:
+        return None
+    point = top.iloc[0]
+    same = runs["world_size"] == point["world_size"]
+    for key in keys:
+        if key in runs.columns and key not in BATCH_COLUMNS:
+            same &= runs[key].map(str) == str(point[key])
+    mine = runs[same]
+    accumulation = mine.get("gradient_accumulation_steps", pd.Series(1, index=mine.index))
+    samples = pd.to_numeric(mine["per_device_batch_size"], errors="coerce") * accumulation
+    compute = parts["compute"].reindex(mine.index)
+    ok = samples.notna() & compute.notna() & np.isfinite(compute)
+    samples, compute = samples[ok].astype("float64"), compute[ok].astype("float64")
+    if samples.nunique() < 2:
+        return None
+    slope, intercept = np.polyfit(samples.to_numpy(), compute.to_numpy(), 1)
+    if not (math.isfinite(slope) and slope > 0):
+        return None
+    batches = tuple(sorted({int(b) for b in mine.loc[ok[ok].index, "per_device_batch_size"]}))
+    return BatchCost(max(float(intercept), 0.0), float(slope), batches, int(point["world_size"]))
