@@ -1,5 +1,7 @@
-"""The finding of a study in plain words, one sentence per scaling curve, from the tables the report
-shows: how the largest world size compares with the smallest, what grew with it, and what to try.
+"""The finding of a study in plain words, from the tables the report shows. Per scaling curve, a
+:class:`Finding`: one line (how the largest world size compares with the smallest, the largest
+cause of the lost efficiency, the most promising change with its predicted gain), the next
+changes ranked (:mod:`workbench.analysis.ranked_advice`), and the loss table.
 """
 
 from __future__ import annotations
@@ -288,7 +290,7 @@ def findings(
     comm: pd.DataFrame | None = None,
     tunes: Sequence[Mapping[str, Any]] = (),
 ) -> list[str]:
-    """The study's finding, one plain sentence per scaling curve (``label: sentence`` when there
+    """The study's finding, a :class:`Finding` per scaling curve (``label: ...`` when there
     are several), then what each of ``tunes`` (``workbench tune``'s records of these runs)
     verified, the stragglers and the peak memory. Empty without measured steps.
     ``found``: the stragglers when the caller has them (:func:`stragglers` of ``steps``, or
