@@ -253,9 +253,12 @@ def test_the_scaling_table_shows_achieved_tflops_and_why_no_mfu(flops_run, tmp_p
     assert len(table) == 1
     flops = read_json(flops_run.path / "run.json")["flops"]
     measured = steps[~steps["warmup"]]
-    # independent of the analysis: FLOPs per step over the mean step time; the table's rate is
-    # over the window's wall time, which also holds the gaps between steps: a little lower
-    bare = flops["flops_per_step"] / measured["step_s"].mean() / 1e12
+    # independent of the analysis: FLOPs per step over the median step time; the table's rate
+    # is over the window's wall time, which also holds the gaps between steps: a little lower.
+    # The median, not the mean: a forked pool worker's first steps after the configured
+    # warm-up can be slow (copy-on-write), the analysis's detected warm-up leaves them out,
+    # and a mean over them put the table's rate 26 % above this one in a quiet CI run.
+    bare = flops["flops_per_step"] / measured["step_s"].median() / 1e12
     achieved = table["tflops_per_device"].iloc[0]
     assert 0.3 * bare < achieved <= 1.01 * bare, (achieved, bare)
     assert math.isnan(table["mfu"].iloc[0])
