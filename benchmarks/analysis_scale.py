@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_store import SWEEP, planted, write_sweep  # noqa: E402
+
+from workbench.store.run_digest import DIGEST_DIR, digest_bytes  # noqa: E402
 
 #: The step columns no query of the analysis reads (the rest are read by the report's passes).
 UNREAD = ("local_rank", "epoch", "tokens", "lr", "mem_alloc_bytes")
@@ -99,17 +102,51 @@ largest = ", ".join(f"max({{c}})" for c in columns)
 row = con.execute(f"SELECT count(*), {{largest}} FROM steps").fetchone()
 out["rows"] = row[0]
 """,
-    "workbench report": """
+    "report, digests built": """
 from workbench.ui.report import report_from_store
 html = report_from_store(root / {sweep!r}, root / "report.html")
 out["html_mb"] = html.stat().st_size / 1e6
 out["straggler_named"] = {expect!r} in html.read_text()
+out["from_digests"] = "read from their digests" in html.read_text()
+""",
+    "report, digests present": """
+from workbench.ui.report import report_from_store
+html = report_from_store(root / {sweep!r}, root / "report.html")
+out["html_mb"] = html.stat().st_size / 1e6
+out["straggler_named"] = {expect!r} in html.read_text()
+out["from_digests"] = "read from their digests" in html.read_text()
+""",
+    "report, from the rows": """
+from workbench.analysis.slow_ranks import stragglers_in_store
+from workbench.analysis.stored import StoredSteps
+from workbench.store.load import load_runs, load_traces
+from workbench.ui.report import write_report
+runs = load_runs(root, [{sweep!r}])
+evals = load_traces(dirs, "eval")
+with StoredSteps(dirs, evals) as steps:
+    found = stragglers_in_store(dirs, stored=steps)
+    html = write_report(runs, steps, evals, root / "rows.html", found=found)
+out["html_mb"] = html.stat().st_size / 1e6
+out["straggler_named"] = {expect!r} in html.read_text()
+""",
+    "dashboard, first screen": """
+from workbench.ui.dashboard import Dashboard
+board = Dashboard(output_dir=root)
+fig, table = board.build()
+out["figure_traces"] = len(fig.data)
+out["runs_in_table"] = 0 if table is None else len(table)
+out["straggler_named"] = {expect!r} in board.finding.value
 """,
 }
+#: The stages that read the runs' digests: the first removes them, so the report builds them.
+DIGEST_STAGES = ["report, digests built", "report, digests present", "dashboard, first screen"]
 
 
 def stage(name: str, root: Path, expect: str = "") -> dict[str, object]:
     """Run one stage in a fresh process; its figures. ``expect``: what the finding must say."""
+    if name == DIGEST_STAGES[0]:  # a store without digests: this report builds them
+        for folder in root.glob(f"{SWEEP}/*/{DIGEST_DIR}"):
+            shutil.rmtree(folder)
     body = STAGES[name].format(sweep=SWEEP, expect=expect, unread=UNREAD)
     code = _STAGE.format(sweep=SWEEP, body=body)
     done = subprocess.run(
@@ -129,7 +166,18 @@ def main() -> None:
     parser.add_argument("--max-ranks", type=int, default=512)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--store", type=Path, help="build (or reuse) the store here")
-    parser.add_argument("--report", action="store_true", help="also time `workbench report`")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="also time `workbench report` (building the runs' digests, then reading them), the "
+        "Dashboard's first screen, and the report from the rows",
+    )
+    parser.add_argument(
+        "--comm-every",
+        type=int,
+        default=50,
+        help="DDP's timers every N steps in the store built (1: on every step)",
+    )
     parser.add_argument("--frames", action="store_true", help="also time the frames path")
     parser.add_argument(
         "--floor", action="store_true", help="also time the least a report reading the rows does"
@@ -145,9 +193,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.store or Path(tmp)
         if not (root / SWEEP).exists():
-            write_sweep(root, counts, args.steps)
+            write_sweep(root, counts, args.steps, every=args.comm_every)
         names = ["pyarrow read", "stragglers (engine)", "window (engine)"]
-        names += ["stragglers (frames)"] * args.frames + ["workbench report"] * args.report
+        names += ["stragglers (frames)"] * args.frames
+        names += [*DIGEST_STAGES, "report, from the rows"] * args.report
         names += ["floor: pyarrow columns", "floor: one engine pass"] * args.floor
         stage("pyarrow read", root)  # warm the page cache: untimed
         run_id, rank = planted(counts)
@@ -156,6 +205,9 @@ def main() -> None:
         for round_ in range(max(1, args.repeat)):  # the read beside each stage, order swapped
             order = names if round_ % 2 == 0 else names[::-1]
             rounds.append({name: stage(name, root, expect) for name in order})
+        folders = [d for d in (root / SWEEP).iterdir() if d.is_dir()]
+        digests = sum(digest_bytes(d) for d in folders)
+        traces = sum(p.stat().st_size for p in (root / SWEEP).glob("*/traces/*"))
     got = rounds[-1]
 
     def ratio(r: dict[str, dict[str, object]], name: str) -> float:
@@ -183,9 +235,14 @@ def main() -> None:
     print(f"stragglers found: {found}")
     assert [r[:2] for r in found] == [[run_id, rank]], "planted straggler not found"
     if args.report:
-        named = got["workbench report"]["straggler_named"]
-        print(f"the report's finding names the planted straggler: {named}")
-        assert named, "the report's finding does not name the planted straggler"
+        share = 100 * digests / traces
+        print(f"digests: {digests / 2**20:.2f} MiB, {share:.2f} % of the trace files")
+        for name in [*DIGEST_STAGES, "report, from the rows"]:
+            named = got[name]["straggler_named"]
+            print(f"{name}: names the planted straggler: {named}")
+            assert named, f"{name} does not name the planted straggler"
+        for name in DIGEST_STAGES[:2]:
+            assert got[name]["from_digests"], f"{name} did not read the runs' digests"
 
 
 if __name__ == "__main__":

@@ -41,9 +41,11 @@ from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.network import fit_network
 from workbench.analysis.scaling import run_table, scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
-from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.run_digests import open_steps
+from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import eval_rows, measured_window
+from workbench.store.files import update_run
 from workbench.store.load import load_traces
 from workbench.ui.catalogue import focus_run
 from workbench.ui.plots import loss_curves_figure, rank_spread_figure, step_time_heatmap
@@ -129,7 +131,15 @@ class Diffs:
         self.found: list[str] = []
 
     def add(self, what: str, why: str) -> None:
-        self.found.append(f"{what}: {why}")
+        self.found.append(f"{self.prefix}{what}: {why}")
+
+    prefix = ""
+
+    def under(self, path: str) -> Diffs:
+        """These differences, each named as found on ``path`` (the digests)."""
+        other = Diffs()
+        other.found, other.prefix = self.found, f"[{path}] "
+        return other
 
     def done(self) -> None:
         assert not self.found, "stored != frames:\n" + "\n".join(self.found)
@@ -243,20 +253,34 @@ def runs_of(steps: pd.DataFrame) -> pd.DataFrame:
     return make_runs([{"run_id": str(r), "world_size": int(n)} for r, n in sizes.items()])
 
 
+def mark_ended(dirs: Sequence[Path]) -> None:
+    """Record each run's end in its run.json, as the launcher does (a digest is kept only for
+    a run that has ended)."""
+    for run in dirs:
+        update_run(run, status="completed", ended_at=1.0)
+
+
 class Store:
     """One written store: its run folders, the frame path's step rows (``frame``), its runs
     frame, its evaluations (``evals``: ``None`` for none, as the report passes them), the
     evaluations both paths are given (``given``: ``evals``, or ``None`` with ``use_evals``
-    false) and the stored path's steps, built with ``given`` (``stored``; close the store)."""
+    false) and the stored path's steps, built with ``given`` (``stored``; close the store):
+    through the engine over the rows, or with ``digested`` from the runs' digests (built here,
+    as the first reader builds them, from each run's own evaluations)."""
 
-    def __init__(self, dirs: list[Path], use_evals: bool = True) -> None:
+    def __init__(self, dirs: list[Path], use_evals: bool = True, digested: bool = False) -> None:
         self.dirs = dirs
         self.frame = load_traces(dirs)
         self.runs = runs_of(self.frame)
         evals = load_traces(dirs, "eval")
         self.evals = evals if len(evals) else None
         self.given = self.evals if use_evals else None
-        self.stored = StoredSteps(dirs, self.given)
+        if digested:
+            mark_ended(dirs)
+            self.stored = open_steps(dirs, self.given)
+            assert self.stored.source == "digests", self.stored.note
+        else:
+            self.stored = StoredSteps(dirs, self.given)
 
     def __enter__(self) -> Store:
         return self
@@ -272,12 +296,16 @@ def _with_store(
     use_evals: bool = True,
 ) -> None:
     """Write ``runs`` in the store's layout (in a fresh temporary folder), run every check on it
-    (one ``StoredSteps``: the digest is computed once) and fail with every difference found."""
+    through the engine and again from the runs' digests (one ``StoredSteps`` each), and fail
+    with every difference found. A digest counts each run's evaluations, so the digest path is
+    compared where the frame path is given them too (or there are none)."""
     diffs = Diffs()
     with tempfile.TemporaryDirectory() as folder:
-        with Store(_write(Path(folder), runs, evals), use_evals) as store:
-            for check in checks:
-                check(store, diffs)
+        dirs = _write(Path(folder), runs, evals)
+        for digested in (False, True) if use_evals or not evals else (False,):
+            with Store(dirs, use_evals, digested) as store:
+                for check in checks:
+                    check(store, diffs if not digested else diffs.under("digests"))
     diffs.done()
 
 
@@ -384,9 +412,12 @@ def check_network(s: Store, d: Diffs, group_by: list[str] | None) -> None:
 
 
 def check_finding(s: Store, d: Diffs, group_by: list[str] | None) -> None:
-    """findings (given the frame path's stragglers) and focus_run (with them and with none)."""
+    """The stragglers named, findings (given the frame path's stragglers) and focus_run (with
+    them and with none)."""
     found = stragglers(s.frame)
     stored = s.stored
+    named = stragglers_in_store(s.dirs, stored=stored)
+    d.frames(named, found, ["run_id", "attempt", "rank"], "stragglers")
     pair = d.outcomes(
         lambda: findings(s.runs, stored, group_by, s.given, found=found),
         lambda: findings(s.runs, s.frame, group_by, s.given, found=found),
@@ -543,4 +574,16 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
     with Store(dirs, use_evals=False) as s:
         check_window(s, d)
         check_breakdown(s, d)
+    with Store(dirs, digested=True) as s:
+        on_digests = d.under("digests")
+        check_window(s, on_digests)
+        check_breakdown(s, on_digests)
+        for group_by in (None, []):
+            check_tables(s, on_digests, group_by)
+            check_comm(s, on_digests, group_by)
+            check_network(s, on_digests, group_by)
+            check_finding(s, on_digests, group_by)
+        check_memory(s, on_digests)
+        check_figures(s, on_digests)
+        assert s.stored.digest.row_reads == 0  # a report's whole analysis, no row read
     d.done()

@@ -24,6 +24,8 @@ from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
 from workbench.store.measured_query import KnownSteps
+from workbench.store.run_digest import DigestFrames
+from workbench.store.step_frames import StepFrames
 from workbench.store.window_query import WindowParts
 
 
@@ -37,9 +39,19 @@ class StoredSteps:
 
     columns = pd.Index(list(STEP_COLUMNS))
 
-    def __init__(self, run_dirs: Iterable[str | Path], evals: pd.DataFrame | None = None) -> None:
+    def __init__(
+        self,
+        run_dirs: Iterable[str | Path],
+        evals: pd.DataFrame | None = None,
+        frames: StepFrames | None = None,
+    ) -> None:
         self.run_dirs = [Path(p) for p in run_dirs]
-        self.digest = StepDigest(self.run_dirs, detected_warmup, evals)
+        #: Where the frames come from: the runs' digests (``frames``, see
+        #: :func:`workbench.analysis.run_digests.open_steps`) or the engine over the rows.
+        self.digest: StepFrames = frames or StepDigest(self.run_dirs, detected_warmup, evals)
+        self.source = "digests" if isinstance(frames, DigestFrames) else "rows"
+        #: Why the rows were read where digests could not serve (``open_steps`` says).
+        self.note = ""
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
@@ -173,6 +185,11 @@ class StoredSteps:
         :meth:`binned` then reads no row again."""
         self._binned[(run_id, self.heatmap_bins)] = found
 
+    def kept_binned(self, run_id: str, max_bins: int) -> tuple[pd.DataFrame, int]:
+        """The run's binned values kept at ``max_bins`` (after :meth:`binned` asked for them):
+        ``rank, step, host`` and a column per value, and the steps per bin."""
+        return self._binned[(run_id, max_bins)]
+
     def binned(self, run_id: str, value: str, max_bins: int) -> tuple[pd.DataFrame, int]:
         """One run's ``value`` per rank and step bin (:meth:`StepDigest.binned`) as ``rank,
         step, v, host``: the step time and the compute time, which the figures draw, come out
@@ -185,6 +202,12 @@ class StoredSteps:
         if value not in frame.columns:
             frame, size = self.digest.binned(run_id, [value], max_bins)
         return frame[["rank", "step", value, "host"]].rename(columns={value: "v"}), size
+
+    @property
+    def digested_stragglers(self) -> pd.DataFrame | None:
+        """The stragglers the runs' digests hold (the rule with its defaults), or None when
+        the frames come from the rows."""
+        return self.digest.stragglers if isinstance(self.digest, DigestFrames) else None
 
 
 def is_stored(steps: object) -> bool:

@@ -257,14 +257,14 @@ def sweep(args: argparse.Namespace) -> int:
 def _print_finding(output_dir: Path, sweep: str) -> None:
     """The study's finding in plain words, as the report states it."""
     from workbench.analysis.finding import findings
-    from workbench.analysis.stored import StoredSteps
+    from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
     from workbench.store.tunes import load_tunes
 
     runs = load_runs(output_dir, [sweep])
     dirs = list(iter_run_dirs(output_dir, [sweep]))
     evals = load_traces(dirs, "eval")
-    with StoredSteps(dirs, evals) as steps:  # the step rows stay in the engine
+    with open_steps(dirs, evals) as steps:  # each run's digest, built once it has ended
         said = findings(runs, steps, evals=evals, tunes=load_tunes(dirs))
     if said:
         print("finding:\n  " + "\n  ".join(said))

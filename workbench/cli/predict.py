@@ -73,15 +73,18 @@ def add_predict(sub: Any) -> None:
 
 
 def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
-    from workbench.analysis.stored import StoredSteps
-    from workbench.store.load import iter_run_dirs, load_runs
+    from workbench.analysis.run_digests import open_steps
+    from workbench.store.load import iter_run_dirs, load_runs, load_traces
 
     path = Path(sweep)
     root, name = (path.parent, path.name) if path.is_dir() else (Path(output_dir), sweep)
     runs = load_runs(root, [name])
     if runs.empty:
         raise ValueError(f"no runs of sweep {name!r} under {root}")
-    return runs, StoredSteps(iter_run_dirs(root, [name]))  # the rows stay in the engine
+    dirs = iter_run_dirs(root, [name])
+    # the runs' digests (built once each run has ended), with the evaluations as the report
+    # counts them
+    return runs, open_steps(dirs, load_traces(dirs, "eval"))
 
 
 def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.analysis.run_digests import digest_at_end
 from workbench.analysis.summary import run_summary
 from workbench.config.run_config import RunConfig
 from workbench.errors import RunFailedError
@@ -252,6 +254,10 @@ class RunHandle:
         except Exception as exc:  # a summary must never hide the run's own outcome
             fields["summary_error"] = f"{type(exc).__name__}: {exc}"
         update_run(self.path, **fields)
+        try:  # once, now that the run has ended: its reports read the digest, not the rows
+            digest_at_end(self.path)
+        except Exception as exc:  # its first reader builds it then, or reads the rows
+            warnings.warn(f"run {self.run_id}: no digest written ({exc})", stacklevel=2)
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Wait, then return each rank's summary (index = rank); RunFailedError on failure."""

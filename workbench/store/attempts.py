@@ -40,6 +40,15 @@ def merge_attempts(per_attempt: pd.DataFrame) -> pd.DataFrame:
         attempts=("attempt", list),
         hosts=("hosts", lambda h: sorted({x for part in h if part is not None for x in part})),
     )
+    if g.ngroups == len(per_attempt):  # one attempt a rank (no resumed run): nothing to pool
+        own = per_attempt.set_index(keys).loc[out.index]
+        for c in (*MOMENTS, *MEANS):
+            out[c] = own[c].astype("float64")
+            if c == "backward_s":
+                out["backward_s_n"] = own[f"{c}_n"].astype("int64")
+            if c in MOMENTS:
+                out[f"{c}_std"] = own[f"{c}_var"].astype("float64") ** 0.5
+        return out.reset_index()
     for c in (*MOMENTS, *MEANS):
         n = per_attempt[f"{c}_n"].astype("float64")
         mean = per_attempt[c].astype("float64")

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from workbench.store.attempts import merge_attempts
 from workbench.store.engine import steps_view
-from workbench.store.measured_query import BACKWARD_COMPUTE, TIMED, KnownSteps
+from workbench.store.measured_query import BACKWARD_COMPUTE, TIMED
 from workbench.store.rank_pass import ORDER, PER_RANK_SQL, split_groups
-from workbench.store.window_query import WindowParts
+from workbench.store.step_frames import StepFrames
+
+if TYPE_CHECKING:
+    import duckdb
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
 MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > last_warmup_step)"
@@ -42,7 +46,7 @@ SAMPLED_COLUMNS = (
 )
 
 
-class StepDigest:
+class StepDigest(StepFrames):
     """The step rows of ``run_dirs`` in the engine, with the warm-up rule applied.
 
     ``warmup`` is the analysis's rule (given the per-step maxima of the rows that are not traced
@@ -78,19 +82,8 @@ class StepDigest:
         """Free the engine's connection."""
         self.con.close()
 
-    def __enter__(self) -> StepDigest:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _df(self, sql: str, params: dict[str, object] | None = None) -> pd.DataFrame:
-        frame = self.con.execute(sql, params or {}).df()
-        for c in frame.columns:  # plain object strings: pandas' Arrow strings are slow in isin
-            if pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
-                # through categories: one string object per distinct value, not one per row
-                frame[c] = frame[c].astype("category").astype(object)
-        return frame
+        return query_frame(self.con, sql, params)
 
     def _per_step(self) -> pd.DataFrame:
         """Per run, attempt and step, one pass over all rows. Over the rows that are not traced
@@ -122,51 +115,6 @@ class StepDigest:
             f"coalesce(sum(timed) {nw}, 0)::BIGINT AS timed "
             "FROM g GROUP BY ALL ORDER BY ALL"
         )
-
-    def known(self) -> KnownSteps:
-        """What :func:`workbench.store.measured_query.measured_rows` would find again: the
-        per-step maxima, the warm-up cut and each attempt's ranks' hosts (after
-        :meth:`per_rank`)."""
-        nw = self.per_step[self.per_step["measured"]]
-        per_step = nw[["run_id", "attempt", "step", "step_s", "world_size", "timed"]]
-        return KnownSteps(per_step.reset_index(drop=True), self.cut, self.attempt_hosts)
-
-    def measured_steps(self) -> pd.DataFrame:
-        """:attr:`per_step` of the measured steps (after each attempt's detected warm-up)."""
-        p = self.per_step[self.per_step["measured"]]
-        bound = p.merge(self.cut, on=["run_id", "attempt"], how="left")["last_warmup_step"]
-        return p[~(p["step"].to_numpy() <= bound.to_numpy(dtype="float64"))]
-
-    def window_parts(self, ranks: pd.DataFrame) -> WindowParts:
-        """The window's parts (:class:`workbench.store.window_query.WindowParts`) from the
-        per-step pass; ``ranks``: per run and attempt, the ranks with measured rows."""
-        nw = self.per_step[self.per_step["measured"]]
-        per_step = nw[["run_id", "attempt", "step", "step_s"]].assign(warmup=False)
-        run_world = self.per_step.groupby("run_id", sort=True)["all_world_size"].max()
-        m = self.measured_steps()
-        steps = m[["run_id", "attempt", "step", "start_s", "end_s", "samples", "save_s"]]
-        steps = steps.assign(world_size=m["world_size"])
-        evals = self._evals
-        return WindowParts(
-            per_step.reset_index(drop=True),
-            run_world.rename("world_size").reset_index(),
-            steps.reset_index(drop=True),
-            ranks,
-            evals if evals is not None else pd.DataFrame(),
-            self.cut,
-        )
-
-    def runs(self) -> pd.DataFrame:
-        """Per run with step rows: ``world_size`` (the largest over all its rows), whether any
-        row holds a loss (``has_loss``), and the rows (``rows``)."""
-        g = self.per_step.groupby("run_id", sort=True)
-        return pd.DataFrame(
-            {
-                "world_size": g["all_world_size"].max(),
-                "has_loss": g["loss_n"].sum() > 0,
-                "rows": g["rows"].sum(),
-            }
-        ).reset_index()
 
     def _register_evals_after(self) -> None:
         """Register ``_evals_after``: per run, attempt, rank and step, the evaluation time the
@@ -244,94 +192,74 @@ class StepDigest:
     def median(
         self, column: str, run_ids: Sequence[str], min_world_size: int | None = None
     ) -> float:
-        """The median of ``column`` over the measured rows of ``run_ids`` (rows of a world size
-        above ``min_world_size`` only, when given); NaN without a value."""
-        where = "run_id IN (SELECT unnest($ids))"
-        if min_world_size is not None:
-            where += f" AND world_size > {int(min_world_size)}"
-        value = self.con.execute(
-            f"SELECT median({column}::DOUBLE) FROM measured WHERE {where}", {"ids": list(run_ids)}
-        ).fetchone()
-        return float("nan") if value is None or value[0] is None else float(value[0])
-
-    def byte_counts(self) -> pd.DataFrame:
-        """Per run, how many measured rows of a multi-rank world size handed each
-        ``comm_bytes`` to allreduce, and, apart, each ``comm_buckets`` (``rows``; the other
-        column NaN on each row, missing values not counted): exact medians of either over any
-        set of runs. From :meth:`per_rank`'s pass (which it runs if it has not)."""
-        if self._byte_groups is None:
-            self.per_rank()
-        byte_groups = self._byte_groups
-        runs: list[object] = []
-        values: dict[str, list[float]] = {"comm_bytes": [], "comm_buckets": []}
-        rows: list[int] = []
-        for column, hist in (("comm_bytes", "_bytes"), ("comm_buckets", "_buckets")):
-            other = "comm_buckets" if column == "comm_bytes" else "comm_bytes"
-            groups = zip(byte_groups["run_id"], byte_groups[hist], strict=True)
-            for run_id, counts in groups:
-                for value, n in (counts if isinstance(counts, dict) else {}).items():
-                    runs.append(run_id)
-                    values[column].append(float(value))
-                    values[other].append(float("nan"))
-                    rows.append(int(n))
-        frame = pd.DataFrame({"run_id": pd.Series(runs, dtype=object), **values, "rows": rows})
-        frame = frame.groupby(["run_id", "comm_bytes", "comm_buckets"], dropna=False, sort=True)
-        return frame["rows"].sum().astype("int64").reset_index()
-
-    def last_step_loss(self) -> pd.DataFrame:
-        """Per run with measured rows: the mean loss over ranks at the last step of its last
-        attempt (``final_loss``; NaN when no rank traced a loss there)."""
-        m = self.measured_steps()
-        m = m[m["attempt"] == m.groupby("run_id")["attempt"].transform("max")]
-        last = m[m["step"] == m.groupby("run_id")["step"].transform("max")]
-        out = last[["run_id", "loss"]].rename(columns={"loss": "final_loss"})
-        return out.sort_values("run_id").reset_index(drop=True)
-
-    def loss_per_step(self) -> pd.DataFrame:
-        """Per run and step over all rows (warm-up included, attempts together): the mean loss
-        over ranks, the largest world size and the samples of all ranks (``samples``)."""
-        g = self.per_step.groupby(["run_id", "step"], sort=True)
-        loss_n = g["loss_n"].sum()
-        return pd.DataFrame(
-            {
-                "loss": g["loss_sum"].sum(min_count=1) / loss_n.where(loss_n > 0),
-                "world_size": g["all_world_size"].max(),
-                "samples": g["all_samples"].sum(),
-            }
-        ).reset_index()
-
-    def attempt_ends(self) -> pd.DataFrame:
-        """Per run and attempt over all rows: ``end_s``, the last step's end
-        (``t_start_s + step_s``, largest over ranks)."""
-        g = self.per_step.groupby(["run_id", "attempt"], sort=True)["all_end_s"].max()
-        return g.rename("end_s").reset_index()
+        """:func:`median_measured` over this digest's rows."""
+        return median_measured(self.con, column, run_ids, min_world_size)
 
     def binned(self, run_id: str, values: Sequence[str], max_bins: int) -> tuple[pd.DataFrame, int]:
-        """One run's measured ``values`` (step columns, or ``compute_s``: :data:`COMPUTE`) per
-        rank and bin of consecutive steps, in one pass: the distinct measured steps (sorted) cut
-        into bins of ``ceil(n / max_bins)``, each labelled by its first step, the median of the
-        bin's values (missing ones left out; NaN when all are). Returns ``(frame of rank, step,
-        host and one column per value; steps per bin)``; ``host`` is each rank's first traced
-        host."""
-        n = self.con.execute(
-            "SELECT count(DISTINCT step) FROM measured WHERE run_id = $run", {"run": run_id}
-        ).fetchone()
-        count = int(n[0]) if n else 0
-        size = max(1, -(-count // max(1, max_bins)))
-        medians = ", ".join(
-            f"median(({COMPUTE if v == 'compute_s' else v})::DOUBLE) AS {v}" for v in values
-        )
-        frame = self._df(
-            "WITH xs AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // $size AS b "
-            "  FROM (SELECT DISTINCT step FROM measured WHERE run_id = $run)), "
-            "labels AS (SELECT step, min(step) OVER (PARTITION BY b) AS bin FROM xs), "
-            f"hosts AS (SELECT rank, arg_min(host, {ORDER}) "
-            "  FILTER (WHERE host IS NOT NULL) AS host FROM measured WHERE run_id = $run "
-            "  GROUP BY rank) "
-            f"SELECT m.rank, l.bin AS step, any_value(h.host) AS host, {medians} "
-            "FROM measured m JOIN labels l ON m.step = l.step "
-            "LEFT JOIN hosts h ON h.rank = m.rank WHERE m.run_id = $run "
-            "GROUP BY m.rank, l.bin ORDER BY m.rank, l.bin",
-            {"run": run_id, "size": size},
-        )
-        return frame, size
+        """:func:`binned_measured` of ``run_id`` over this digest's measured rows."""
+        return binned_measured(self.con, run_id, values, max_bins)
+
+
+def median_measured(
+    con: duckdb.DuckDBPyConnection,
+    column: str,
+    run_ids: Sequence[str],
+    min_world_size: int | None = None,
+) -> float:
+    """The median of ``column`` over the rows of the view ``measured`` of ``con`` of
+    ``run_ids`` (rows of a world size above ``min_world_size`` only, when given); NaN without a
+    value."""
+    where = "run_id IN (SELECT unnest($ids))"
+    if min_world_size is not None:
+        where += f" AND world_size > {int(min_world_size)}"
+    value = con.execute(
+        f"SELECT median({column}::DOUBLE) FROM measured WHERE {where}", {"ids": list(run_ids)}
+    ).fetchone()
+    return float("nan") if value is None or value[0] is None else float(value[0])
+
+
+def query_frame(
+    con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, object] | None = None
+) -> pd.DataFrame:
+    """The result of ``sql`` as a pandas frame, its strings plain objects (pandas' Arrow
+    strings are slow in ``isin``), made through categories: one string object per distinct
+    value, not one per row."""
+    frame = con.execute(sql, params or {}).df()
+    for c in frame.columns:
+        if pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
+            frame[c] = frame[c].astype("category").astype(object)
+    return frame
+
+
+def binned_measured(
+    con: duckdb.DuckDBPyConnection, run_id: str, values: Sequence[str], max_bins: int
+) -> tuple[pd.DataFrame, int]:
+    """One run's measured ``values`` (step columns, or ``compute_s``: :data:`COMPUTE`) per
+    rank and bin of consecutive steps, in one pass over the view ``measured`` of ``con``: the
+    distinct measured steps (sorted) cut into bins of ``ceil(n / max_bins)``, each labelled by
+    its first step, the median of the bin's values (missing ones left out; NaN when all are).
+    Returns ``(frame of rank, step, host and one column per value; steps per bin)``; ``host``
+    is each rank's first traced host."""
+    n = con.execute(
+        "SELECT count(DISTINCT step) FROM measured WHERE run_id = $run", {"run": run_id}
+    ).fetchone()
+    count = int(n[0]) if n else 0
+    size = max(1, -(-count // max(1, max_bins)))
+    medians = ", ".join(
+        f"median(({COMPUTE if v == 'compute_s' else v})::DOUBLE) AS {v}" for v in values
+    )
+    frame = query_frame(
+        con,
+        "WITH xs AS (SELECT step, (row_number() OVER (ORDER BY step) - 1) // $size AS b "
+        "  FROM (SELECT DISTINCT step FROM measured WHERE run_id = $run)), "
+        "labels AS (SELECT step, min(step) OVER (PARTITION BY b) AS bin FROM xs), "
+        f"hosts AS (SELECT rank, arg_min(host, {ORDER}) "
+        "  FILTER (WHERE host IS NOT NULL) AS host FROM measured WHERE run_id = $run "
+        "  GROUP BY rank) "
+        f"SELECT m.rank, l.bin AS step, any_value(h.host) AS host, {medians} "
+        "FROM measured m JOIN labels l ON m.step = l.step "
+        "LEFT JOIN hosts h ON h.rank = m.rank WHERE m.run_id = $run "
+        "GROUP BY m.rank, l.bin ORDER BY m.rank, l.bin",
+        {"run": run_id, "size": size},
+    )
+    return frame, size

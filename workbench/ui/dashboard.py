@@ -26,6 +26,7 @@ from workbench.analysis.groups import (
     default_group_by,
     resolve_group_by,
 )
+from workbench.analysis.run_digests import open_steps
 from workbench.analysis.stored import StoredSteps
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.baseline import NO_BASELINE, baseline_notes, honest_table, speedup_rows
@@ -202,7 +203,7 @@ class Dashboard(widgets.VBox):
         key = tuple(str(p) for p in runs["path"])
         if self._stored is None or self._stored[0] != key:
             self._close_stored()
-            self._stored = (key, StoredSteps(key, evals))
+            self._stored = (key, open_steps(key, evals))  # digests once each run has ended
         return runs, self._stored[1], evals
 
     def _close_stored(self) -> None:
@@ -318,6 +319,8 @@ class Dashboard(widgets.VBox):
             else "<i>No completed run with measured steps selected: no scaling table.</i>"
         )
         self.finding.value = finding_html(self._said)
+        if self._stored is not None and self._stored[1].note:  # the rows read, and why
+            self.table.value += f"<i>{html.escape(self._stored[1].note)}.</i>"
         notes = baseline_notes(ctx.table, ctx.group_by) if ctx is not None and has_table else []
         self.baseline.value = baseline_html(notes)
 

@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from workbench.analysis.comm import communication
 from workbench.analysis.finding import findings
 from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.run_digests import open_steps
 from workbench.analysis.scaling_model import NetworkModel
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps, is_stored
@@ -297,7 +298,8 @@ def write_report(
         f"<h1>{esc(title)}</h1>",
         finding,
         *figures[:1],  # the lead chart on the first screen, with the finding
-        f'<p class="note">{len(runs)} runs, {traced} with traces; written {stamp}.</p>',
+        f'<p class="note">{len(runs)} runs, {traced} with traces{esc(_source(steps))}; '
+        f"written {stamp}.</p>",
         _toc_html(figs, table_parts),
         *figures[1:],
         *table_parts,
@@ -306,6 +308,16 @@ def write_report(
     ]
     atomic_write_bytes(out, "\n".join(parts).encode("utf-8"))
     return out
+
+
+def _source(steps: pd.DataFrame | StoredSteps) -> str:
+    """Where a report's figures were read from, when it came from a store: the runs' digests,
+    or the step rows and why."""
+    if not is_stored(steps):
+        return ""
+    if steps.source == "digests":
+        return ", read from their digests (written once, when each run ended)"
+    return f"; {steps.note}" if steps.note else ""
 
 
 def report_from_store(
@@ -341,14 +353,16 @@ def report_from_store(
         )
     runs = load_runs(sweep_root, sweeps)
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    tell = Stages(progress, parquet_rows(run_dirs))
-    tell("steps, per step")
+    tell = Stages(progress, parquet_rows(run_dirs), len(run_dirs))
     evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
-    with StoredSteps(run_dirs, evals) as steps:  # the step rows stay in the engine
-        tell("steps, per rank")
-        _ = steps.known  # the per-rank pass (the straggler pass takes its hosts from it)
-        tell("stragglers")
-        found = stragglers_in_store(run_dirs, stored=steps, ranked=tell.ranked)  # rows it ranks
+    tell("run digests")
+    with open_steps(run_dirs, evals, progress=tell.digested) as steps:
+        if steps.source == "rows":  # a run still running: the step rows stay in the engine
+            tell("steps, per step")
+            tell("steps, per rank")
+            _ = steps.known  # the per-rank pass (the straggler pass takes its hosts from it)
+            tell("stragglers")
+        found = stragglers_in_store(run_dirs, stored=steps, ranked=tell.ranked)
         tell("figures and tables")
         path = write_report(
             runs,

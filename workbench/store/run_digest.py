@@ -1,0 +1,278 @@
+"""A finished run's digest: the small frames that every report, dashboard, ``predict`` and
+``tune`` compute their tables and figures from, written once beside the traces and read in place
+of the step rows.
+
+On disk, ``<run>/digest/``: one Parquet file per frame and ``digest.json``, written last, which
+names them and holds :data:`DIGEST_VERSION` and the signature of the trace files the frames came
+from (each file's name, size and modification time). A digest is valid while its version is
+this one, run.json records the run's end, and the trace files are as they were: a resumed
+attempt or a consolidation after a kill changes them, and the digest is built again. A run that
+is still running has none. :class:`DigestFrames` hands the frames of several runs' digests out
+as :class:`workbench.store.digest_query.StepDigest` computes them from the rows. No torch.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from workbench import schema
+from workbench.store.digest_query import MEASURED, binned_measured, median_measured
+from workbench.store.engine import steps_view
+from workbench.store.files import atomic_write_bytes, read_json, write_json
+from workbench.store.step_frames import StepFrames
+
+if TYPE_CHECKING:
+    import duckdb
+
+#: Bumped whenever what a digest holds, or a rule its frames were computed with (the warm-up,
+#: the stragglers), changes: an older digest is then built again.
+DIGEST_VERSION = 1
+DIGEST_DIR = "digest"
+MANIFEST = "digest.json"
+#: The frames of a digest (``stragglers``: the straggler rule's answer with its defaults;
+#: ``binned``: each rank's step and compute time in the heatmaps' step bins).
+TABLES = (
+    "per_step",
+    "cut",
+    "per_rank",
+    "attempt_hosts",
+    "byte_counts",
+    "sampled",
+    "binned",
+    "stragglers",
+)
+#: Columns holding lists (Parquet gives them back as arrays; the analysis takes lists).
+_LIST_COLUMNS = ("hosts", "attempts", "all_attempts")
+
+
+def trace_signature(run_dir: str | Path) -> list[list[object]]:
+    """Each trace file of the run (steps and evaluations, live or consolidated): its name, size
+    and modification time in nanoseconds, sorted by name."""
+    traces = Path(run_dir) / schema.TRACES_DIR
+    out: list[list[object]] = []
+    for path in sorted(traces.glob("*-rank*.*")) if traces.is_dir() else []:
+        stat = path.stat()
+        out.append([path.name, int(stat.st_size), int(stat.st_mtime_ns)])
+    return out
+
+
+def run_ended(run_dir: str | Path) -> bool:
+    """Whether run.json records the run's end (a digest is never kept for a running run)."""
+    try:
+        return read_json(Path(run_dir) / schema.RUN_FILE).get("ended_at") is not None
+    except (OSError, ValueError):
+        return False
+
+
+def _manifest(run_dir: Path) -> dict[str, object] | None:
+    try:
+        data = read_json(run_dir / DIGEST_DIR / MANIFEST)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def digest_state(run_dir: str | Path) -> str:
+    """``valid``; ``running`` (no digest is used for a run that has not ended); ``missing``
+    (none, or its files gone); ``stale`` (an older version, or trace files changed since it
+    was written)."""
+    run = Path(run_dir)
+    if not run_ended(run):
+        return "running"
+    manifest = _manifest(run)
+    if manifest is None:
+        return "missing"
+    if manifest.get("version") != DIGEST_VERSION:
+        return "stale"
+    if manifest.get("signature") != trace_signature(run):
+        return "stale"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(TABLES):
+        return "stale"
+    if not all((run / DIGEST_DIR / str(name)).is_file() for name in files.values()):
+        return "missing"  # two readers built it at once, and one removed the other's files
+    return "valid"
+
+
+def _to_parquet(frame: pd.DataFrame) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
+    return buffer.getvalue()
+
+
+def write_digest(
+    run_dir: str | Path, frames: dict[str, pd.DataFrame], signature: list[list[object]]
+) -> Path:
+    """Write ``frames`` (every name of :data:`TABLES`) as the run's digest, for the trace files
+    of ``signature`` (taken before the frames were computed: a file changed in between leaves
+    the digest stale, never wrong). Each frame goes to a file of its own name and a fresh token,
+    then the manifest names them (a reader never pairs a new manifest with an old frame); the
+    files of the digest it replaces are removed. Returns the manifest's path."""
+    run = Path(run_dir)
+    folder = run / DIGEST_DIR
+    token = secrets.token_hex(4)
+    names = {}
+    for table in TABLES:
+        names[table] = f"{table}-{token}.parquet"
+        atomic_write_bytes(folder / names[table], _to_parquet(frames[table]))
+    binned = frames["binned"].attrs
+    extra = {"binned_size": int(binned.get("size", 1)), "binned_bins": int(binned.get("bins", 0))}
+    manifest = {"version": DIGEST_VERSION, "signature": signature, "files": names, **extra}
+    write_json(folder / MANIFEST, manifest)
+    for path in folder.glob("*.parquet"):
+        if path.name not in names.values():
+            path.unlink(missing_ok=True)
+    return folder / MANIFEST
+
+
+def _listed(value: object) -> object:
+    """A list column's value as the analysis takes it: a list, or NaN where the engine's merge
+    left one (a rank without measured rows)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return list(value)
+    return float("nan") if value is None else value
+
+
+def _from_parquet(path: Path) -> pd.DataFrame:
+    import pyarrow.parquet as pq
+
+    frame = pq.read_table(path).to_pandas()
+    for c in frame.columns:
+        if c in _LIST_COLUMNS:
+            # a rank without measured rows holds NaN there, as the engine's merge leaves it
+            frame[c] = [_listed(v) for v in frame[c]]
+        elif pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
+            frame[c] = frame[c].astype(object)
+    return frame
+
+
+def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
+    """The run's digest frames, or None unless it is valid (:func:`digest_state`); the binned
+    frame carries its bins and their size in ``attrs`` (``bins``, ``size``)."""
+    run = Path(run_dir)
+    if digest_state(run) != "valid":
+        return None
+    manifest = _manifest(run)
+    assert manifest is not None
+    files = manifest.get("files")
+    assert isinstance(files, dict)
+    try:
+        frames = {t: _from_parquet(run / DIGEST_DIR / str(files[t])) for t in TABLES}
+    except OSError:  # replaced by a newer digest while read
+        return None
+    frames["binned"].attrs.update(
+        size=manifest.get("binned_size"), bins=manifest.get("binned_bins")
+    )
+    return frames
+
+
+def digest_bytes(run_dir: str | Path) -> int:
+    """The size of the run's digest on disk (0 without one)."""
+    folder = Path(run_dir) / DIGEST_DIR
+    return sum(p.stat().st_size for p in folder.glob("*")) if folder.is_dir() else 0
+
+
+def _concat(parts: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
+    kept = [p for p in parts if len(p.columns)]
+    if not kept:
+        return parts[0] if parts else pd.DataFrame()
+    nonempty = [p for p in kept if len(p)] or kept[:1]
+    frame = pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else nonempty[0]
+    present = [k for k in keys if k in frame.columns]
+    if present and len(nonempty) > 1:
+        frame = frame.sort_values(present, kind="stable", ignore_index=True)
+    return frame
+
+
+class DigestFrames(StepFrames):
+    """Several runs' digests (``digests``: the frames of :func:`read_digest`, in the order of
+    ``run_dirs``) as :class:`workbench.store.digest_query.StepDigest` hands its frames out. Each
+    frame is per run, so the runs' frames side by side are what one pass over all their rows
+    gives. ``median`` (over rows of several runs) and a bin count other than the digest's go to
+    the rows, through the engine, as the only reads of them."""
+
+    def __init__(
+        self,
+        run_dirs: Iterable[str | Path],
+        digests: Sequence[dict[str, pd.DataFrame]],
+        evals: pd.DataFrame | None = None,
+    ) -> None:
+        self.run_dirs = [Path(p) for p in run_dirs]
+
+        def joined(table: str, keys: list[str]) -> pd.DataFrame:
+            return _concat([d[table] for d in digests], keys)
+
+        self.per_step = joined("per_step", ["run_id", "attempt", "step"])
+        self.cut = joined("cut", ["run_id", "attempt"])
+        self.attempt_hosts = joined("attempt_hosts", ["run_id", "attempt", "rank"])
+        self._per_rank = joined("per_rank", ["run_id", "rank"])
+        self._byte_counts = joined("byte_counts", ["run_id", "comm_bytes", "comm_buckets"])
+        self._sampled = joined("sampled", ["run_id", "attempt", "step", "rank"])
+        self.stragglers = joined("stragglers", ["run_id", "attempt", "rank"])
+        #: Each run's binned frame (its ``attrs``: ``bins`` asked, ``size`` steps a bin).
+        self._binned = {
+            Path(r).name: d["binned"] for r, d in zip(self.run_dirs, digests, strict=True)
+        }
+        self._evals = evals
+        self._byte_groups = None
+        #: How many reads went to the rows (a ``median``, an odd bin count): none in a report.
+        self.row_reads = 0
+
+    def per_rank(self) -> pd.DataFrame:
+        return self._per_rank.copy()
+
+    def sampled(self) -> pd.DataFrame:
+        return self._sampled
+
+    def byte_counts(self) -> pd.DataFrame:
+        return self._byte_counts
+
+    def _rows(self, run_ids: Sequence[str]) -> duckdb.DuckDBPyConnection:
+        """An engine connection whose view ``measured`` holds the measured rows of ``run_ids``
+        (the digest's warm-up cut applied): the one way a digest goes back to the rows."""
+        self.row_reads += 1
+        wanted = {str(r) for r in run_ids}
+        con = steps_view([d for d in self.run_dirs if d.name in wanted])
+        con.register("_cut", self.cut[["run_id", "attempt", "last_warmup_step"]])
+        con.execute(
+            "CREATE VIEW measured AS SELECT * FROM (SELECT s.* EXCLUDE (attempt), "
+            "coalesce(s.attempt, 0) AS attempt, c.last_warmup_step FROM steps s "
+            "LEFT JOIN _cut c ON s.run_id = c.run_id AND coalesce(s.attempt, 0) = c.attempt) "
+            f"WHERE {MEASURED}"
+        )
+        return con
+
+    def median(
+        self, column: str, run_ids: Sequence[str], min_world_size: int | None = None
+    ) -> float:
+        """The median of ``column`` over the measured rows of ``run_ids``, read from the rows
+        (a digest keeps no row; the analysis asks for one only where DDP's timers never ran)."""
+        con = self._rows(run_ids)
+        try:
+            return median_measured(con, column, run_ids, min_world_size)
+        finally:
+            con.close()
+
+    def binned(self, run_id: str, values: Sequence[str], max_bins: int) -> tuple[pd.DataFrame, int]:
+        """The run's binned frame from its digest where it holds ``values`` at ``max_bins``
+        (the heatmaps' step and compute time); otherwise from the rows."""
+        frame = self._binned.get(str(run_id))
+        if frame is not None and frame.attrs.get("bins") == max_bins:
+            if all(v in frame.columns for v in values):
+                size = int(frame.attrs.get("size", 1))
+                return frame[["rank", "step", "host", *values]].reset_index(drop=True), size
+        con = self._rows([run_id])
+        try:
+            return binned_measured(con, run_id, values, max_bins)
+        finally:
+            con.close()
