@@ -2,12 +2,12 @@
 (:mod:`workbench.store.run_digest`), and every report, dashboard, ``predict`` and ``tune`` after
 reads the digest instead of the rows.
 
-:func:`build_run_digest` runs the engine's passes over one run's rows (the per-step pass, the
-warm-up rule, the per-rank pass, DDP's sampled rows, the straggler pass with its heatmap bins)
-and keeps their frames. :func:`open_steps` hands a :class:`workbench.analysis.stored.StoredSteps`
-over several runs: from their digests where every run has one or can get one (it builds those
-missing, as the first reader), from the rows otherwise (a run still running), and says which in
-``source`` and ``note``. No torch.
+:func:`build_run_digests` runs the engine's passes over the runs' rows once (the per-step pass,
+the warm-up rule, the per-rank pass, DDP's sampled rows, the straggler pass with its heatmap
+bins) and keeps each run's frames. :func:`open_steps` hands a
+:class:`workbench.analysis.stored.StoredSteps` over several runs: from their digests where every
+run has one or can get one (it builds those missing, as the first reader), from the rows
+otherwise (a run still running), and says which in ``source`` and ``note``. No torch.
 """
 
 from __future__ import annotations
@@ -40,45 +40,65 @@ BINNED_VALUES = ["step_s", "compute_s"]
 
 
 def digest_frames(
-    run_dir: str | Path, evals: pd.DataFrame | None = None
-) -> dict[str, pd.DataFrame]:
-    """The frames of one run's digest, computed from its rows through the engine, as a report
-    of that run computes them (``evals``: the run's evaluation rows; read when not given)."""
-    run = Path(run_dir)
-    run_id = run.name
+    run_dirs: Iterable[str | Path], evals: pd.DataFrame | None = None
+) -> dict[str, dict[str, pd.DataFrame]]:
+    """Each run's digest frames, by run id: the passes a report runs over the runs' rows
+    through the engine, once for them all, their frames then split by run (each is per run).
+    ``evals``: the runs' evaluation rows (read from their files when not given)."""
+    runs = [Path(d) for d in run_dirs]
     if evals is None:
-        evals = load_traces(run, "eval")
-    with StoredSteps([run], evals) as steps:
+        evals = load_traces(runs, "eval")
+    with StoredSteps(runs, evals) as steps:
         _ = steps.known  # the per-rank pass first, as a report runs it
         threshold, min_steps, persistence, measure = DEFAULT_RULE
-        found = stragglers_in_store([run], threshold, min_steps, persistence, measure, stored=steps)
-        # as the figures ask for them: kept by the straggler pass (one measured attempt), or
-        # binned by the engine
-        steps.binned(run_id, BINNED_VALUES[0], HEATMAP_BINS)
-        binned, size = steps.kept_binned(run_id, HEATMAP_BINS)
-        binned = binned[["rank", "step", "host", *BINNED_VALUES]].reset_index(drop=True)
-        binned.attrs.update(size=int(size), bins=HEATMAP_BINS)
-        frames = {
+        found = stragglers_in_store(runs, threshold, min_steps, persistence, measure, stored=steps)
+        tables = {
             "per_step": steps.digest.per_step,
-            "cut": steps.digest.cut.reset_index(drop=True),
+            "cut": steps.digest.cut,
             "per_rank": steps.per_rank,
-            "attempt_hosts": steps.digest.attempt_hosts.reset_index(drop=True),
+            "attempt_hosts": steps.digest.attempt_hosts,
             "byte_counts": steps.byte_counts,
             "sampled": steps.sampled,
-            "binned": binned,
             "stragglers": found,
         }
-    return frames
+        out = {}
+        for run in runs:
+            frames = {name: _of_run(frame, run.name) for name, frame in tables.items()}
+            # as the figures ask for them: kept by the straggler pass (one measured attempt),
+            # or binned by the engine
+            steps.binned(run.name, BINNED_VALUES[0], HEATMAP_BINS)
+            binned, size = steps.kept_binned(run.name, HEATMAP_BINS)
+            binned = binned[["rank", "step", "host", *BINNED_VALUES]].reset_index(drop=True)
+            binned.attrs.update(size=int(size), bins=HEATMAP_BINS)
+            out[run.name] = {**frames, "binned": binned}
+    return out
 
 
-def build_run_digest(run_dir: str | Path, evals: pd.DataFrame | None = None) -> Path | None:
-    """Digest a finished run's rows and keep the digest beside its traces; returns its
-    manifest's path (None for a run that has not ended: it gets none)."""
-    run = Path(run_dir)
-    if digest_state(run) == "running":
-        return None
-    signature = trace_signature(run)  # before the passes: a change during them leaves it stale
-    return write_digest(run, digest_frames(run, evals), signature)
+def _of_run(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    """The rows of one run (in their order)."""
+    return frame[frame["run_id"] == run_id].reset_index(drop=True)
+
+
+def build_run_digests(
+    run_dirs: Iterable[str | Path],
+    evals: pd.DataFrame | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """Digest the rows of the runs that have ended, in one set of passes, and keep each run's
+    digest beside its traces; returns the manifests' paths (a run that has not ended gets
+    none). ``progress``: told of each run whose digest is written."""
+    ended = [Path(d) for d in run_dirs if digest_state(d) != "running"]
+    if not ended:
+        return []
+    # each run's trace files before the passes: a change during them leaves the digest stale
+    signatures = {run.name: trace_signature(run) for run in ended}
+    frames = digest_frames(ended, _of_runs(evals, [run.name for run in ended]))
+    written = []
+    for run in ended:
+        written.append(write_digest(run, frames[run.name], signatures[run.name]))
+        if progress is not None:
+            progress(run.name)
+    return written
 
 
 def digest_at_end(run_dir: str | Path) -> Path | None:
@@ -86,7 +106,8 @@ def digest_at_end(run_dir: str | Path) -> Path | None:
     :data:`AT_END_ROWS` step rows (None otherwise: its first reader builds it)."""
     if parquet_rows([run_dir]) < AT_END_ROWS:
         return None
-    return build_run_digest(run_dir)
+    written = build_run_digests([run_dir])
+    return written[0] if written else None
 
 
 def open_steps(
@@ -96,29 +117,28 @@ def open_steps(
     progress: Callable[[str], None] | None = None,
 ) -> StoredSteps:
     """The step rows of ``run_dirs`` for the analysis: from the runs' digests when every run
-    has a valid one (those missing or stale are built first unless ``build`` is False), else
-    from the rows through the engine. The result's ``source`` is ``"digests"`` or ``"rows"``;
-    ``note`` says why the rows were read (empty from digests). ``progress``: told of each run
-    digested."""
+    has a valid one (those missing or stale are built first, together, unless ``build`` is
+    False), else from the rows through the engine. The result's ``source`` is ``"digests"`` or
+    ``"rows"``; ``note`` says why the rows were read (empty from digests). ``progress``: told
+    of each run digested."""
     runs = [Path(p) for p in run_dirs]
-    digests = []
+    found = {run: read_digest(run) for run in runs}
+    todo = [r for r, d in found.items() if d is None and digest_state(r) in ("missing", "stale")]
+    if build and todo:
+        build_run_digests(todo, evals, progress)
+        found.update({run: read_digest(run) for run in todo})
     note = ""
-    for run in runs:
-        state = digest_state(run)
-        if state in ("missing", "stale") and build:
-            build_run_digest(run, _run_evals(evals, run.name))
-            if progress is not None:
-                progress(run.name)
-        found = read_digest(run)
-        if found is None:
+    for run, digest in found.items():
+        if digest is None:
             state = digest_state(run)
             note = f"read from the step rows: run {run.name} {_WHY.get(state, state)}"
             break
-        digests.append(found)
     if note or not runs:
         steps = StoredSteps(runs, evals)
     else:
-        steps = StoredSteps(runs, evals, frames=DigestFrames(runs, digests, evals))
+        digests = [found[run] for run in runs]
+        frames = DigestFrames(runs, [d for d in digests if d is not None], evals)
+        steps = StoredSteps(runs, evals, frames=frames)
     steps.note = note
     return steps
 
@@ -130,8 +150,8 @@ _WHY = {
 }
 
 
-def _run_evals(evals: pd.DataFrame | None, run_id: str) -> pd.DataFrame | None:
-    """The evaluation rows of one run out of a sweep's (None: read them from its files)."""
+def _of_runs(evals: pd.DataFrame | None, run_ids: list[str]) -> pd.DataFrame | None:
+    """The evaluation rows of some runs out of a sweep's (None: read them from their files)."""
     if evals is None or "run_id" not in evals.columns:
         return None
-    return evals[evals["run_id"] == run_id].reset_index(drop=True)
+    return evals[evals["run_id"].isin(run_ids)].reset_index(drop=True)

@@ -53,6 +53,8 @@ class StoredSteps:
         #: Why the rows were read where digests could not serve (``open_steps`` says).
         self.note = ""
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
+        #: :func:`workbench.analysis.windows.measured_window` by the evaluations it was given.
+        self.windows: dict[int, tuple[object, pd.DataFrame]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
 

@@ -104,6 +104,7 @@ class StepFrames:
         if self._byte_groups is None:
             self.per_rank()
         byte_groups = self._byte_groups
+        assert byte_groups is not None
         runs: list[object] = []
         values: dict[str, list[float]] = {"comm_bytes": [], "comm_buckets": []}
         rows: list[int] = []

@@ -30,6 +30,7 @@ from workbench.analysis.windows import warmup_once
 from workbench.store.engine import parquet_rows
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.store.run_digest import digest_state
 from workbench.store.tunes import load_tunes
 from workbench.ui.catalogue import (
     FigureContext,
@@ -353,10 +354,14 @@ def report_from_store(
         )
     runs = load_runs(sweep_root, sweeps)
     runs = runs[runs["path"].isin([str(p) for p in run_dirs])]
-    tell = Stages(progress, parquet_rows(run_dirs), len(run_dirs))
+    # the rows' count from the files' footers (a thousand files: half a second) only where a
+    # pass will read them; a digest counts its own
+    digested = all(digest_state(d) == "valid" for d in run_dirs)
+    tell = Stages(progress, 0 if digested else parquet_rows(run_dirs), len(run_dirs))
     evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
     tell("run digests")
     with open_steps(run_dirs, evals, progress=tell.digested) as steps:
+        tell.rows = tell.rows or int(steps.runs["rows"].sum())
         if steps.source == "rows":  # a run still running: the step rows stay in the engine
             tell("steps, per step")
             tell("steps, per rank")
