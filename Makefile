@@ -17,6 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev,hf]'
+	# jsonschema (under nbformat, so papermill and plotly's FigureWidget) imports rfc3987-syntax
+	# where it is installed, which builds 38 IRI parsers on import: 2 s in every process that
+	# imports nbformat, a Dashboard's first draw among them. Nothing here validates IRIs.
+	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
 	# Byte-code for the package once: every rank, kernel and CLI process reads it instead of
 	# compiling the sources again (where PYTHONDONTWRITEBYTECODE keeps them from caching it).
 	$(PY) -m compileall -q workbench tests benchmarks examples >/dev/null

@@ -7,6 +7,7 @@ claim (generated stores and a fixed sweep); the benchmark's is their speed and s
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -96,9 +97,25 @@ def test_a_small_run_is_left_to_its_first_reader(run_path: Path) -> None:
     assert rows < run_digests.AT_END_ROWS  # the default threshold
     for path in (run_path / DIGEST_DIR).iterdir():
         path.unlink()
-    assert digest_at_end(run_path) is None and digest_state(run_path) == "missing"
+    assert not digest_at_end(run_path) and digest_state(run_path) == "missing"
     with open_steps([run_path], build=False) as steps:
         assert steps.source == "rows" and "has no digest" in steps.note
     with open_steps([run_path]) as steps:
         assert steps.source == "digests"
     assert digest_state(run_path) == "valid"
+
+
+@pytest.mark.slow
+def test_a_digest_that_cannot_be_kept_is_said_and_what_was_computed_still_serves(
+    run_path: Path,
+) -> None:
+    shutil.rmtree(run_path / DIGEST_DIR, ignore_errors=True)
+    (run_path / DIGEST_DIR).write_text("")  # a file where the folder goes: no digest written
+    try:
+        with pytest.warns(UserWarning, match=f"run {run_path.name}: its digest was not kept"):
+            steps = open_steps([run_path])
+        with steps:
+            assert steps.source == "digests" and not steps.empty
+        assert digest_state(run_path) == "missing"
+    finally:
+        (run_path / DIGEST_DIR).unlink()

@@ -19,6 +19,7 @@ a detected warm-up and a planted slow rank covers every entry point at once.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,14 +40,15 @@ from workbench.analysis.finding import findings
 from workbench.analysis.losses import run_parts
 from workbench.analysis.memory import memory_by_rank
 from workbench.analysis.network import fit_network
+from workbench.analysis.run_digests import build_run_digests, open_steps
 from workbench.analysis.scaling import run_table, scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
-from workbench.analysis.run_digests import open_steps
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import eval_rows, measured_window
 from workbench.store.files import update_run
 from workbench.store.load import load_traces
+from workbench.store.run_digest import DIGEST_DIR
 from workbench.ui.catalogue import focus_run
 from workbench.ui.plots import loss_curves_figure, rank_spread_figure, step_time_heatmap
 
@@ -265,8 +267,9 @@ class Store:
     frame, its evaluations (``evals``: ``None`` for none, as the report passes them), the
     evaluations both paths are given (``given``: ``evals``, or ``None`` with ``use_evals``
     false) and the stored path's steps, built with ``given`` (``stored``; close the store):
-    through the engine over the rows, or with ``digested`` from the runs' digests (built here,
-    as the first reader builds them, from each run's own evaluations)."""
+    through the engine over the rows, or with ``digested`` from the runs' digests as read back
+    from their files (built here first, from each run's own evaluations; the fixed sweep also
+    takes them as the first reader has them, just computed)."""
 
     def __init__(self, dirs: list[Path], use_evals: bool = True, digested: bool = False) -> None:
         self.dirs = dirs
@@ -277,7 +280,8 @@ class Store:
         self.given = self.evals if use_evals else None
         if digested:
             mark_ended(dirs)
-            self.stored = open_steps(dirs, self.given)
+            build_run_digests(dirs, self.given)
+            self.stored = open_steps(dirs, self.given, build=False)
             assert self.stored.source == "digests", self.stored.note
         else:
             self.stored = StoredSteps(dirs, self.given)
@@ -574,8 +578,21 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
     with Store(dirs, use_evals=False) as s:
         check_window(s, d)
         check_breakdown(s, d)
-    with Store(dirs, digested=True) as s:
-        on_digests = d.under("digests")
+    for build in ("first reader", "read back"):
+        if build == "first reader":
+            for run in dirs:  # no digest yet: the reader builds them and uses what it built
+                shutil.rmtree(run / DIGEST_DIR, ignore_errors=True)
+        check_on_digests(dirs, d.under(f"digests, {build}"))
+    d.done()
+
+
+def check_on_digests(dirs: list[Path], on_digests: Diffs) -> None:
+    """Every check of the fixed sweep on its digests (as :func:`open_steps` has them)."""
+    mark_ended(dirs)
+    with Store(dirs) as s:
+        s.stored.close()
+        s.stored = open_steps(dirs, s.given)
+        assert s.stored.source == "digests", s.stored.note
         check_window(s, on_digests)
         check_breakdown(s, on_digests)
         for group_by in (None, []):
@@ -586,4 +603,3 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
         check_memory(s, on_digests)
         check_figures(s, on_digests)
         assert s.stored.digest.row_reads == 0  # a report's whole analysis, no row read
-    d.done()

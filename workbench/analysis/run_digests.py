@@ -13,6 +13,7 @@ otherwise (a run still running), and says which in ``source`` and ``note``. No t
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -83,31 +84,35 @@ def build_run_digests(
     run_dirs: Iterable[str | Path],
     evals: pd.DataFrame | None = None,
     progress: Callable[[str], None] | None = None,
-) -> list[Path]:
+) -> dict[str, dict[str, pd.DataFrame]]:
     """Digest the rows of the runs that have ended, in one set of passes, and keep each run's
-    digest beside its traces; returns the manifests' paths (a run that has not ended gets
-    none). ``progress``: told of each run whose digest is written."""
+    digest beside its traces; returns the frames by run id (a run that has not ended gets
+    none). A digest that cannot be written (a store read-only to this user) is said in a
+    warning and left to the next reader. ``progress``: told of each run digested."""
     ended = [Path(d) for d in run_dirs if digest_state(d) != "running"]
     if not ended:
-        return []
+        return {}
     # each run's trace files before the passes: a change during them leaves the digest stale
     signatures = {run.name: trace_signature(run) for run in ended}
     frames = digest_frames(ended, _of_runs(evals, [run.name for run in ended]))
-    written = []
     for run in ended:
-        written.append(write_digest(run, frames[run.name], signatures[run.name]))
+        try:
+            write_digest(run, frames[run.name], signatures[run.name])
+        except OSError as exc:
+            warnings.warn(f"run {run.name}: its digest was not kept ({exc})", stacklevel=2)
         if progress is not None:
             progress(run.name)
-    return written
+    return frames
 
 
-def digest_at_end(run_dir: str | Path) -> Path | None:
+def digest_at_end(run_dir: str | Path) -> bool:
     """The launcher's digest of a run that has just ended, when the run has at least
-    :data:`AT_END_ROWS` step rows (None otherwise: its first reader builds it)."""
+    :data:`AT_END_ROWS` step rows (otherwise its first reader builds it); whether one was
+    written."""
     if parquet_rows([run_dir]) < AT_END_ROWS:
-        return None
-    written = build_run_digests([run_dir])
-    return written[0] if written else None
+        return False
+    build_run_digests([run_dir])
+    return digest_state(run_dir) == "valid"
 
 
 def open_steps(
@@ -124,9 +129,9 @@ def open_steps(
     runs = [Path(p) for p in run_dirs]
     found = {run: read_digest(run) for run in runs}
     todo = [r for r, d in found.items() if d is None and digest_state(r) in ("missing", "stale")]
-    if build and todo:
-        build_run_digests(todo, evals, progress)
-        found.update({run: read_digest(run) for run in todo})
+    if build and todo:  # the frames just computed, whether or not they could be kept
+        built = build_run_digests(todo, evals, progress)
+        found.update({run: built.get(run.name) for run in todo})
     note = ""
     for run, digest in found.items():
         if digest is None:
