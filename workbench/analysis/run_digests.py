@@ -1,6 +1,6 @@
 """Run digests, built and read: a finished run's step rows are digested once
-(:mod:`workbench.store.run_digest`), and every report, dashboard, ``predict`` and ``tune`` after
-reads the digest instead of the rows.
+(:mod:`workbench.store.run_digest`), and every report, Dashboard, ``predict`` and printed finding
+after reads the digest instead of the rows (a tune reads its one base run's rows as a frame).
 
 :func:`build_run_digests` runs the engine's passes over the runs' rows once (the per-step pass,
 the warm-up rule, the per-rank pass, DDP's sampled rows, the straggler pass with its heatmap
@@ -40,19 +40,33 @@ AT_END_ROWS = int(os.environ.get("WORKBENCH_DIGEST_AT_END_ROWS", "100000"))
 BINNED_VALUES = ["step_s", "compute_s"]
 
 
+#: Told the pass that starts (``stage``) and the cells each run attempt's straggler pass ranked
+#: (``ranked``): a report's progress bar.
+Stage = Callable[[str], None]
+Ranked = Callable[[int], None]
+
+
 def digest_frames(
-    run_dirs: Iterable[str | Path], evals: pd.DataFrame | None = None
+    run_dirs: Iterable[str | Path],
+    evals: pd.DataFrame | None = None,
+    stage: Stage | None = None,
+    ranked: Ranked | None = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Each run's digest frames, by run id: the passes a report runs over the runs' rows
     through the engine, once for them all, their frames then split by run (each is per run).
     ``evals``: the runs' evaluation rows (read from their files when not given)."""
     runs = [Path(d) for d in run_dirs]
+    tell = stage or (lambda name: None)
     if evals is None:
         evals = load_traces(runs, "eval")
+    tell("steps, per step")
     with StoredSteps(runs, evals) as steps:
+        tell("steps, per rank")
         _ = steps.known  # the per-rank pass first, as a report runs it
+        tell("stragglers")
         threshold, min_steps, persistence, measure = DEFAULT_RULE
-        found = stragglers_in_store(runs, threshold, min_steps, persistence, measure, stored=steps)
+        rule = (threshold, min_steps, persistence, measure)
+        found = stragglers_in_store(runs, *rule, stored=steps, ranked=ranked)
         tables = {
             "per_step": steps.digest.per_step,
             "cut": steps.digest.cut,
@@ -83,25 +97,24 @@ def _of_run(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
 def build_run_digests(
     run_dirs: Iterable[str | Path],
     evals: pd.DataFrame | None = None,
-    progress: Callable[[str], None] | None = None,
+    stage: Stage | None = None,
+    ranked: Ranked | None = None,
 ) -> dict[str, dict[str, pd.DataFrame]]:
     """Digest the rows of the runs that have ended, in one set of passes, and keep each run's
     digest beside its traces; returns the frames by run id (a run that has not ended gets
     none). A digest that cannot be written (a store read-only to this user) is said in a
-    warning and left to the next reader. ``progress``: told of each run digested."""
+    warning and left to the next reader. ``stage``, ``ranked``: a progress bar's."""
     ended = [Path(d) for d in run_dirs if digest_state(d) != "running"]
     if not ended:
         return {}
     # each run's trace files before the passes: a change during them leaves the digest stale
     signatures = {run.name: trace_signature(run) for run in ended}
-    frames = digest_frames(ended, _of_runs(evals, [run.name for run in ended]))
+    frames = digest_frames(ended, _of_runs(evals, [run.name for run in ended]), stage, ranked)
     for run in ended:
         try:
             write_digest(run, frames[run.name], signatures[run.name])
         except OSError as exc:
             warnings.warn(f"run {run.name}: its digest was not kept ({exc})", stacklevel=2)
-        if progress is not None:
-            progress(run.name)
     return frames
 
 
@@ -119,18 +132,21 @@ def open_steps(
     run_dirs: Iterable[str | Path],
     evals: pd.DataFrame | None = None,
     build: bool = True,
-    progress: Callable[[str], None] | None = None,
+    stage: Stage | None = None,
+    ranked: Ranked | None = None,
 ) -> StoredSteps:
     """The step rows of ``run_dirs`` for the analysis: from the runs' digests when every run
     has a valid one (those missing or stale are built first, together, unless ``build`` is
     False), else from the rows through the engine. The result's ``source`` is ``"digests"`` or
-    ``"rows"``; ``note`` says why the rows were read (empty from digests). ``progress``: told
-    of each run digested."""
+    ``"rows"``; ``note`` says why the rows were read (empty from digests). Where a run is
+    still running, nothing is built: its rows are read anyway. ``stage``, ``ranked``: told
+    as the digests are built (a progress bar's)."""
     runs = [Path(p) for p in run_dirs]
     found = {run: read_digest(run) for run in runs}
-    todo = [r for r, d in found.items() if d is None and digest_state(r) in ("missing", "stale")]
-    if build and todo:  # the frames just computed, whether or not they could be kept
-        built = build_run_digests(todo, evals, progress)
+    states = {run: digest_state(run) for run, d in found.items() if d is None}
+    todo = [r for r, state in states.items() if state in ("missing", "stale")]
+    if build and todo and "running" not in states.values():
+        built = build_run_digests(todo, evals, stage, ranked)  # used whether or not kept
         found.update({run: built.get(run.name) for run in todo})
     note = ""
     for run, digest in found.items():

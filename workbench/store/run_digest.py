@@ -1,6 +1,6 @@
-"""A finished run's digest: the small frames that every report, dashboard, ``predict`` and
-``tune`` compute their tables and figures from, written once beside the traces and read in place
-of the step rows.
+"""A finished run's digest: the small frames that every report, Dashboard, ``predict`` and
+printed finding compute their tables and figures from, written once beside the traces and read
+in place of the step rows.
 
 On disk, ``<run>/digest/``: one Parquet file per frame and ``digest.json``, written last, which
 names them and holds :data:`DIGEST_VERSION` and the signature of the trace files the frames came

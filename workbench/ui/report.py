@@ -357,10 +357,9 @@ def report_from_store(
     # the rows' count from the files' footers (a thousand files: half a second) only where a
     # pass will read them; a digest counts its own
     digested = all(digest_state(d) == "valid" for d in run_dirs)
-    tell = Stages(progress, 0 if digested else parquet_rows(run_dirs), len(run_dirs))
+    tell = Stages(progress, 0 if digested else parquet_rows(run_dirs))
     evals = load_traces(run_dirs, "eval")  # one row per rank and evaluation: small
-    tell("run digests")
-    with open_steps(run_dirs, evals, progress=tell.digested) as steps:
+    with open_steps(run_dirs, evals, stage=tell, ranked=tell.ranked) as steps:  # builds them
         tell.rows = tell.rows or int(steps.runs["rows"].sum())
         if steps.source == "rows":  # a run still running: the step rows stay in the engine
             tell("steps, per step")

@@ -9,10 +9,9 @@ from collections.abc import Callable
 #: work done (0 to 1) and the step rows it reads (from the files' footers, before any pass).
 ReportProgress = Callable[[str, float, int], None]
 #: Where each stage starts, as a share of a large report's time (at 102.3 M rows: the per-step
-#: pass 17 %, the per-rank pass 32 %, the straggler pass 36 %, the figures and tables the rest;
-#: the runs' digests, when the report builds them, are those passes run by run).
+#: pass 17 %, the per-rank pass 32 %, the straggler pass 36 %, the figures and tables the rest:
+#: the passes run where the report builds the runs' digests, or reads a running run's rows).
 STAGE_STARTS = {
-    "run digests": 0.0,  # each run's passes, once, as the first reader (or none: all kept)
     "steps, per step": 0.0,
     "steps, per rank": 0.17,
     "stragglers": 0.49,
@@ -26,22 +25,15 @@ class Stages:
     report done (:data:`STAGE_STARTS`; within the straggler pass, by the cells of the run
     attempts ranked) and the step rows."""
 
-    def __init__(self, progress: ReportProgress | None, rows: int, runs: int = 1) -> None:
+    def __init__(self, progress: ReportProgress | None, rows: int) -> None:
         self.progress, self.rows, self.cells = progress, rows, 0
-        self.runs, self.digests = runs, 0
 
     def __call__(self, stage: str, within: float = 0.0) -> None:
         if self.progress is not None:
             names = list(STAGE_STARTS)
             start = STAGE_STARTS[stage]
-            later = [STAGE_STARTS[n] for n in names[names.index(stage) + 1 :]]
-            end = next((t for t in later if t > start), 1.0)  # the digests span the passes
+            end = STAGE_STARTS[names[min(names.index(stage) + 1, len(names) - 1)]]
             self.progress(stage, start + (end - start) * min(1.0, within), self.rows)
-
-    def digested(self, run_id: str) -> None:
-        """One more run digested (its passes over its rows)."""
-        self.digests += 1
-        self("run digests", self.digests / max(1, self.runs))
 
     def ranked(self, cells: int) -> None:
         self.cells += cells
