@@ -566,15 +566,7 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
         assert window.loc["ws2", "warmup_detected_steps"] == 1
         assert window.loc["ws3", "attempts"] == 2
         assert fit_network(s.frame, s.runs).model is not None
-        check_window(s, d)
-        check_breakdown(s, d)
-        for group_by in (None, []):
-            check_tables(s, d, group_by)
-            check_comm(s, d, group_by)
-            check_network(s, d, group_by)
-            check_finding(s, d, group_by)
-        check_memory(s, d)
-        check_figures(s, d)
+        check_everything(s, d)
     with Store(dirs, use_evals=False) as s:
         check_window(s, d)
         check_breakdown(s, d)
@@ -586,6 +578,19 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
     d.done()
 
 
+def check_everything(s: Store, d: Diffs) -> None:
+    """Every entry point of the fixed sweep, with the default grouping and with one group."""
+    check_window(s, d)
+    check_breakdown(s, d)
+    for group_by in (None, []):
+        check_tables(s, d, group_by)
+        check_comm(s, d, group_by)
+        check_network(s, d, group_by)
+        check_finding(s, d, group_by)
+    check_memory(s, d)
+    check_figures(s, d)
+
+
 def check_on_digests(dirs: list[Path], on_digests: Diffs) -> None:
     """Every check of the fixed sweep on its digests (as :func:`open_steps` has them)."""
     mark_ended(dirs)
@@ -593,13 +598,5 @@ def check_on_digests(dirs: list[Path], on_digests: Diffs) -> None:
         s.stored.close()
         s.stored = open_steps(dirs, s.given)
         assert s.stored.source == "digests", s.stored.note
-        check_window(s, on_digests)
-        check_breakdown(s, on_digests)
-        for group_by in (None, []):
-            check_tables(s, on_digests, group_by)
-            check_comm(s, on_digests, group_by)
-            check_network(s, on_digests, group_by)
-            check_finding(s, on_digests, group_by)
-        check_memory(s, on_digests)
-        check_figures(s, on_digests)
+        check_everything(s, on_digests)
         assert s.stored.digest.row_reads == 0  # a report's whole analysis, no row read
