@@ -205,7 +205,8 @@ BATCH, ACCUM = 8, 2
 
 @pytest.fixture(scope="module")
 def flops_run(store: Path):  # type: ignore[no-untyped-def]
-    """A 1-rank CPU run of the default transformer with 2 gradient accumulation micro-batches."""
+    """A 1-rank CPU run of the default transformer with 2 gradient accumulation micro-batches,
+    10 steps."""
     handle = launch(
         base_config(
             store,
@@ -252,15 +253,19 @@ def test_the_scaling_table_shows_achieved_tflops_and_why_no_mfu(flops_run, tmp_p
     table = scaling_table(runs, steps)
     assert len(table) == 1
     flops = read_json(flops_run.path / "run.json")["flops"]
-    measured = steps[~steps["warmup"]]
-    # independent of the analysis: FLOPs per step over the median step time; the table's rate
-    # is over the window's wall time, which also holds the gaps between steps: a little lower.
-    # The median, not the mean: a forked pool worker's first steps after the configured
-    # warm-up can be slow (copy-on-write), the analysis's detected warm-up leaves them out,
-    # and a mean over them put the table's rate 26 % above this one in a quiet CI run.
-    bare = flops["flops_per_step"] / measured["step_s"].median() / 1e12
+    measured = steps[~steps["warmup"]]["step_s"]
+    # independent of the analysis, from the rows: no window's rate can beat its fastest step, and
+    # the table's rate is over the window's wall time, which also holds the gaps between steps.
+    # The fastest step, not the median: a forked pool worker's first steps after the configured
+    # warm-up can be slow (copy-on-write); the analysis's detected warm-up leaves them out, and
+    # they put the table's rate 7 % above FLOPs over the median step in a CI run with 28 steps.
+    # A doubled count (the accumulation's micro-batches counted twice) is caught while the
+    # fastest step is more than half the median, which the first assertion holds.
+    assert measured.min() > 0.6 * measured.median(), measured.describe()
+    fastest = flops["flops_per_step"] / measured.min() / 1e12
+    typical = flops["flops_per_step"] / measured.median() / 1e12
     achieved = table["tflops_per_device"].iloc[0]
-    assert 0.3 * bare < achieved <= 1.01 * bare, (achieved, bare)
+    assert 0.3 * typical < achieved <= 1.01 * fastest, (achieved, typical, fastest)
     assert math.isnan(table["mfu"].iloc[0])
     assert table["mfu_note"].iloc[0].startswith("no MFU on CPU")
     report = write_report(runs, steps, None, tmp_path / "report.html").read_text()

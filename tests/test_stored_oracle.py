@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from workbench.analysis.scaling import run_table, scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps
+from workbench.analysis.tune_measure import model_inputs, run_diagnosis
 from workbench.analysis.windows import eval_rows, measured_window
 from workbench.store.files import update_run
 from workbench.store.load import load_traces
@@ -186,10 +188,11 @@ class Diffs:
                     self.add(where, f"stored {a.tolist()} != frame {b.tolist()}")
 
     def outcomes(
-        self, got: Callable[[], Any], want: Callable[[], Any], what: str
+        self, got: Callable[[], Any], want: tuple[str, Any], what: str
     ) -> tuple[Any, Any] | None:
-        """Both calls refused alike (``None``) or both gave a result (the pair, to compare)."""
-        a, b = _outcome(got), _outcome(want)
+        """Both refused alike (``None``) or both gave a result (the pair, to compare); ``want``
+        is the frame path's :func:`_outcome`, computed once for every stored path."""
+        a, b = _outcome(got), want
         if a[0] != b[0] or (b[0] == "raised" and a[1] != b[1]):
             self.add(what, f"stored {_short(a)} != frame {_short(b)}")
             return None
@@ -266,31 +269,60 @@ class Store:
     """One written store: its run folders, the frame path's step rows (``frame``), its runs
     frame, its evaluations (``evals``: ``None`` for none, as the report passes them), the
     evaluations both paths are given (``given``: ``evals``, or ``None`` with ``use_evals``
-    false) and the stored path's steps, built with ``given`` (``stored``; close the store):
-    through the engine over the rows, or with ``digested`` from the runs' digests as read back
-    from their files (built here first, from each run's own evaluations; the fixed sweep also
-    takes them as the first reader has them, just computed)."""
+    false) and the stored paths, each built with ``given`` (close the store). Each check
+    computes the frame path's answer once and compares every stored path with it:
 
-    def __init__(self, dirs: list[Path], use_evals: bool = True, digested: bool = False) -> None:
+    - ``engine``: the engine over the rows (:class:`StoredSteps`);
+    - ``digests``: the runs' digests as read back from their files (built here first, from
+      each run's own evaluations);
+    - ``digests, first reader``: none on disk, :func:`open_steps` builds them and uses them;
+    - ``digests, read back``: :func:`open_steps` on the digests already on disk.
+    """
+
+    def __init__(
+        self, dirs: list[Path], use_evals: bool = True, paths: Sequence[str] = ("engine",)
+    ) -> None:
         self.dirs = dirs
         self.frame = load_traces(dirs)
         self.runs = runs_of(self.frame)
         evals = load_traces(dirs, "eval")
         self.evals = evals if len(evals) else None
         self.given = self.evals if use_evals else None
-        if digested:
-            mark_ended(dirs)
-            build_run_digests(dirs, self.given)
-            self.stored = open_steps(dirs, self.given, build=False)
-            assert self.stored.source == "digests", self.stored.note
+        self.paths: list[tuple[str, StoredSteps]] = []
+        for path in paths:
+            self.paths.append((path, self._open(path)))
+
+    def _open(self, path: str) -> StoredSteps:
+        if path == "engine":
+            return StoredSteps(self.dirs, self.given)
+        mark_ended(self.dirs)
+        if path == "digests":
+            build_run_digests(self.dirs, self.given)
+            stored = open_steps(self.dirs, self.given, build=False)
         else:
-            self.stored = StoredSteps(dirs, self.given)
+            if path == "digests, first reader":
+                for run in self.dirs:
+                    shutil.rmtree(run / DIGEST_DIR, ignore_errors=True)
+            stored = open_steps(self.dirs, self.given)
+        assert stored.source == "digests", stored.note
+        return stored
+
+    def each(self, d: Diffs) -> Iterator[tuple[StoredSteps, Diffs]]:
+        """Every stored path, with the differences named by it (the engine's unnamed)."""
+        for path, stored in self.paths:
+            yield stored, d if path == "engine" else d.under(path)
 
     def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stored.close()
+        for _, stored in self.paths:
+            stored.close()
+
+
+def want(call: Callable[[], Any]) -> tuple[str, Any]:
+    """The frame path's outcome (see :meth:`Diffs.outcomes`)."""
+    return _outcome(call)
 
 
 def _with_store(
@@ -300,162 +332,161 @@ def _with_store(
     use_evals: bool = True,
 ) -> None:
     """Write ``runs`` in the store's layout (in a fresh temporary folder), run every check on it
-    through the engine and again from the runs' digests (one ``StoredSteps`` each), and fail
-    with every difference found. A digest counts each run's evaluations, so the digest path is
-    compared where the frame path is given them too (or there are none)."""
+    through the engine and from the runs' digests, and fail with every difference found. A
+    digest counts each run's evaluations, so the digest path is compared where the frame path
+    is given them too (or there are none)."""
     diffs = Diffs()
+    paths = ("engine", "digests") if use_evals or not evals else ("engine",)
     with tempfile.TemporaryDirectory() as folder:
         dirs = _write(Path(folder), runs, evals)
-        for digested in (False, True) if use_evals or not evals else (False,):
-            with Store(dirs, use_evals, digested) as store:
-                for check in checks:
-                    check(store, diffs if not digested else diffs.under("digests"))
+        with Store(dirs, use_evals, paths) as store:
+            for check in checks:
+                check(store, diffs)
     diffs.done()
 
 
 # ---------------------------------------------------------------------------------------------
 # The comparisons, one per group of entry points (three tests below share them out: one
 # store written and one digest computed per example serves several, which keeps the file's run
-# time near a minute; a difference in one test does not stop hypothesis exploring the others)
+# time near a minute; a difference in one test does not stop hypothesis exploring the others).
+# Each computes the frame path's answer once and compares every stored path with it.
 
 
 def check_window(s: Store, d: Diffs) -> None:
     """measured_window and eval_rows (the stored steps built with the evaluations the frame
     path is given: ``None`` or the evaluation rows)."""
     evals = s.given
-    stored = s.stored
-    d.frames(measured_window(stored, evals), measured_window(s.frame, evals), ["run_id"], "window")
-    if s.evals is not None:
-        d.frames(
-            eval_rows(s.evals, stored),
-            eval_rows(s.evals, s.frame),
-            ["run_id", "attempt", "step"],
-            "eval_rows",
-        )
+    window = measured_window(s.frame, evals)
+    rows = eval_rows(s.evals, s.frame) if s.evals is not None else None
+    for stored, dd in s.each(d):
+        dd.frames(measured_window(stored, evals), window, ["run_id"], "window")
+        if rows is not None:
+            keys = ["run_id", "attempt", "step"]
+            dd.frames(eval_rows(s.evals, stored), rows, keys, "eval_rows")
 
 
 def check_breakdown(s: Store, d: Diffs) -> None:
     """phase_breakdown: ``StoredSteps`` counts the evaluations it was built with, so both
     paths get the same (``None`` or the evaluation rows)."""
     evals = s.given
-    stored = s.stored
-    d.frames(
-        phase_breakdown(stored, evals),
-        phase_breakdown(s.frame, evals),
-        ["run_id", "rank"],
-        f"phase_breakdown(evals={'rows' if evals is not None else None})",
-    )
+    what = f"phase_breakdown(evals={'rows' if evals is not None else None})"
+    frame = phase_breakdown(s.frame, evals)
+    for stored, dd in s.each(d):
+        dd.frames(phase_breakdown(stored, evals), frame, ["run_id", "rank"], what)
 
 
 def check_tables(s: Store, d: Diffs, group_by: list[str] | None) -> None:
     """run_table and scaling_table."""
-    stored = s.stored
-    d.frames(
-        run_table(s.runs, stored, s.given, group_by),
-        run_table(s.runs, s.frame, s.given, group_by),
-        ["run_id", "scaling"],
-        "run_table",
-    )
-    pair = d.outcomes(
-        lambda: scaling_table(s.runs, stored, s.given, group_by),
-        lambda: scaling_table(s.runs, s.frame, s.given, group_by),
-        "scaling_table",
-    )
-    if pair is not None:
-        d.frames(*pair, [*(group_by or []), "scaling", "world_size", "nodes"], "scaling_table")
+    table = run_table(s.runs, s.frame, s.given, group_by)
+    scaling = want(lambda: scaling_table(s.runs, s.frame, s.given, group_by))
+    for stored, dd in s.each(d):
+        got = run_table(s.runs, stored, s.given, group_by)
+        dd.frames(got, table, ["run_id", "scaling"], "run_table")
+        pair = dd.outcomes(
+            lambda st=stored: scaling_table(s.runs, st, s.given, group_by),
+            scaling,
+            "scaling_table",
+        )
+        if pair is not None:
+            keys = [*(group_by or []), "scaling", "world_size", "nodes"]
+            dd.frames(*pair, keys, "scaling_table")
 
 
 def check_comm(s: Store, d: Diffs, group_by: list[str] | None) -> None:
     """communication (with and without runs) and run_parts (given the frame path's
     communication and run table, so that only its steps input differs)."""
-    stored = s.stored
     comm = communication(s.frame, s.runs, group_by)
-    d.frames(communication(stored, s.runs, group_by), comm, ["run_id", "rank"], "comm")
-    d.frames(communication(stored), communication(s.frame), ["run_id", "rank"], "comm()")
+    comm_alone = communication(s.frame)
     per_run = run_table(s.runs, s.frame, s.given, group_by).drop_duplicates("run_id")
-    d.frames(
-        run_parts(stored, comm, per_run).reset_index(),
-        run_parts(s.frame, comm, per_run).reset_index(),
-        ["run_id"],
-        "run_parts",
-    )
+    parts = run_parts(s.frame, comm, per_run).reset_index()
+    for stored, dd in s.each(d):
+        dd.frames(communication(stored, s.runs, group_by), comm, ["run_id", "rank"], "comm")
+        dd.frames(communication(stored), comm_alone, ["run_id", "rank"], "comm()")
+        got = run_parts(stored, comm, per_run).reset_index()
+        dd.frames(got, parts, ["run_id"], "run_parts")
 
 
 def check_memory(s: Store, d: Diffs) -> None:
     """memory_by_rank."""
-    stored = s.stored
-    d.frames(memory_by_rank(stored), memory_by_rank(s.frame), ["run_id", "rank"], "memory")
+    memory = memory_by_rank(s.frame)
+    for stored, dd in s.each(d):
+        dd.frames(memory_by_rank(stored), memory, ["run_id", "rank"], "memory")
 
 
 def check_network(s: Store, d: Diffs, group_by: list[str] | None) -> None:
     """fit_network (with and without runs) and predicted_vs_measured."""
-    stored = s.stored
-    for runs in (s.runs, None):
-        what = f"fit_network(runs={'runs' if runs is not None else None})"
-        got, want = fit_network(stored, runs), fit_network(s.frame, runs)
-        d.equal(got.note, want.note, f"{what} note")
-        d.equal(got.world_sizes, want.world_sizes, f"{what} world sizes")
-        d.floats(got.residual_s, want.residual_s, f"{what} residual")
-        d.equal(got.model is None, want.model is None, f"{what} model is None")
-        if want.model is not None and got.model is not None:
-            d.equal(got.model.name, want.model.name, f"{what} model name")
-            d.equal(got.model.description, want.model.description, f"{what} description")
-            d.floats(
-                [got.model.bandwidth_bytes_per_s, got.model.latency_s],
-                [want.model.bandwidth_bytes_per_s, want.model.latency_s],
-                f"{what} bandwidth, latency",
-            )
-    pair = d.outcomes(
-        lambda: predicted_vs_measured(s.runs, stored, None, group_by),
-        lambda: predicted_vs_measured(s.runs, s.frame, None, group_by),
-        "predicted_vs_measured",
-    )
-    if pair is not None:
-        curve = [*(group_by or []), "scaling", "nodes", "world_size"]
-        d.frames(*pair, curve, "predicted_vs_measured")
+    fits = {runs is None: fit_network(s.frame, runs) for runs in (s.runs, None)}
+    predicted = want(lambda: predicted_vs_measured(s.runs, s.frame, None, group_by))
+    for stored, dd in s.each(d):
+        for runs in (s.runs, None):
+            what = f"fit_network(runs={'runs' if runs is not None else None})"
+            got, fit = fit_network(stored, runs), fits[runs is None]
+            dd.equal(got.note, fit.note, f"{what} note")
+            dd.equal(got.world_sizes, fit.world_sizes, f"{what} world sizes")
+            dd.floats(got.residual_s, fit.residual_s, f"{what} residual")
+            dd.equal(got.model is None, fit.model is None, f"{what} model is None")
+            if fit.model is not None and got.model is not None:
+                dd.equal(got.model.name, fit.model.name, f"{what} model name")
+                dd.equal(got.model.description, fit.model.description, f"{what} description")
+                dd.floats(
+                    [got.model.bandwidth_bytes_per_s, got.model.latency_s],
+                    [fit.model.bandwidth_bytes_per_s, fit.model.latency_s],
+                    f"{what} bandwidth, latency",
+                )
+        pair = dd.outcomes(
+            lambda st=stored: predicted_vs_measured(s.runs, st, None, group_by),
+            predicted,
+            "predicted_vs_measured",
+        )
+        if pair is not None:
+            curve = [*(group_by or []), "scaling", "nodes", "world_size"]
+            dd.frames(*pair, curve, "predicted_vs_measured")
 
 
 def check_finding(s: Store, d: Diffs, group_by: list[str] | None) -> None:
     """The stragglers named, findings (given the frame path's stragglers) and focus_run (with
     them and with none)."""
     found = stragglers(s.frame)
-    stored = s.stored
-    named = stragglers_in_store(s.dirs, stored=stored)
-    d.frames(named, found, ["run_id", "attempt", "rank"], "stragglers")
-    pair = d.outcomes(
-        lambda: findings(s.runs, stored, group_by, s.given, found=found),
-        lambda: findings(s.runs, s.frame, group_by, s.given, found=found),
-        "findings",
-    )
-    if pair is not None:
-        d.equal(*pair, "findings")
-    for straggling in (found, found.iloc[0:0]):
-        what = f"focus_run({len(straggling)} stragglers)"
-        d.equal(focus_run(stored, straggling), focus_run(s.frame, straggling), what)
+    said = want(lambda: findings(s.runs, s.frame, group_by, s.given, found=found))
+    straggling = {len(f): (f, focus_run(s.frame, f)) for f in (found, found.iloc[0:0])}
+    for stored, dd in s.each(d):
+        named = stragglers_in_store(s.dirs, stored=stored)
+        dd.frames(named, found, ["run_id", "attempt", "rank"], "stragglers")
+        pair = dd.outcomes(
+            lambda st=stored: findings(s.runs, st, group_by, s.given, found=found),
+            said,
+            "findings",
+        )
+        if pair is not None:
+            dd.equal(*pair, "findings")
+        for n, (some, focus) in straggling.items():
+            dd.equal(focus_run(stored, some), focus, f"focus_run({n} stragglers)")
 
 
 def check_figures(s: Store, d: Diffs) -> None:
     """The heatmap (both values) and the rank spread of every run, and the loss curves."""
-    stored = s.stored
+    drawn: dict[str, tuple[Callable[[Any], Any], tuple[str, Any], str]] = {}
     for run_id in sorted(s.frame["run_id"].unique()):
         for value in ("step_s", "compute_s"):
             what = f"step_time_heatmap({run_id}, {value})"
-            pair = d.outcomes(
-                lambda r=run_id, v=value: step_time_heatmap(stored, r, v),
-                lambda r=run_id, v=value: step_time_heatmap(s.frame, r, v),
-                what,
+            drawn[what] = (
+                lambda st, r=run_id, v=value: step_time_heatmap(st, r, v),
+                want(lambda r=run_id, v=value: step_time_heatmap(s.frame, r, v)),
+                "zxy",
             )
-            if pair is not None:
-                d.figures(*pair, what, axes="zxy")
         what = f"rank_spread_figure({run_id})"
-        pair = d.outcomes(
-            lambda r=run_id: rank_spread_figure(stored, r),
-            lambda r=run_id: rank_spread_figure(s.frame, r),
-            what,
+        drawn[what] = (
+            lambda st, r=run_id: rank_spread_figure(st, r),
+            want(lambda r=run_id: rank_spread_figure(s.frame, r)),
+            "xy",
         )
-        if pair is not None:
-            d.figures(*pair, what)
-    d.figures(loss_curves_figure(stored), loss_curves_figure(s.frame), "loss_curves")
+    curves = loss_curves_figure(s.frame)
+    for stored, dd in s.each(d):
+        for what, (draw, figure, axes) in drawn.items():
+            pair = dd.outcomes(lambda st=stored, f=draw: f(st), figure, what)
+            if pair is not None:
+                dd.figures(*pair, what, axes=axes)
+        dd.figures(loss_curves_figure(stored), curves, "loss_curves")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,7 +587,7 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
             rows.to_parquet(traces / schema.eval_file(int(rank)))
     dirs = [tmp_path / "sweep" / f"ws{n}" for n in SWEEP]
     d = Diffs()
-    with Store(dirs) as s:
+    with Store(dirs, paths=("engine", "digests, first reader", "digests, read back")) as s:
         assert s.evals is not None and set(s.frame["attempt"]) == {0, 1}
         found = stragglers(s.frame)
         assert found[["run_id", "rank", "start_step"]].values.tolist() == [
@@ -567,15 +598,43 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
         assert window.loc["ws3", "attempts"] == 2
         assert fit_network(s.frame, s.runs).model is not None
         check_everything(s, d)
+        for path, stored in s.paths[1:]:  # a report's whole analysis, no row read
+            assert stored.digest.row_reads == 0, path
     with Store(dirs, use_evals=False) as s:
         check_window(s, d)
         check_breakdown(s, d)
-    for build in ("first reader", "read back"):
-        if build == "first reader":
-            for run in dirs:  # no digest yet: the reader builds them and uses what it built
-                shutil.rmtree(run / DIGEST_DIR, ignore_errors=True)
-        check_on_digests(dirs, d.under(f"digests, {build}"))
+    check_tune_base(dirs, d.under("digests, tune"))
     d.done()
+
+
+def check_tune_base(dirs: list[Path], d: Diffs) -> None:
+    """What ``workbench tune`` reads of a base run, each run of the fixed sweep in turn: its
+    diagnosis and the scaling model's inputs, from the run's digest as the tune opens it
+    against the run's rows."""
+    for run in dirs:
+        frame = load_traces([run])
+        evals = load_traces([run], "eval")
+        runs = runs_of(frame)
+        diagnosis = run_diagnosis(runs, frame)
+        inputs = asdict(model_inputs(runs, frame, {}))
+        with open_steps([run], evals if len(evals) else None) as stored:
+            assert stored.source == "digests", stored.note
+            _same_record(d, run_diagnosis(runs, stored), diagnosis, f"{run.name} diagnosis")
+            got = asdict(model_inputs(runs, stored, {}))
+        _same_record(d, got, inputs, f"{run.name} model inputs")
+
+
+def _same_record(d: Diffs, got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    """Two flat or nested records: the same keys, numbers to 1e-9, the rest exactly."""
+    d.equal(sorted(got), sorted(want), f"{what} keys")
+    for key, value in want.items():
+        where = f"{what}.{key}"
+        if isinstance(value, dict):
+            _same_record(d, got.get(key, {}), value, where)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            d.floats([got.get(key)], [value], where)
+        else:
+            d.equal(got.get(key), value, where)
 
 
 def check_everything(s: Store, d: Diffs) -> None:
@@ -589,14 +648,3 @@ def check_everything(s: Store, d: Diffs) -> None:
         check_finding(s, d, group_by)
     check_memory(s, d)
     check_figures(s, d)
-
-
-def check_on_digests(dirs: list[Path], on_digests: Diffs) -> None:
-    """Every check of the fixed sweep on its digests (as :func:`open_steps` has them)."""
-    mark_ended(dirs)
-    with Store(dirs) as s:
-        s.stored.close()
-        s.stored = open_steps(dirs, s.given)
-        assert s.stored.source == "digests", s.stored.note
-        check_everything(s, on_digests)
-        assert s.stored.digest.row_reads == 0  # a report's whole analysis, no row read

@@ -429,9 +429,12 @@ def test_a_compute_bound_run_reports_no_gain_rather_than_noise(demo_runs) -> Non
     result = tune(demo_runs["transformer"], budget_s=300)
     assert result.diagnosis["cause"] == "compute"
     assert result.candidates == [] and result.best == {} and result.said
-    # a change that does nothing here (one rank) is measured: it must not come out a winner
+    # a change that changes nothing (the base's own value) is measured: it must not come out a
+    # winner. Not gradient_as_bucket_view=True: at one rank DDP still copies the gradients into
+    # its bucket, and the view saves that copy (+5 % over 8 tunes here, 7 of them above 0), so
+    # a tune may rightly measure it better
     planted = tune(
-        demo_runs["transformer"], budget_s=300, changes=[{"gradient_as_bucket_view": True}]
+        demo_runs["transformer"], budget_s=300, changes=[{"gradient_as_bucket_view": False}]
     )
     (row,) = planted.candidates
     assert row["predicted_gain"] == pytest.approx(0.0)

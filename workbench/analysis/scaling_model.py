@@ -81,6 +81,13 @@ class Base:
 def model_curve(
     base: Base, network: NetworkModel, world_sizes: Sequence[int], overlap: float
 ) -> pd.DataFrame:
+    """:func:`model_arrays` as a frame, one row per world size."""
+    return pd.DataFrame(model_arrays(base, network, world_sizes, overlap))
+
+
+def model_arrays(
+    base: Base, network: NetworkModel, world_sizes: Sequence[int], overlap: float
+) -> dict[str, np.ndarray]:
     """The model at ``world_sizes`` from ``base``: ``world_size, compute_s, comm_s`` (ring time),
     ``exposed_comm_s, step_s, samples_per_s, samples_per_s_per_device``, ``speedup`` (over one
     device running compute only) and ``efficiency``. Exposed communication is ``(1 - overlap)``
@@ -117,20 +124,18 @@ def model_curve(
     with np.errstate(divide="ignore", invalid="ignore"):
         one_device = np.float64(base.samples_per_step) / (compute_b * base.world_size)
         rate = np.where(step > 0, samples / np.where(step > 0, step, 1.0), np.nan)
-    out = pd.DataFrame(
-        {
-            "world_size": n,
-            "compute_s": compute,
-            "comm_s": comm,
-            "exposed_comm_s": exposed,
-            "step_s": step,
-            "samples_per_s": rate,
-            "samples_per_s_per_device": rate / n,
-        }
-    )
-    out["speedup"] = out["samples_per_s"] / one_device
-    out["efficiency"] = out["speedup"] / out["world_size"]
-    return out
+        speedup = rate / one_device
+    return {
+        "world_size": n,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "step_s": step,
+        "samples_per_s": rate,
+        "samples_per_s_per_device": rate / n,
+        "speedup": speedup,
+        "efficiency": speedup / n,
+    }
 
 
 def _bytes_and_buckets(

@@ -92,7 +92,7 @@ def verdict(gain: float, low: float, high: float, noise: float = NOISE) -> str:
     return "same"
 
 
-def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
+def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame | StoredSteps) -> dict[str, Any]:
     """One run's parts (seconds per step: ``step_s``, the causes and ``comm_span``, DDP's
     allreduce span on its sampled steps), ``cause`` and ``share``
     (:func:`~workbench.analysis.tune_plan.diagnose`) and ``measured_steps``."""
@@ -101,7 +101,11 @@ def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
         return {"cause": "unexplained", "share": float("nan"), "measured_steps": 0}
     comm = communication(steps, runs)
     parts = run_parts(steps, comm, per_run.drop_duplicates("run_id")).iloc[0].to_dict()
-    _, span, _ = sampled_medians(measured_steps(steps, ["world_size", "comm_s", "comm_exposed_s"]))
+    if is_stored(steps):  # the measured sampled rows, as the digest keeps them
+        sampled = steps.sampled_of(list(pd.unique(per_run["run_id"])))
+    else:
+        sampled = measured_steps(steps, ["world_size", "comm_s", "comm_exposed_s"])
+    _, span, _ = sampled_medians(sampled)
     parts["comm_span"] = span if math.isfinite(span) else 0.0
     cause, share = diagnose(parts)
     window = measured_window(steps).iloc[0]
@@ -109,19 +113,20 @@ def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def model_inputs(
-    runs: pd.DataFrame, steps: pd.DataFrame, config: dict[str, Any]
+    runs: pd.DataFrame, steps: pd.DataFrame | StoredSteps, config: dict[str, Any]
 ) -> ModelInputs | None:
     """The scaling model's base for one run at its own world size (as
     :func:`~workbench.analysis.scaling_model.predict_scaling` builds it): wall step, exposed
     communication on its sampled steps, gradient bytes and buckets, the calibrated overlap,
     and the network its own allreduce benchmark measured (else the one its measured span
     implies). ``None`` without measured steps."""
-    m = measured_steps(steps, ["world_size", "step_s"])
-    if m.empty:
+    windows = measured_window(steps)
+    measured = windows[windows["steps"] > 0]
+    if measured.empty:
         return None
-    window = measured_window(steps).iloc[0]
+    window = windows.iloc[0]
     spans = float(window["samples"] / window["steps"]), float(window["wall_step_s"])
-    return inputs_of(steps, runs, list(pd.unique(m["run_id"])), config, *spans)[0]
+    return inputs_of(steps, runs, list(measured["run_id"]), config, *spans)[0]
 
 
 def inputs_of(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.analysis.network import NetworkModel, ring_allreduce_time
-from workbench.analysis.scaling_model import Base, model_curve
+from workbench.analysis.scaling_model import Base, model_arrays
 
 #: A cause "calls for" tuning when it takes at least this share of the run's step.
 DIAGNOSIS_SHARE = 0.15
@@ -217,8 +217,9 @@ def span_network(nbytes: float, world_size: int, span_s: float) -> NetworkModel 
 
 
 def _rate(base: Base, inputs: ModelInputs) -> float:
-    curve = model_curve(base, inputs.network, [base.world_size], inputs.overlap)
-    return float(curve["samples_per_s"].iloc[0])
+    # the arrays, not the frame: a finding's interval asks this twice per change and sampled step
+    curve = model_arrays(base, inputs.network, [base.world_size], inputs.overlap)
+    return float(curve["samples_per_s"][0])
 
 
 def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[float, str]:

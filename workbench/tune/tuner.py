@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.analysis.run_digests import open_steps
 from workbench.analysis.tune_measure import (
     MIN_MEASURED_STEPS,
     model_inputs,
@@ -199,7 +200,7 @@ def tune(
     if not budget_s > 0:
         raise TuneError(f"budget {budget_s} s: must be positive")
     path = find_run(run, output_dir)
-    config, runs, steps, diagnosis, inputs = _load_base(path)
+    config, runs, diagnosis, inputs = _load_base(path)
     run_id = str(runs["run_id"].iloc[0])
     cause = str(diagnosis["cause"])
     result = TuneResult(run_id, config.to_dict(), _clean(diagnosis), noise=noise, repeats=repeats)
@@ -242,8 +243,8 @@ def _valid(
     return out
 
 
-def _load_base(path: Path) -> tuple[RunConfig, Any, Any, dict[str, Any], ModelInputs]:
-    """The base run's config, runs row, steps, diagnosis and model inputs; a :class:`TuneError`
+def _load_base(path: Path) -> tuple[RunConfig, Any, dict[str, Any], ModelInputs]:
+    """The base run's config, runs row, diagnosis and model inputs; a :class:`TuneError`
     for a run that did not complete or measured too few steps."""
     record = read_json(path / schema.RUN_FILE)
     run_id = str(record.get("run_id", path.name))
@@ -257,18 +258,20 @@ def _load_base(path: Path) -> tuple[RunConfig, Any, Any, dict[str, Any], ModelIn
     config = RunConfig.from_dict(record["config"])
     runs = load_runs(path.parent.parent, [path.parent.name])
     runs = runs[runs["run_id"] == run_id]
-    steps = load_traces([path], "steps")
-    diagnosis = run_diagnosis(runs, steps) if len(steps) else {"measured_steps": 0}
-    measured = int(diagnosis.get("measured_steps", 0))
-    if measured < MIN_MEASURED_STEPS:
-        raise TuneError(
-            f"run {run_id} has {measured} measured step(s) (after warm-up); a tune needs "
-            f"{MIN_MEASURED_STEPS} or more to diagnose it and predict: run it with more "
-            f"max_steps (warm-up is {config.warmup_steps} steps)"
-        )
-    inputs = model_inputs(runs, steps, config.to_dict())
+    evals = load_traces([path], "eval")
+    # The run has ended: its digest (built here once if it has none) serves the diagnosis.
+    with open_steps([path], evals if len(evals) else None) as steps:
+        diagnosis = run_diagnosis(runs, steps) if not steps.empty else {"measured_steps": 0}
+        measured = int(diagnosis.get("measured_steps", 0))
+        if measured < MIN_MEASURED_STEPS:
+            raise TuneError(
+                f"run {run_id} has {measured} measured step(s) (after warm-up); a tune needs "
+                f"{MIN_MEASURED_STEPS} or more to diagnose it and predict: run it with more "
+                f"max_steps (warm-up is {config.warmup_steps} steps)"
+            )
+        inputs = model_inputs(runs, steps, config.to_dict())
     assert inputs is not None  # measured steps exist
-    return config, runs, steps, diagnosis, inputs
+    return config, runs, diagnosis, inputs
 
 
 def _check_budget(budget_s: float, run_s: float, repeats: int, short: int) -> None:
