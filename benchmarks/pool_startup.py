@@ -94,7 +94,7 @@ def measure(variant: str, job: dict[str, Any], pool: Any) -> dict[str, Any]:
 
 
 #: What a worker imports before its task (``workbench.rank.pool_worker._warm_up``).
-WORKER_IMPORTS = "import torch, torch._dynamo, torch.nn.parallel, workbench.rank.task"
+WORKER_IMPORTS = "import torch, torch._dynamo, torch.nn.parallel, workbench.rank.run_rank"
 
 
 def _cpu_s(pid: int) -> float:

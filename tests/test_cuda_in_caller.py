@@ -12,7 +12,7 @@ from tests.conftest import base_config
 from workbench import launch
 from workbench.store.files import read_json
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def _refuse_cuda(*args: object, **kwargs: object) -> None:

@@ -4,6 +4,7 @@ names across modules, and a dashboard kernel that loads traces without torch."""
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import shutil
 import subprocess
@@ -171,12 +172,34 @@ def test_importing_the_front_does_not_import_torch(name: str) -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_a_ranks_code_imports_no_analysis_and_the_front_still_names_everything() -> None:
-    """A rank imports ``workbench.rank.task``: it must not pay for pandas, plotly or the analysis
-    (the package's names are imported on first use); ``from workbench import ...`` still finds
-    every name of ``__all__`` (positive control: pandas comes with ``load_runs``)."""
+def test_a_launch_imports_no_torch_in_the_caller_without_a_gpu(tmp_path: Path) -> None:
+    """A notebook kernel or the CLI that launches (the task pickled, the preflight's device checks,
+    the run's records) imports torch only to count GPUs where a GPU's device node exists: each
+    sweep point's kernel paid 1.8 s for it. Where one exists, torch counts them, as before."""
+    gpu_nodes = any(glob.glob(p) for p in ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg"))
     code = (
-        "import sys, workbench.rank.task\n"
+        "import sys\n"
+        "from workbench.config import RunConfig\n"
+        "from workbench.run.launch import _prepare\n"
+        "for executor in ('local', 'pool'):\n"
+        f"    c = RunConfig(model='mlp', world_size=2, per_device_batch_size=8, max_steps=5,\n"
+        f"                  output_dir={str(tmp_path)!r}, sweep=executor)\n"
+        "    _prepare(c, executor, {}, False)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == [str(gpu_nodes)], out.stdout + out.stderr
+    assert len(list(tmp_path.glob("*/*/run.json"))) == 2  # both launches were prepared
+
+
+def test_a_ranks_code_imports_no_analysis_and_the_front_still_names_everything() -> None:
+    """A rank imports ``workbench.rank.run_rank``: it must not pay for pandas, plotly or the
+    analysis (the package's names are imported on first use); ``from workbench import ...``
+    still finds every name of ``__all__`` (positive control: pandas comes with ``load_runs``)."""
+    code = (
+        "import sys, workbench.rank.run_rank\n"
         "print(sorted(m for m in ('pandas', 'plotly', 'workbench.analysis') if m in sys.modules))\n"
         "import workbench\n"
         "print(all(callable(getattr(workbench, n)) for n in workbench.__all__))\n"

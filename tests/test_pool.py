@@ -257,6 +257,7 @@ def test_close_returns_once_every_idle_worker_is_gone() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_an_idle_worker_exits_on_its_own_after_the_idle_time() -> None:
     idle_s = 4.0
     started = time.monotonic()

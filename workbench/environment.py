@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import platform
 import socket
 import subprocess
@@ -11,6 +12,21 @@ from pathlib import Path
 from typing import Any
 
 _PACKAGES = ("torch", "numpy", "pandas", "pyarrow", "submitit", "plotly", "papermill", "workbench")
+
+
+#: Device nodes a GPU torch can see needs (NVIDIA, ROCm, WSL's GPU): with none of them, no GPU.
+GPU_DEVICE_NODES = ("/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def cuda_device_count() -> int:
+    """``torch.cuda.device_count()`` (a driver query, no CUDA context), without importing torch
+    where this machine has no GPU device node: there the count is 0, and the import would cost
+    the launching process about 1.8 s (each sweep point's kernel launches once)."""
+    if "torch" not in sys.modules and not any(glob.glob(p) for p in GPU_DEVICE_NODES):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def cpu_model() -> str:

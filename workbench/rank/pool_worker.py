@@ -42,12 +42,12 @@ _PARENT_POLL_S = 0.5
 def _warm_up() -> None:
     """Import what a rank needs (after the parent-death signal is set: a worker orphaned while
     importing leaves at once): torch, what building a DDP model imports (``torch._dynamo``,
-    about 1.5 s) and the rank's code, which unpickling the task needs."""
+    about 1.5 s) and the rank's code, which running the task needs."""
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
-    import workbench.rank.task  # noqa: F401
+    import workbench.rank.run_rank  # noqa: F401
 
 
 def _parent_death_signal(sig: int) -> None:

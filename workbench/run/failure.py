@@ -29,7 +29,8 @@ PEER_ERRORS = (
 #: What a log shows when the interpreter crashed on its way out.
 EXIT_CRASH_MARKERS = ("terminate called", "Segmentation fault", "core dumped", "Aborted")
 #: Log lines kept in a failure record: more for a hung rank, whose stack dump is the evidence.
-TAIL_LINES = 20
+#: 24: a failing built-in rank's whole traceback, from the task's entry to the raise.
+TAIL_LINES = 24
 HUNG_TAIL_LINES = 40
 #: Log lines searched for a crash at exit.
 EXIT_TAIL_LINES = 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from workbench import schema
 from workbench.config.choices import HF_PREFIX
 from workbench.config.run_config import RunConfig
+from workbench.environment import cuda_device_count
 from workbench.errors import PreflightError, Problem
 from workbench.ports import port_free
 from workbench.run.backends import backend
@@ -69,10 +71,8 @@ def _device_problems(config: RunConfig) -> list[Problem]:
     """CUDA asked for and present; precision, SyncBatchNorm and backend that need it."""
     if config.device == "cpu":
         return []
-    import torch
-
     problems = []
-    gpus = torch.cuda.device_count()
+    gpus = cuda_device_count()
     wants_cuda = config.device == "cuda" or gpus > 0
     if config.device == "cuda" and gpus == 0:
         problems.append(
@@ -86,7 +86,8 @@ def _device_problems(config: RunConfig) -> list[Problem]:
                 f"more devices per node than present: this node has {gpus} GPU(s)",
             )
         )
-    if wants_cuda and torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # not imported here: no CUDA context either
+    if wants_cuda and torch is not None and torch.cuda.is_initialized():
         problems.append(
             Problem(
                 "device",
@@ -128,9 +129,7 @@ def _data_parallel_problems(config: RunConfig) -> list[Problem]:
     """DataParallel needs as many CUDA devices here as its world size."""
     if config.strategy != "dp":
         return []
-    import torch
-
-    gpus = torch.cuda.device_count()
+    gpus = cuda_device_count()
     if gpus >= 2 and gpus >= config.world_size:  # type: ignore[operator]
         return []
     return [

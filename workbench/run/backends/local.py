@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.run_config import RunConfig
+from workbench.environment import cuda_device_count
 from workbench.errors import Problem
 from workbench.run.backends.base import Backend, JobWatch, RankStates
 
@@ -16,9 +17,7 @@ def uses_cuda_here(config: RunConfig) -> bool:
     """Whether the ranks of ``config`` use this machine's GPUs (``auto``: when it has some)."""
     if config.device == "cpu":
         return False
-    import torch
-
-    return torch.cuda.device_count() > 0
+    return cuda_device_count() > 0
 
 
 class LocalWatch(JobWatch):
