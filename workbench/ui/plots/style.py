@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.colors import qualitative
 
 from workbench.analysis.groups import FAMILY_COLUMNS, default_group_by
@@ -19,8 +20,32 @@ MS = 1e3  # seconds to milliseconds
 COLORS = qualitative.Plotly
 #: Longest legend name: longer ones squeeze the plot; detail goes to the hover and subtitle.
 LEGEND_CHARS = 39
+#: The trace types the workbench draws: the template keeps their defaults only.
+TRACE_TYPES = ("scatter", "bar", "heatmap")
+
+
+def _white_template() -> go.layout.Template:
+    """plotly's ``plotly_white``, less the defaults of traces and axes the workbench never draws
+    (polar, ternary, 3-D, maps): the same look. Each figure validates and copies its template,
+    and the whole one took 23 ms a figure (6 ms trimmed), set again by every ``update_layout``
+    that names it; each figure's JSON carries it too (7.1 KB, 2.4 KB trimmed). An object, not
+    a dict: ``update_layout`` merges a dict into the template it has, key by key (96 ms)."""
+    white = pio.templates["plotly_white"].to_plotly_json()
+    return go.layout.Template(
+        {
+            "data": {k: v for k, v in white["data"].items() if k in TRACE_TYPES},
+            "layout": {
+                k: v
+                for k, v in white["layout"].items()
+                if k not in ("polar", "ternary", "scene", "geo")
+            },
+        }
+    )
+
+
+TEMPLATE = _white_template()
 LAYOUT = {
-    "template": "plotly_white",
+    "template": TEMPLATE,
     "hovermode": "closest",
     "legend_title_text": "",
     # below the plot, horizontal: long names never take the plot's width
@@ -123,16 +148,21 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
     text = "<br>".join(parts)
     lines = text.count("<br>") + 1
     above = 24 if fig.layout.annotations else 0  # subplot titles sit between it and the plot
+    # nested dicts, not magic underscores (title_subtitle_text): 1.6 ms a call against 4.7 ms
     fig.update_layout(
-        title_subtitle_text=text,
-        title_subtitle_font_size=11,
-        # from the top down: the title, then its subtitle, then the plot
-        title_y=1,
-        title_yref="container",
-        title_yanchor="top",
-        title_pad_t=12,
-        margin_t=50 + 14 * lines + above,
-        height=PLOT_HEIGHT + 14 * lines + above,  # the plot keeps its height under a long subtitle
+        {
+            # from the top down: the title, then its subtitle, then the plot
+            "title": {
+                "subtitle": {"text": text, "font": {"size": 11}},
+                "y": 1,
+                "yref": "container",
+                "yanchor": "top",
+                "pad": {"t": 12},
+            },
+            "margin": {"t": 50 + 14 * lines + above},
+            # the plot keeps its height under a long subtitle
+            "height": PLOT_HEIGHT + 14 * lines + above,
+        }
     )
     return fig
 
@@ -150,9 +180,11 @@ def split_definition(fig: go.Figure) -> tuple[go.Figure, str]:
     rest = text[: -len(part)].removesuffix("<br>")
     lines = part.count("<br>") + 1
     fig.update_layout(
-        title_subtitle_text=rest or None,
-        margin_t=max(fig.layout.margin.t - 14 * lines, 50),
-        height=fig.layout.height - 14 * lines if fig.layout.height else None,
+        {
+            "title": {"subtitle": {"text": rest or None}},
+            "margin": {"t": max(fig.layout.margin.t - 14 * lines, 50)},
+            "height": fig.layout.height - 14 * lines if fig.layout.height else None,
+        }
     )
     return fig, definition
 
@@ -214,7 +246,7 @@ def metric_title(table: pd.DataFrame) -> str:
 
 def message_figure(text: str) -> go.Figure:
     """An empty figure that says why there is nothing to plot."""
-    fig = go.Figure(layout={"template": "plotly_white", "title": {"text": text}})
+    fig = go.Figure(layout={"template": TEMPLATE, "title": {"text": text}})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return fig
