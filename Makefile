@@ -33,12 +33,18 @@ system-deps:
 demo: setup
 	$(VENV)/bin/workbench sweep experiments/sweeps/quickstart.yaml
 
+# The suite in four lanes (tests/lanes.py): the slow tests that wait beside the busy ones, then the
+# timing tests; the tests that start no process beside both, idle-class. `pytest`: one process.
 test: setup system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.lanes $(PYTEST_ARGS)
 
-# The suite with its 30 slowest tests listed at the end (tests/README.md keeps that list).
+# The suite with its 30 slowest tests listed at the end (tests/README.md keeps that list), and
+# the cores each test kept busy in test-cores.tsv (tests/cores_busy.py): a slow test with few
+# cores busy is waiting.
 test-profile: setup system-deps
-	$(PY) -m pytest --durations=30 $(PYTEST_ARGS)
+	rm -f test-cores.tsv
+	WORKBENCH_TEST_CORES=$(CURDIR)/test-cores.tsv $(PY) -m pytest --durations=30 $(PYTEST_ARGS)
+	sort -rn test-cores.tsv | head -30
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

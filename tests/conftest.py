@@ -12,6 +12,8 @@ from workbench.config.run_config import RunConfig
 from workbench.run.backends.pool import shared_template
 from workbench.run.launch import launch
 
+from .lanes import mark_lanes
+
 # Keep each rank to one thread: two ranks share this machine's two cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -101,9 +103,12 @@ def ddp1(store: Path):
     return handle
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers given here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests run wherever a CUDA device is visible, and are skipped with the reason
-    elsewhere (a skip is never counted as verification)."""
+    """Each test gets the marker of its lane (``make test``: tests/lanes.py). GPU tests run
+    wherever a CUDA device is visible, and are skipped with the reason elsewhere (a skip is
+    never counted as verification)."""
+    mark_lanes(items)
     gpu_tests = [item for item in items if "gpu" in item.keywords]
     if not gpu_tests:
         return
@@ -117,4 +122,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 from .browser_support import chromium  # noqa: E402,F401  (session fixture for browser tests)
+from .cores_busy import pytest_runtest_protocol  # noqa: E402,F401  (make test-profile)
 from .slurm_support import slurm_cluster  # noqa: E402,F401  (session fixture for Slurm tests)

@@ -15,7 +15,7 @@ from workbench.store.files import read_json
 from .conftest import base_config
 from .helpers import job_processes, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def test_cancel_ends_every_rank_and_keeps_the_traces(store) -> None:

@@ -116,6 +116,7 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.C
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_scale_runs_one_config_per_world_size_then_writes_a_report(scaled) -> None:
     store, done = scaled
     assert done.returncode == 0, done.stderr[-3000:]
@@ -139,6 +140,7 @@ def test_scale_runs_one_config_per_world_size_then_writes_a_report(scaled) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_ls_lists_every_run_with_its_status(scaled) -> None:
     store, _ = scaled
     listed = workbench("ls", "--output-dir", str(store))
@@ -162,6 +164,7 @@ def test_ls_lists_every_run_with_its_status(scaled) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_report_of_a_sweep_and_of_a_run_folder(scaled, tmp_path: Path) -> None:
     store, _ = scaled
     out = tmp_path / "again.html"
@@ -186,6 +189,7 @@ def test_report_of_a_sweep_and_of_a_run_folder(scaled, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_run_launches_one_run_and_prints_its_summary(tmp_path: Path) -> None:
     done = workbench(
         "run", "--world-size", "2", "--run-name", "one", "--sweep", "cli-run",
@@ -250,6 +254,7 @@ def test_repartition_makes_and_rewrites_row_groups(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_sweep_skips_completed_points_and_force_runs_them_again(tmp_path: Path) -> None:
     notebook = write_notebook(
         tmp_path / "nb.ipynb",
@@ -341,6 +346,7 @@ def test_a_dead_kernel_stops_the_current_run_and_the_sweep_goes_on(tmp_path: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_the_demo_spec_runs_as_written_but_shorter(tmp_path: Path) -> None:
     """experiments/sweeps/quickstart.yaml (what `make demo` runs), every field as the user
     wrote it except fewer steps and samples, through the CLI into a temporary store."""

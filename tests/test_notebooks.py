@@ -140,6 +140,7 @@ def test_quickstart_launches_watches_and_explores(quickstart: Any, notebook_env:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_your_script_runs_an_example_at_two_world_sizes_and_states_its_finding(
     notebook_env: Path,
 ) -> None:

@@ -220,6 +220,7 @@ def preempted(slurm_cluster, store):
     return handle, job_ids[0], ports, seen
 
 
+@pytest.mark.slow
 def test_rendezvous_port_is_derived_from_the_slurm_job_id(preempted) -> None:
     """docs/slurm.md's rule: submitit's seeding by the job id (``random.Random(job_id)``), over the
     ports from 20000 up to the kernel's ephemeral range (read here from /proc), applied to the
@@ -236,6 +237,7 @@ def test_rendezvous_port_is_derived_from_the_slurm_job_id(preempted) -> None:
     assert port not in listening and port not in remote, (port, ports[1])
 
 
+@pytest.mark.slow
 def test_preempted_then_running_again_then_completed(preempted) -> None:
     handle, _, _, seen = preempted
     assert "preempted" in seen, seen
@@ -253,6 +255,7 @@ def test_preempted_then_running_again_then_completed(preempted) -> None:
 # ----------------------------------------------------------------------------- 4: cancel
 
 
+@pytest.mark.slow
 def test_cancel_through_a_handle_reattached_in_another_process(slurm_cluster, store) -> None:
     """As after a kernel restart: a new Python process re-attaches to the run from the store
     (it holds no submitit job) and cancels it; Slurm then says CANCELLED and no process of the
@@ -286,6 +289,7 @@ def test_cancel_through_a_handle_reattached_in_another_process(slurm_cluster, st
 # ----------------------------------------------------------------------------- 5: sweep
 
 
+@pytest.mark.slow
 def test_sweep_spec_with_the_slurm_executor_runs_on_the_cluster(
     slurm_cluster, tmp_path: Path
 ) -> None:
@@ -387,6 +391,7 @@ def arrays(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
     return handles, array_id, samples, store
 
 
+@pytest.mark.slow
 def test_job_array_concurrency_limit_seen_in_squeue(arrays) -> None:
     """Never more than 2 of the 3 tasks RUNNING at once; 2 at once seen, while the third waited
     on the limit (Slurm's reason JobArrayTaskLimit, though the nodes had CPUs for it)."""
@@ -409,6 +414,7 @@ def test_job_array_concurrency_limit_seen_in_squeue(arrays) -> None:
     assert handles[0].logs(0) != ""
 
 
+@pytest.mark.slow
 def test_job_arrays_of_several_layouts_run_each_layout(arrays) -> None:
     """Each layout got the nodes and tasks it asked for (Slurm's own record), its ranks and
     local ranks; and, with the same global batch, the loss trajectory of the 1 x 2 point

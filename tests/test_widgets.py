@@ -290,6 +290,7 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_run_monitor_and_launch_panel_on_a_real_run(tmp_path: Path) -> None:
     panel = LaunchPanel(
         base_config(tmp_path, world_size=2, checkpoint_every_steps=0, trace_flush_s=0.1), WARM
