@@ -93,8 +93,10 @@ def test_save_s_is_on_the_checkpoint_steps_and_is_the_planted_sleep(planted) -> 
     steps = planted["steps"]
     saved = steps[steps["save_s"].notna()]
     assert saved["step"].tolist() == SAVE_STEPS
-    for value in saved["save_s"]:
-        assert close(value, SAVE_S), saved[["step", "save_s"]]
+    # A sleep never ends early; the least-disturbed checkpoint is the planted sleep and little
+    # else (the files of a small MLP). The first one also pays torch.save's first call.
+    assert (saved["save_s"] >= SAVE_S).all(), saved[["step", "save_s"]]
+    assert close(saved["save_s"].min(), SAVE_S), saved[["step", "save_s"]]
     assert planted["steps"]["warmup"].tolist() == [True] + [False] * 11
 
 
