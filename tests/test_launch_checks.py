@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,27 @@ def test_picked_ports_avoid_the_ephemeral_range_and_each_other() -> None:
         s.bind(("", picked[0]))
         s.listen()
         assert not ports.port_free(picked[0])
+
+
+def test_a_scheduler_jobs_port_is_rank_0s_published_pick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm job's ranks meet at a port rank 0 found free on its node (no rank derives one
+    unchecked); a rank that starts first waits for it, and one that waits in vain says where."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    path = ports.rendezvous_file(tmp_path, "4242_3", attempt=2)
+    assert path == tmp_path / "rendezvous" / "4242_3.attempt2.restart1.port"
+    with pytest.raises(TimeoutError, match=f"did not publish the rendezvous port in {path} within"):
+        ports.published_port(path, timeout_s=0.2)
+    read: list[int] = []
+    waiting = threading.Thread(target=lambda: read.append(ports.published_port(path, 60)))
+    waiting.start()
+    port = ports.publish_port(path)
+    waiting.join(60)
+    assert read == [port]
+    low, high = ports.ephemeral_range()
+    assert not low <= port <= high and ports.port_free(port)
+    assert [p.name for p in path.parent.iterdir()] == [path.name], "no partial file left"
 
 
 def test_unknown_executor_and_options_list_valid_names(tmp_path: Path) -> None:

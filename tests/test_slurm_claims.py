@@ -11,7 +11,6 @@ The processes, ports and states checked here are read from Slurm itself (``squeu
 from __future__ import annotations
 
 import os
-import random
 import re
 import subprocess
 import sys
@@ -221,20 +220,21 @@ def preempted(slurm_cluster, store):
 
 
 @pytest.mark.slow
-def test_rendezvous_port_is_derived_from_the_slurm_job_id(preempted) -> None:
-    """docs/slurm.md's rule: submitit's seeding by the job id (``random.Random(job_id)``), over the
-    ports from 20000 up to the kernel's ephemeral range (read here from /proc), applied to the
-    id squeue listed; rank 0 listened on it and rank 1 connected to it. The requeued attempt
-    rendezvoused elsewhere (a fresh port, docs/slurm.md)."""
-    _, job_id, ports, _ = preempted
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    below = range(20000, low)
-    port = below[random.Random(job_id).randrange(len(below))]
-    assert port < low, "outside the range any outgoing connection may take"
-    listening, remote = ports[0]
-    assert port in listening and port in remote, (port, ports[0])
-    listening, remote = ports[1]
-    assert port not in listening and port not in remote, (port, ports[1])
+def test_each_attempts_rendezvous_port_is_rank_0s_published_pick(preempted) -> None:
+    """docs/slurm.md's rule: rank 0 picks a port free on its node, outside the kernel's ephemeral
+    range (read here from /proc), and publishes it in the run folder, one file per attempt of
+    the job id squeue listed; in each attempt rank 0 listened on its own attempt's port and rank 1
+    connected to it (so no rank joined a stale store)."""
+    handle, job_id, ports, _ = preempted
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    published = {}
+    for attempt in (0, 1):
+        files = list((handle.path / "rendezvous").glob(f"{job_id}.attempt{attempt}.*.port"))
+        assert len(files) == 1, sorted(p.name for p in (handle.path / "rendezvous").iterdir())
+        published[attempt] = int(files[0].read_text())
+        assert not low <= published[attempt] <= high, "a port any outgoing connection may take"
+        listening, remote = ports[attempt]
+        assert published[attempt] in listening & remote, (published, ports[attempt])
 
 
 @pytest.mark.slow

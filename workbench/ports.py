@@ -1,9 +1,12 @@
-"""Rendezvous ports for local runs and requeued attempts (no torch import)."""
+"""Rendezvous ports (no torch import): a free one for a local run, picked by the launcher, and a
+scheduler job's, picked by its rank 0 on its own node and published in the run folder."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import time
 from pathlib import Path
 
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -41,15 +44,6 @@ def _outside_ephemeral() -> range:
     return range(1024, 65536)
 
 
-def job_port(job_id: str) -> int:
-    """The rendezvous port of a scheduler's job: every task derives the same one from the job id
-    (as submitit does), but outside the ephemeral range. submitit's own pick (20000-60000)
-    mostly falls inside it, where any outgoing connection on the node (gloo opens many) may
-    hold it: two array tasks on one node then fail with EADDRINUSE."""
-    pool = _outside_ephemeral()
-    return pool[random.Random(job_id).randrange(len(pool))]
-
-
 def free_port() -> int:
     """A TCP port that is free now, outside the ephemeral range, and not handed out before by
     this process.
@@ -65,3 +59,41 @@ def free_port() -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free TCP port found in {pool.start}-{pool.stop - 1}")
+
+
+def rendezvous_file(run_dir: Path, job_id: str, attempt: int) -> Path:
+    """Where a scheduler job's rank 0 publishes its rendezvous port: one file per job, attempt
+    and Slurm restart (a requeue keeps the job id), so no rank ever reads a stale port."""
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return Path(run_dir) / "rendezvous" / f"{job_id}.attempt{attempt}.restart{restart}.port"
+
+
+def publish_port(path: Path) -> int:
+    """Rank 0: a port free on this node (:func:`free_port`), written to ``path`` whole (written
+    aside, then renamed) for the other ranks to read; returns it.
+
+    A port every rank derives alike from the job id (submitit's way) is never checked: where any
+    other process on the node holds it (another job's rank 0, a local run), the job fails with
+    EADDRINUSE."""
+    port = free_port()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_text(f"{port}\n")
+    partial.replace(path)
+    return port
+
+
+def published_port(path: Path, timeout_s: float, poll_s: float = 0.05) -> int:
+    """The other ranks: the port rank 0 published at ``path``, waiting up to ``timeout_s`` for
+    it (a shared file system may show a new file late)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return int(path.read_text())
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rank 0 did not publish the rendezvous port in {path} within {timeout_s:g} s"
+                    " (did it start? is the run folder on a file system every node shares?)"
+                ) from None
+        time.sleep(poll_s)

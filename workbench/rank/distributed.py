@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from workbench import jobs
-from workbench.ports import job_port
+from workbench.ports import publish_port, published_port, rendezvous_file
 from workbench.trace.comm_timing import CommFields
 
 
@@ -32,13 +34,21 @@ class RankEnv:
     job_id: str
 
     @classmethod
-    def from_job(cls, master_port: int | None) -> RankEnv:
+    def from_job(
+        cls, master_port: int | None, run_dir: Path, attempt: int, timeout_s: float
+    ) -> RankEnv:
         """From the job's environment (local, debug or Slurm; see ``jobs.job_facts``).
-        ``master_port`` overrides the port derived from the job id (the launcher picks a free one
-        locally)."""
-        if master_port is None:  # a scheduler's first attempt: every task derives the same
-            master_port = job_port(jobs.job_id())
+        ``master_port``: where the launcher picked one (a local run, or the user's own); else
+        rank 0 picks one free on its node and publishes it in ``run_dir`` for this attempt, and
+        the other ranks wait up to ``timeout_s`` for it (:func:`workbench.ports.publish_port`)."""
         facts = jobs.job_facts(master_port)
+        if master_port is None:
+            path = rendezvous_file(run_dir, facts.job_id, attempt)
+            if facts.rank == 0:
+                port = publish_port(path)
+            else:
+                port = published_port(path, timeout_s)
+            facts = dataclasses.replace(facts, master_port=port)
         # Local and debug jobs run on this host; resolve by loopback so no DNS is needed.
         master = "127.0.0.1" if facts.num_nodes == 1 else facts.master_addr
         return cls(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import jobs
@@ -38,7 +39,10 @@ class RankTask:
         """Run this rank as the job's environment (submitit's) says who it is."""
         from workbench.rank.distributed import RankEnv
 
-        return self.run(RankEnv.from_job(self.master_port))
+        env = RankEnv.from_job(
+            self.master_port, Path(self.run_dir), self.attempt, self.config.collective_timeout_s
+        )
+        return self.run(env)
 
     def run(self, env: RankEnv) -> dict[str, Any]:
         """Run this rank as ``env`` says who it is, recording its status (running, then
@@ -49,9 +53,10 @@ class RankTask:
         return run_task(self, env)
 
     def checkpoint(self) -> Any:
-        """submitit's requeue hook: the same task, next attempt, a fresh rendezvous port (a
-        stale store from the previous attempt must never be joined)."""
-        # Runs on global rank 0, which is on the master host: a port free here is free there.
+        """submitit's requeue hook: the same task, next attempt, at a fresh rendezvous port (a
+        stale store from the previous attempt must never be joined): a scheduler job's rank 0
+        publishes the next attempt's; a given port is replaced here (this runs on rank 0)."""
+        port = None if self.master_port is None else free_port()
         return jobs.resubmission(
-            dataclasses.replace(self, attempt=self.attempt + 1, master_port=free_port())
+            dataclasses.replace(self, attempt=self.attempt + 1, master_port=port)
         )
