@@ -129,7 +129,10 @@ def _yield_cpu(nice: int, group: Path | None) -> None:
         return
     os.setsid()
     if group is not None:
-        (group / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:  # the group went away: niceness alone still yields
+            pass
     try:
         Path("/proc/self/autogroup").write_text(str(nice))
     except OSError:  # no autogroup: niceness counts against every process
