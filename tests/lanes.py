@@ -172,7 +172,8 @@ def _start(name: str, work: Path, args: list[str], group: Path | None = None) ->
 
 
 def _minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)  # 479.6 s is 8 min 0 s, not 7 min 60 s
+    return f"{minutes} min {rest} s"
 
 
 def _run_lanes(work: Path, args: list[str]) -> list[tuple[str, int, float]]:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from . import lanes
 from .lanes import lane_of
 
 
@@ -32,3 +33,9 @@ def test_each_test_has_one_lane(
     markers: tuple[str, ...], fixtures: tuple[str, ...], lane: str
 ) -> None:
     assert lane_of(_item(*markers, fixtures=fixtures)) == lane
+
+
+def test_a_lanes_time_is_rounded_to_whole_seconds_before_minutes() -> None:
+    assert lanes._minutes(479.6) == "8 min 0 s"  # once printed as "7 min 60 s"
+    assert lanes._minutes(1052.4) == "17 min 32 s"
+    assert lanes._minutes(59.4) == "0 min 59 s"
