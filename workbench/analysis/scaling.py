@@ -97,6 +97,26 @@ def run_table(
     """
     check_columns(runs, ("run_id",), "runs")
     group_by = resolve_group_by(runs, group_by)
+    if not is_stored(steps):
+        return _run_table(runs, steps, evals, group_by, statuses)
+    # A report, a Dashboard's first screen and a prediction ask for it several times over
+    # the same frames: computed once per runs, evaluations, grouping and statuses.
+    key = (id(runs), id(evals), tuple(group_by), None if statuses is None else tuple(statuses))
+    held = steps.run_tables.get(key)
+    if held is None or held[0] is not runs or held[1] is not evals:
+        held = (runs, evals, _run_table(runs, steps, evals, group_by, statuses))
+        steps.run_tables[key] = held
+    return held[2].copy()
+
+
+def _run_table(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    evals: pd.DataFrame | None,
+    group_by: Sequence[str],
+    statuses: Sequence[str] | None,
+) -> pd.DataFrame:
+    """:func:`run_table`, computed."""
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
     extra = ("nodes", "train_samples", "precision", *FLOPS_FACTS)

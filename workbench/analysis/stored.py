@@ -55,6 +55,8 @@ class StoredSteps:
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
         #: :func:`workbench.analysis.windows.measured_window` by the evaluations it was given.
         self.windows: dict[int, tuple[object, pd.DataFrame]] = {}
+        #: :func:`workbench.analysis.scaling.run_table` by the frames and grouping it was given.
+        self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
 
