@@ -145,7 +145,7 @@ def test_the_reports_model_section_states_the_models_error_on_its_own_fit(tmp_pa
     """By hand: errors +10 % and -20 % beyond the base give RMS sqrt((0.01 + 0.04) / 2) = 15.8 %
     and worst 20 %; the base's 0 is left out (it agrees by construction)."""
     from workbench.ui.report import report_from_store
-    from workbench.ui.what_if import fit_error_note
+    from workbench.ui.tables import fit_error_note
 
     frame = pd.DataFrame(
         {"world_size": [1, 2, 4], "base_world_size": [1, 1, 1], "relative_error": [0, 0.1, -0.2]}

@@ -42,9 +42,8 @@ from workbench.ui.finding_html import definition_toggle, finding_items
 from workbench.ui.glossary import glossary_html
 from workbench.ui.plots import split_definition
 from workbench.ui.report_stages import ReportProgress, Stages
-from workbench.ui.tables import frame_html, model_table_html, scaling_table_html
+from workbench.ui.tables import fit_error_note, frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
-from workbench.ui.what_if import fit_error_note
 
 #: Where plotly.js comes from: inside the report, or a ``plotly.min.js`` beside it.
 PlotlyJs = Literal["inline", "directory"]

@@ -142,26 +142,3 @@ class WhatIf(widgets.VBox):
 def _box(edge: str, fill: str, title: str, lines: list[str]) -> str:
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     return f'<div style="{BOX.format(edge, fill)}"><b>{title}</b><ul>{items}</ul></div>'
-
-
-def fit_error_note(predicted: pd.DataFrame) -> str:
-    """The model's stated error on its own fit, from
-    :func:`~workbench.analysis.scaling_model.predicted_vs_measured`'s table: the RMS of
-    ``relative_error`` over the measured points beyond each curve's base (at the base it agrees
-    by construction), or that there is no such point to state one on."""
-    if "relative_error" not in predicted.columns:
-        return "The model's error: not known (no prediction)."
-    beyond = predicted[predicted["world_size"] != predicted["base_world_size"]]
-    errors = pd.to_numeric(beyond["relative_error"], errors="coerce").dropna()
-    if errors.empty:
-        return (
-            "The model's error: not known; no measured world size beyond a curve's base to "
-            "check it on (at the base it agrees by construction)."
-        )
-    rms = float((errors**2).mean() ** 0.5)
-    worst = float(errors.abs().max())
-    return (
-        f"The model's error on this study's measured points beyond each curve's base: RMS "
-        f"{percent(rms)}, worst {percent(worst)} ({len(errors)} point"
-        f"{'s' if len(errors) != 1 else ''}; relative_error = predicted / measured - 1)."
-    )
