@@ -114,6 +114,32 @@ class _PlantedCosts(_Sleepy):
         return super().state_dict(*args, **kwargs)
 
 
+class _BatchCost(nn.Module):
+    """An MLP whose training forward sleeps ``step_sleep_s`` plus ``sample_sleep_s`` for each
+    sample of its batch: a known per-step and per-sample compute."""
+
+    task = "classification"
+
+    def __init__(self, step_sleep_s: float, sample_sleep_s: float) -> None:
+        super().__init__()
+        from workbench.rank.models import MLP
+
+        self.net = MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
+        self.step_sleep_s = step_sleep_s
+        self.sample_sleep_s = sample_sleep_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        if self.training:
+            time.sleep(self.step_sleep_s + self.sample_sleep_s * x.shape[0])
+        return self.net(x)
+
+
+def batch_cost_mlp(step_sleep_s: float = 0.0, sample_sleep_s: float = 0.0) -> nn.Module:
+    return _BatchCost(step_sleep_s, sample_sleep_s)
+
+
 def planted_costs_mlp(
     sleep_s: float = 0.0, eval_sleep_s: float = 0.0, save_sleep_s: float = 0.0
 ) -> nn.Module:

@@ -468,6 +468,53 @@ dist.destroy_process_group()
 """
 
 
+STEP_SLEEP_S, SAMPLE_SLEEP_S = 0.030, 0.001
+
+
+@pytest.mark.timing
+@pytest.mark.slow
+def test_the_batch_probe_splits_the_planted_compute_and_the_gain_meets_its_measure(
+    tmp_path: Path,
+) -> None:
+    """A forward that sleeps 30 ms a step and 1 ms a sample (batch 8: 38 ms, batch 32: 62 ms),
+    1 rank, nothing in the study to fit the batch on: the tune's probe (two short runs) splits
+    the compute into the planted parts and little more (the MLP's own arithmetic, backward and
+    optimizer: well under a millisecond here; each sleep wakes late by a little, alike at both
+    batches), and the larger batch's prediction from that split meets its measured gain. By
+    hand: a step of about 38 ms becomes 62 ms for 4x the samples, +145 %; assuming all of the
+    compute grows 4x would have predicted about 0."""
+    from workbench.run.backends.pool import warm_pool
+    from workbench.run.launch import launch
+    from workbench.tune.probe import PROBED
+
+    config = RunConfig(
+        model="tests.plugins:batch_cost_mlp",
+        dataset="tests.plugins:synthetic_like_mlp",
+        model_options={"step_sleep_s": STEP_SLEEP_S, "sample_sleep_s": SAMPLE_SLEEP_S},
+        world_size=1,
+        per_device_batch_size=8,
+        max_steps=20,
+        sweep="probe",
+        output_dir=str(tmp_path),
+        **DEMO,
+    )
+    with warm_pool(size=1):
+        handle = launch(config, executor="pool")
+        assert handle.wait(timeout_s=300) == "completed"
+    lines: list[str] = []
+    change = {"per_device_batch_size": 32}
+    result = tune(handle.path, changes=[change], repeats=2, budget_s=300, progress=lines.append)
+    cost = result.batch_cost
+    assert cost["how"] == PROBED and list(cost["batches"]) == [8, 32], cost
+    assert STEP_SLEEP_S * 0.98 <= cost["per_step_s"] <= STEP_SLEEP_S + 0.003, cost
+    assert SAMPLE_SLEEP_S * 0.95 <= cost["per_sample_s"] <= SAMPLE_SLEEP_S * 1.1, cost
+    assert any("batch probe, per-device batch 32" in line for line in lines), lines
+    (row,) = result.candidates
+    assert f"{PROBED} per-device batches 8 and 32 at 1 rank" in row["note"], row["note"]
+    assert row["verdict"] == "better", row
+    assert abs(row["predicted_gain"] - row["measured_gain"]) < 0.2, row
+
+
 @pytest.mark.slow
 def test_a_scripts_ddp_gets_the_runs_knobs_with_no_change_to_it(tmp_path: Path) -> None:
     from workbench.run.launch import launch

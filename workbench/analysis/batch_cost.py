@@ -29,6 +29,8 @@ class BatchCost:
     per_sample_s: float
     batches: tuple[int, ...]
     world_size: int
+    #: How the points were got: ``fitted on`` a study's runs, or ``probed at`` by a tune.
+    how: str = "fitted on"
 
     def per_step_share(self, samples: float) -> float:
         """The share of the compute at ``samples`` a rank that does not grow with the batch."""
@@ -41,7 +43,7 @@ class BatchCost:
         ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
         return (
             f"with {seconds(self.per_step_s)} of its compute a step and "
-            f"{seconds(self.per_sample_s)} a sample (fitted on per-device batches {batches} "
+            f"{seconds(self.per_sample_s)} a sample ({self.how} per-device batches {batches} "
             f"at {ranks})"
         )
 
@@ -70,10 +72,25 @@ def batch_cost(
     compute = parts["compute"].reindex(mine.index)
     ok = samples.notna() & compute.notna() & np.isfinite(compute)
     samples, compute = samples[ok].astype("float64"), compute[ok].astype("float64")
-    if samples.nunique() < 2:
+    batches = tuple(sorted({int(b) for b in mine.loc[ok[ok].index, "per_device_batch_size"]}))
+    return fit_batch_cost(samples.to_numpy(), compute.to_numpy(), batches, int(point["world_size"]))
+
+
+def fit_batch_cost(
+    samples: Sequence[float],
+    compute: Sequence[float],
+    batches: tuple[int, ...],
+    world_size: int,
+    how: str = "fitted on",
+) -> BatchCost | None:
+    """The least-squares line ``compute = per_step + per_sample x samples`` through the points
+    (samples a rank computes a step, its compute seconds a step); ``None`` without two sample
+    counts, or when the compute does not grow with them. ``how``: how the points were got, for
+    :meth:`BatchCost.words`."""
+    x, y = np.asarray(samples, dtype="float64"), np.asarray(compute, dtype="float64")
+    if len(np.unique(x)) < 2:
         return None
-    slope, intercept = np.polyfit(samples.to_numpy(), compute.to_numpy(), 1)
+    slope, intercept = np.polyfit(x, y, 1)
     if not (math.isfinite(slope) and slope > 0):
         return None
-    batches = tuple(sorted({int(b) for b in mine.loc[ok[ok].index, "per_device_batch_size"]}))
-    return BatchCost(max(float(intercept), 0.0), float(slope), batches, int(point["world_size"]))
+    return BatchCost(max(float(intercept), 0.0), float(slope), batches, world_size, how)

@@ -7,13 +7,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.analysis.tune_measure import paired_gain, step_throughput, verdict
 from workbench.config.run_config import RunConfig
-from workbench.run.backends.pool import warm_pool
 from workbench.run.launch import launch
 from workbench.store.load import load_traces
 
@@ -62,20 +60,19 @@ def measure(
     estimates: list[float],
     result: Pairs,
 ) -> None:
-    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows.
+    """Run the pairs of each candidate in ``todo`` within the budget; fill in the rows (a
+    ``pool`` executor takes its ranks from the warm pool the tune opened).
     ``where``: the executor and its ``launch`` options."""
     clock = _Clock(time.monotonic(), len(todo) * 2 * result.repeats, progress)
-    pool = warm_pool(size=config.processes) if where[0] == "pool" else nullcontext()
-    with pool:
-        for k, i in enumerate(todo):
-            row = rows[i]
-            per_run = clock.per_run(estimates[k])
-            spent = time.monotonic() - clock.started
-            if spent + per_run * 2 * result.repeats > budget_s:
-                row["why"] = f"budget spent ({secs(spent)} of {secs(budget_s)})"
-                clock.total -= 2 * result.repeats
-                continue
-            _measure_one(result, row, config, short, where, clock, per_run)
+    for k, i in enumerate(todo):
+        row = rows[i]
+        per_run = clock.per_run(estimates[k])
+        spent = time.monotonic() - clock.started
+        if spent + per_run * 2 * result.repeats > budget_s:
+            row["why"] = f"budget spent ({secs(spent)} of {secs(budget_s)})"
+            clock.total -= 2 * result.repeats
+            continue
+        _measure_one(result, row, config, short, where, clock, per_run)
 
 
 @dataclass

@@ -16,8 +16,10 @@ smaller than one candidate are each a :class:`TuneError` and nothing starts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,12 @@ from workbench.analysis.tune_plan import (
 )
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError
+from workbench.run.backends.pool import warm_pool
 from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
 from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, secs, short_config
+from workbench.tune.probe import PROBE_STEPS, with_batch_probe
 
 #: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
 STARTUP_S = 6.0
@@ -74,6 +78,9 @@ class TuneResult:
     said: str = ""
     noise: float = NOISE
     repeats: int = 3
+    #: What of the base's compute grows with the batch, where the tune's probe measured it
+    #: (``per_step_s``, ``per_sample_s``, ``batches``, ``world_size``, ``how``); ``{}`` if not.
+    batch_cost: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: NaN as None."""
@@ -87,6 +94,7 @@ class TuneResult:
                 "said": self.said,
                 "noise": self.noise,
                 "repeats": self.repeats,
+                "batch_cost": self.batch_cost,
             }
         )
 
@@ -195,10 +203,7 @@ def tune(
     try these RunConfig changes instead of the diagnosis's list (each predicted, and measured
     whatever its prediction).
     ``progress``: called with a line of progress before each short run."""
-    if repeats < 2:
-        raise TuneError(f"repeats={repeats}: an interval needs 2 pairs or more")
-    if not budget_s > 0:
-        raise TuneError(f"budget {budget_s} s: must be positive")
+    _refuse_bad_input(repeats, budget_s)
     path = find_run(run, output_dir)
     config, runs, diagnosis, inputs = _load_base(path)
     run_id = str(runs["run_id"].iloc[0])
@@ -207,24 +212,78 @@ def tune(
     plan = _plan(cause, config, changes)
     if changes is None and not plan:
         result.said = SAID.get(cause, SAID["unexplained"])
-    rows, todo = _predict(plan, inputs, noise, explicit=changes is not None)
-    result.candidates = rows
-    todo = todo[:top] if top is not None else todo
-    for i, row in enumerate(rows):
-        if row["verdict"] == "skipped" and not row["why"] and i not in todo:
-            row["why"] = f"not among the top {top} predictions"
     short = _short_steps(inputs)
-    todo = _valid(rows, todo, config, short, run_id)
-    if todo:
-        estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
-        _check_budget(budget_s, min(estimates), repeats, short)
-        how = Pairs(run_id, repeats, noise)
-        where = (executor, dict(executor_options or {}))
-        measure(rows, todo, config, short, budget_s, where, progress, estimates, how)
+
+    explicit = changes is not None
+    rows, todo = _ranked(plan, inputs, noise, explicit, top, (config, short, run_id))
+    result.candidates = rows
+    where = (executor, dict(executor_options or {}))
+    spent = 0.0
+    pool = warm_pool(size=config.processes) if executor == "pool" and todo else nullcontext()
+    with pool:
+        if todo:
+            estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
+            _check_budget(budget_s, min(estimates), repeats, short)
+            room = budget_s - min(estimates) * 2 * repeats  # what one candidate leaves
+            inputs, spent = _probe(result, plan, config, inputs, room, where, progress)
+            if result.batch_cost:  # the larger batch predicted again, from the split
+                rows, todo = _ranked(plan, inputs, noise, explicit, top, (config, short, run_id))
+                result.candidates = rows
+        if todo:
+            estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
+            how = Pairs(run_id, repeats, noise)
+            left = budget_s - spent
+            measure(rows, todo, config, short, left, where, progress, estimates, how)
     better = [r for r in rows if r["verdict"] == "better"]
     result.best = dict(max(better, key=lambda r: r["measured_gain"])["change"]) if better else {}
     _save(path, result)
     return result
+
+
+def _refuse_bad_input(repeats: int, budget_s: float) -> None:
+    if repeats < 2:
+        raise TuneError(f"repeats={repeats}: an interval needs 2 pairs or more")
+    if not budget_s > 0:
+        raise TuneError(f"budget {budget_s} s: must be positive")
+
+
+def _probe(
+    result: TuneResult,
+    plan: Sequence[Candidate],
+    config: RunConfig,
+    inputs: ModelInputs,
+    room_s: float,
+    where: tuple[str, dict[str, Any]],
+    progress: Callable[[str], None] | None,
+) -> tuple[ModelInputs, float]:
+    """The batch probe where it fits in ``room_s`` (its split kept in ``result``): the model's
+    inputs with the split, and the seconds it took."""
+    if room_s < 2 * _estimate(inputs, SHORT_WARMUP + PROBE_STEPS, 1.0):
+        return inputs, 0.0
+    sweep = f"tune-{result.run_id}"
+    inputs, result.batch_cost, spent = with_batch_probe(
+        plan, config, inputs, sweep, where, progress
+    )
+    return inputs, spent
+
+
+def _ranked(
+    plan: Sequence[Candidate],
+    inputs: ModelInputs,
+    noise: float,
+    explicit: bool,
+    top: int | None,
+    short_runs: tuple[RunConfig, int, str],
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every candidate's row with its prediction, and the indices to measure, best first: at
+    most ``top``, and only valid configs (``short_runs``: the base's config, the short runs'
+    steps and the base's run id)."""
+    rows, todo = _predict(plan, inputs, noise, explicit)
+    todo = todo[:top] if top is not None else todo
+    for i, row in enumerate(rows):
+        if row["verdict"] == "skipped" and not row["why"] and i not in todo:
+            row["why"] = f"not among the top {top} predictions"
+    return rows, _valid(rows, todo, *short_runs)
 
 
 def _valid(
@@ -291,6 +350,8 @@ def _predict(
     asked for ``explicit``ly are measured whatever their prediction)."""
     rows = []
     for c in plan:
+        if inputs.batch_split and "per_device_batch_size" in c.change:
+            c = dataclasses.replace(c, assumes=inputs.batch_split)  # measured, not assumed
         gain, note = predicted_gain(c.change, inputs) if c.change else (float("nan"), "")
         row = _row(c, gain, note)
         if not c.reachable:
