@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from workbench.analysis import communication
-from workbench.analysis.network import benchmarked_network, network_fit
+from workbench.analysis.network import benchmarked_network, network_fit, ring_allreduce_time
 from workbench.analysis.scaling_model import predicted_vs_measured
 
 from .frames import make_runs, make_steps, scaling_sweep
@@ -53,3 +53,26 @@ def test_a_failed_run_s_benchmark_is_not_used() -> None:
         ]
     )
     assert benchmarked_network(runs).model.bandwidth_bytes_per_s == 1e9
+
+
+def test_the_benchmarks_hops_are_its_latency_and_the_rest_carries_the_bytes() -> None:
+    """4 ranks, 2 buckets a step in 1 ms at a bus bandwidth of 1 GB/s (so 666,667 bytes: busbw
+    x n / 2(n-1) x T), 50 us a hop measured: the hops take 2 x 2(4-1) x 50 us = 0.6 ms, the bytes
+    the other 0.4 ms, a bandwidth of 1e9 x 1 / 0.4 = 2.5 GB/s. The ring model then gives back the
+    benchmark's own 1 ms: 2 x 3/4 x 666,667 / 2.5e9 + 0.6 ms."""
+    run = {"run_id": "a", "world_size": 4, "network_busbw_bytes_per_s": 1e9}
+    measured = {"network_time_s": 1e-3, "network_latency_s": 50e-6, "network_buckets": 2}
+    model = benchmarked_network(make_runs([{**run, **measured}])).model
+    assert model.bandwidth_bytes_per_s == pytest.approx(2.5e9)
+    assert model.latency_s == pytest.approx(50e-6)
+    nbytes = 1e9 * 4 / 6 * 1e-3
+    own = ring_allreduce_time(nbytes, 4, model.bandwidth_bytes_per_s, model.latency_s, 2)
+    assert own == pytest.approx(1e-3)
+    # a one-element allreduce as slow as the buckets (a loaded host): the bytes keep a tenth
+    slow = {**measured, "network_latency_s": 200e-6}
+    assert benchmarked_network(make_runs([{**run, **slow}])).model.bandwidth_bytes_per_s == (
+        pytest.approx(1e10)
+    )
+    # an older run without the hop's latency: folded into the bandwidth, as before
+    older = benchmarked_network(make_runs([run])).model
+    assert older.bandwidth_bytes_per_s == 1e9 and older.latency_s == 0.0

@@ -255,9 +255,12 @@ def benchmarked_network(
 ) -> NetworkFit:
     """The network the runs measured directly: each multi-rank run's allreduce micro-benchmark
     at its own bucket sizes (``network_busbw_bytes_per_s`` of the runs frame, nccl-tests' bus
-    bandwidth), the median over the runs as the ring's bandwidth. The benchmark's time holds
-    each bucket's launch and latency too, so the latency is folded into that bandwidth (0 s
-    here): exact at the runs' own bucket sizes. ``model`` is ``None`` when no run has one.
+    bandwidth) and its one-element allreduce (``network_latency_s``, per hop), medians over
+    the runs. The bucket's time holds the ring's hops too, ``2(n-1)`` latencies: the bandwidth
+    is what carries the bytes in the rest (:func:`_bytes_bandwidth`), so the model is exact at
+    the runs' own bucket sizes and world size, and a change of the bytes (a compression hook,
+    fewer buckets) moves only their part. Without a latency measured (an older run), it is
+    folded into the bandwidth (0 s). ``model`` is ``None`` when no run has a benchmark.
     ``link`` keeps the runs of one link class (:func:`link_class`); without it, runs on one
     node and across nodes are not pooled (``model`` ``None``, the note says so)."""
     column = "network_busbw_bytes_per_s"
@@ -282,22 +285,55 @@ def benchmarked_network(
     sizes: tuple[int, ...] = ()
     if "world_size" in keep.columns:
         sizes = tuple(sorted({int(n) for n in keep.loc[busbw.index, "world_size"]}))
-    bandwidth = float(busbw.median())
+    bandwidth, latency = _bytes_bandwidth(keep.loc[busbw.index], busbw)
     where = f" ({link})" if link else ""
+    hops = (
+        f"; per hop {latency * 1e6:.3g} us (its one-element allreduce), the bytes' bandwidth "
+        f"{bandwidth / 1e9:.3g} GB/s"
+        if latency > 0
+        else "; latency folded into that bandwidth"
+    )
     note = (
         f"measured directly{where}: allreduce micro-benchmark at the runs' bucket sizes, bus "
         "bandwidth "
-        f"(nccl-tests: bytes / time x 2(n-1)/n) median {bandwidth / 1e9:.3g} GB/s over "
-        f"{len(busbw)} run(s) at world sizes {', '.join(map(str, sizes)) or '?'}; latency "
-        "folded into that bandwidth"
+        f"(nccl-tests: bytes / time x 2(n-1)/n) median {float(busbw.median()) / 1e9:.3g} GB/s "
+        f"over {len(busbw)} run(s) at world sizes {', '.join(map(str, sizes)) or '?'}{hops}"
     )
     model = NetworkModel(
         name="benchmark",
         bandwidth_bytes_per_s=bandwidth,
-        latency_s=0.0,
-        description=f"measured allreduce, busbw {bandwidth / 1e9:.3g} GB/s",
+        latency_s=latency,
+        description=f"measured allreduce, busbw {float(busbw.median()) / 1e9:.3g} GB/s"
+        + (f", {latency * 1e6:.3g} us a hop" if latency > 0 else ""),
     )
     return NetworkFit(model, note, world_sizes=sizes)
+
+
+#: The largest share of a benchmarked bucket's time put down to its hops' latency: the bytes
+#: keep at least the rest (a one-element allreduce that took as long as the bucket, on a
+#: loaded host, would otherwise leave them an infinite bandwidth).
+MAX_LATENCY_SHARE = 0.9
+
+
+def _bytes_bandwidth(runs: pd.DataFrame, busbw: pd.Series) -> tuple[float, float]:
+    """The ring's bandwidth for the bytes and its latency per hop, medians over ``runs``: each
+    run's time for one step's ``k`` buckets ``T`` (``network_time_s``) less their ``k x 2(n-1)``
+    hops of measured latency ``L``, at most :data:`MAX_LATENCY_SHARE` of it:
+    ``busbw x T / (T - k 2(n-1) L)``. Without ``network_latency_s`` (or ``network_time_s``,
+    ``network_buckets``, ``world_size``): the bus bandwidth, 0 s."""
+    needed = ("network_latency_s", "network_time_s", "network_buckets", "world_size")
+    if not all(c in runs.columns for c in needed):
+        return float(busbw.median()), 0.0
+    latency = pd.to_numeric(runs["network_latency_s"], errors="coerce")
+    time_s = pd.to_numeric(runs["network_time_s"], errors="coerce")
+    buckets = pd.to_numeric(runs["network_buckets"], errors="coerce")
+    hops = 2 * (pd.to_numeric(runs["world_size"], errors="coerce") - 1) * buckets
+    ok = latency.notna() & (latency >= 0) & (time_s > 0) & (hops > 0)
+    if not ok.any():
+        return float(busbw.median()), 0.0
+    share = (hops * latency / time_s).clip(upper=MAX_LATENCY_SHARE)
+    bandwidth = (busbw / (1 - share)).where(ok, busbw)
+    return float(bandwidth.median()), float(latency[ok].median())
 
 
 def network_fit(

@@ -79,8 +79,9 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
         "comm_method": ",".join(methods) or None,
         "measurement_warnings": "; ".join(said) or None,
     }
-    for key in ("bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s"):
+    for key in ("bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "latency_s"):
         out[f"network_{key}"] = network.get(key)
+    out["network_buckets"] = len(network.get("bucket_sizes_bytes") or ()) or None
     out.update(_flops_columns(run))
     return out
 
