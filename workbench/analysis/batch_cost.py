@@ -29,7 +29,7 @@ class BatchCost:
     per_sample_s: float
     batches: tuple[int, ...]
     world_size: int
-    #: How the points were got: ``fitted on`` a study's runs, or ``probed at`` by a tune.
+    #: How the points were got: ``fitted on`` a study's runs, or a tune's probe (``tune/probe.py``).
     how: str = "fitted on"
 
     def per_step_share(self, samples: float) -> float:
