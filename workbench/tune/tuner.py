@@ -12,6 +12,11 @@ the pairs (:func:`~workbench.analysis.tune_measure.paired_gain`). The tune stops
 budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
 checked before the first launch: a failed run, one with too few measured steps, a budget
 smaller than one candidate are each a :class:`TuneError` and nothing starts.
+
+Where something is to be measured and the candidates hold the larger batch, a probe of two short
+runs first measures what of the compute grows with the batch (:mod:`workbench.tune.probe`), when
+the budget leaves room for it beside one candidate; the candidates are then predicted and ranked
+again with that split.
 """
 
 from __future__ import annotations
