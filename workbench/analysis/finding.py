@@ -24,7 +24,7 @@ from workbench.analysis.scaling import points_table, run_table
 from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.tune_measure import inputs_of
-from workbench.analysis.tune_plan import ASSUMED_BATCH, NOISE, verified
+from workbench.analysis.tune_plan import NOISE, verified
 from workbench.analysis.units import gib, percent, rate, ratio, seconds
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
@@ -249,10 +249,6 @@ def _causes_finding(
     first, rest = changes[0], worth[:MORE]
     tuned = len(changes) > 1 or not first.bound and math.isfinite(first.gain)
     how = "; workbench tune RUN measures them in this order" if tuned else ""
-    listed = (first, *rest)
-    assumed = [c for c in listed if c.assumes.startswith(ASSUMED_BATCH) and not c.in_script]
-    if tuned and assumed:  # the tune probes the split first
-        how += ", once two short runs have measured what of the compute grows with the batch"
     lead = (
         f"{text}; largest cause: {words}, {percent(float(largest['share']))} of the {n}-rank "
         f"step; most promising: {first.words()}"

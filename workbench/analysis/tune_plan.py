@@ -60,8 +60,6 @@ class Candidate:
 #: compressing and decompressing the gradients costs (PowerSGD measured -57 % where +23 % was
 #: predicted: BENCHMARKS.md, "Tune: predicted against measured").
 HOOK_COST = "before the cost of compressing"
-#: How a larger batch's prediction begins where nothing measured what of its compute grows.
-ASSUMED_BATCH = "if all of its compute grows"
 
 
 def prediction_order(gain: float, partial: str = "") -> tuple[bool, float]:
@@ -136,7 +134,7 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
         change, label = {}, f"a per-device batch {BATCH_FACTOR}x as large"
     # the model has one compute time per step: it cannot tell the per-step cost from the
     # per-sample one, so it scales all of it (an underestimate where a step is mostly overhead)
-    assumes = f"{ASSUMED_BATCH} {BATCH_FACTOR}x"
+    assumes = f"if all of its compute grows {BATCH_FACTOR}x"
     out.append(Candidate(change, label, True, note="memory permitting", assumes=assumes))
     accumulation = int(_value(config, "gradient_accumulation_steps") or 1)
     out.append(
