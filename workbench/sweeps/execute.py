@@ -68,20 +68,38 @@ def execute_notebook(
     KeyboardInterrupt propagates."""
     import papermill
 
-    try:
-        papermill.execute_notebook(
-            str(notebook),
-            str(output),
-            parameters=parameters,
-            progress_bar=False,
-            execution_timeout=timeout_s,
-            # The kernel's own start-up warnings (one per point) would bury the progress bar;
-            # its errors still show, and the cells' output is in the executed notebook.
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],
-            # Killed, not asked to stop: a kernel interrupted mid-cell would otherwise hold the
-            # sweep for nbclient's grace period and print a traceback while going down.
-            shutdown_kernel="immediate",
-        )
-    except Exception as exc:  # this point only; the sweep goes on
-        return describe(exc)
+    for attempt in range(KERNEL_STARTS):
+        try:
+            papermill.execute_notebook(
+                str(notebook),
+                str(output),
+                parameters=parameters,
+                progress_bar=False,
+                execution_timeout=timeout_s,
+                # The kernel's own start-up warnings (one per point) would bury the progress
+                # bar; its errors still show, and the cells' output is in the executed notebook.
+                extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                # Killed, not asked to stop: a kernel interrupted mid-cell would otherwise hold
+                # the sweep for nbclient's grace period and print a traceback while going down.
+                shutdown_kernel="immediate",
+            )
+        except Exception as exc:  # this point only; the sweep goes on
+            if attempt + 1 < KERNEL_STARTS and kernel_did_not_start(exc):
+                continue  # no cell ran: the point is started again, whole
+            return describe(exc)
+        return None
     return None
+
+
+#: Kernel starts a point gets: jupyter_client picks a kernel's ports by binding port 0 and
+#: letting it go, and any other process (gloo opens many connections) may take one before the
+#: kernel binds it ("Address already in use"); the kernel then never answers.
+KERNEL_STARTS = 2
+
+
+def kernel_did_not_start(exc: BaseException) -> bool:
+    """Whether ``exc`` says the kernel never came up (so no cell ran)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "Kernel didn't respond" in text or "Kernel died before replying" in text
+    )
