@@ -114,25 +114,19 @@ class _PlantedCosts(_Sleepy):
         return super().state_dict(*args, **kwargs)
 
 
-class _BatchCost(nn.Module):
-    """An MLP whose training forward sleeps ``step_sleep_s`` plus ``sample_sleep_s`` for each
-    sample of its batch: a known per-step and per-sample compute."""
-
-    task = "classification"
+class _BatchCost(_Sleepy):
+    """``_Sleepy`` whose training forward sleeps ``step_sleep_s`` plus ``sample_sleep_s`` for
+    each sample of its batch: a known per-step and per-sample compute."""
 
     def __init__(self, step_sleep_s: float, sample_sleep_s: float) -> None:
-        super().__init__()
-        from workbench.rank.models import MLP
-
-        self.net = MLP(input_dim=32, hidden_dim=64, num_layers=2, num_classes=4)
-        self.step_sleep_s = step_sleep_s
+        super().__init__(step_sleep_s, 0.0)
         self.sample_sleep_s = sample_sleep_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         import time
 
         if self.training:
-            time.sleep(self.step_sleep_s + self.sample_sleep_s * x.shape[0])
+            time.sleep(self.sleep_s + self.sample_sleep_s * x.shape[0])
         return self.net(x)
 
 
