@@ -11,7 +11,7 @@ with the batch), against the same measurements. ``--smoke``: the mlp only, 2 pai
 candidate (accumulation: a prediction beside a measurement, all the harness needs to show; its
 figures are not for the table).
 
-Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--json out.json]``.
+Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--only TEXT] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per tune")
     parser.add_argument("--smoke", action="store_true", help="a quick run; figures not for use")
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--only", help="the candidates whose label holds this text (all: none)")
     a = parser.parse_args(argv)
     from workbench.analysis.tune_plan import candidates_for, predicted_gain
     from workbench.config.run_config import RunConfig
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             # every communication candidate, whatever this base's diagnosis: each prediction
             # meets a measurement
             config = RunConfig.load(path / "config.json").to_dict()
-            changes = [c.change for c in candidates_for("exposed_transfer", config)]
+            listed = candidates_for("exposed_transfer", config)
+            changes = [c.change for c in listed if not a.only or a.only in c.label]
             result = tune(
                 path,
                 budget_s=a.budget,

@@ -1,6 +1,7 @@
 """Communication with known answers, through real gloo runs: exposed communication at one rank
 with many buckets (almost nothing), at two ranks (more than nothing, less than the backward),
-the allreduce micro-benchmark against a bare ``torch.distributed.all_reduce`` loop, and a torch
+the allreduce micro-benchmark against a bare ``torch.distributed.all_reduce`` loop, each comm
+hook timed on the run's buckets, and a torch
 that lost a private DDP call (bytes only, one warning, the run completes)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from workbench import schema
+from workbench.config.choices import COMM_HOOKS
 from workbench.ports import free_port
 from workbench.rank.models import build_model, gradient_bytes
 from workbench.run.launch import launch
@@ -109,7 +111,28 @@ def test_network_benchmark_uses_the_run_buckets_and_nccl_tests_definitions(comm_
     for row in net["sizes"]:
         assert row["algbw_bytes_per_s"] == pytest.approx(row["bytes"] / row["time_s"])
         assert row["iterations"] >= 3
-    assert net["duration_s"] < 1.0, "a few hundred milliseconds, not a second"
+    hooks_s = net["hooks"]["duration_s"]
+    assert net["duration_s"] - hooks_s < 1.0, "a few hundred milliseconds, not a second"
+
+
+def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:
+    _, run = _measured(comm_runs["two"])
+    net = run["network"]
+    hooks = net["hooks"]
+    assert set(hooks["time_s"]) == set(COMM_HOOKS)
+    # the run's buckets, timed once per distinct set of shapes: here the layers alike in size
+    # are alike in shape (the head shares the last layer's bucket)
+    sizes = net["bucket_sizes_bytes"]
+    assert hooks["buckets"] == len(sizes) > hooks["distinct_buckets"] == len(set(sizes)) > 1
+    # the plain hook is the allreduce the benchmark timed at the same sizes, by another clock (a
+    # lower quartile of rounds of single calls, against the median of back-to-back loops)
+    ratio = hooks["time_s"]["allreduce"] / net["time_s"]
+    print(f"hooks: {hooks['time_s']}; plain hook / benchmark's allreduce = {ratio:.2f}")
+    assert 1 / 4 <= ratio <= 4.0
+    # PowerSGD at rank 1 makes three allreduces of each bucket (its bias uncompressed, then the
+    # factors P and Q) where the plain hook makes one, and computes between them
+    assert hooks["time_s"]["powersgd"] > hooks["time_s"]["allreduce"]
+    assert hooks["duration_s"] < 1.0, "its budget is 0.4 s of rounds and 3 rounds to warm up"
 
 
 def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) -> None:

@@ -5,6 +5,7 @@ tunes of the demo's 2-rank mlp (communication-bound: a measured winner) and 1-ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ from workbench.analysis.finding import findings
 from workbench.analysis.network import NetworkModel
 from workbench.analysis.scaling_model import Base
 from workbench.analysis.tune_measure import (
+    _hook_times,
     model_inputs,
     paired_gain,
     step_throughput,
@@ -27,8 +29,10 @@ from workbench.analysis.tune_measure import (
     verdict,
 )
 from workbench.analysis.tune_plan import (
+    HOOK_COST,
     NOISE,
     ModelInputs,
+    as_measured,
     candidates_for,
     diagnose,
     predicted_gain,
@@ -195,6 +199,37 @@ def test_predictions_follow_the_scaling_model() -> None:
     # in the model
     assert predicted_gain({"bucket_cap_mb": 100.0}, inputs)[0] == pytest.approx(0.0)
     assert predicted_gain({"static_graph": True}, inputs)[0] == pytest.approx(0.0)
+
+
+def test_a_timed_hook_is_predicted_from_its_time_not_its_bytes() -> None:
+    # the base's micro-benchmark timed the hooks on its buckets: the plain allreduce 2 ms, fp16
+    # 1 ms, PowerSGD 6 ms (its compressing included); bf16 was not timed
+    inputs = dataclasses.replace(
+        _inputs(), hook_time_s={"allreduce": 2e-3, "fp16": 1e-3, "powersgd": 6e-3}
+    )
+    # fp16 at half the plain allreduce's time: the 4 ms exposed allreduce takes 2 ms: 10 / 8
+    assert predicted_gain({"comm_hook": "fp16"}, inputs)[0] == pytest.approx(0.25)
+    # PowerSGD at 3x: 12 ms, though it sends a tenth of the bytes: 10 / 18 - 1 = -44.4 %
+    gain, said = predicted_gain({"comm_hook": "powersgd"}, inputs)
+    assert gain == pytest.approx(10 / 18 - 1)
+    assert "3.00x the plain allreduce's time" in said
+    # bf16 from its bytes, as before, its compressing said to be left out
+    assert predicted_gain({"comm_hook": "bf16"}, inputs)[0] == pytest.approx(0.25)
+    plan = {c.label: c for c in candidates_for("exposed_transfer", {})}
+    assert as_measured(plan["comm_hook powersgd"], inputs).partial == ""
+    assert as_measured(plan["comm_hook bf16"], inputs).partial == HOOK_COST
+
+
+def test_the_hooks_times_are_the_runs_medians() -> None:
+    runs = pd.DataFrame(
+        {
+            "network_hook_allreduce_s": [1e-3, 3e-3, None],
+            "network_hook_powersgd_s": [4e-3, 8e-3, 9e-3],
+            "network_hook_fp16_s": [None, None, None],
+        }
+    )
+    assert _hook_times(runs) == {"allreduce": 2e-3, "powersgd": 8e-3}
+    assert _hook_times(pd.DataFrame({"run_id": ["a"]})) == {}
 
 
 def test_what_a_tune_verified_is_one_sentence() -> None:

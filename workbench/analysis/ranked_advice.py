@@ -23,6 +23,7 @@ from typing import Any
 from workbench.analysis.tune_plan import (
     SAID,
     ModelInputs,
+    as_measured,
     candidates_for,
     predicted_gain,
     prediction_order,
@@ -110,10 +111,9 @@ def ranked_changes(
         if not c.change or inputs is None:
             out.append(Change(c.label, in_script=not c.reachable, partial=c.partial))
             continue
+        c = as_measured(c, inputs)
         gain = predicted_gain(c.change, inputs)[0]
         each = [predicted_gain(c.change, _at_step(inputs, t, e))[0] for t, e in sampled]
         low, high = median_interval([g for g in each if math.isfinite(g)])
-        measured = inputs.batch_split if "per_device_batch_size" in c.change else ""
-        assumes = measured or c.assumes
-        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, assumes))
+        out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, c.assumes))
     return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))

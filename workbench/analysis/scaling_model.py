@@ -76,6 +76,9 @@ class Base:
     #: Seconds of backward compute per step at the base: the most communication any overlap
     #: can hide (NaN: not measured, no bound). Scales with the per-device work like compute.
     backward_compute_s: float = float("nan")
+    #: The communication's time as a multiple of the ring allreduce's: a comm hook's measured
+    #: time over the plain allreduce's on the same buckets (1: the plain allreduce).
+    comm_scale: float = 1.0
 
 
 def model_curve(
@@ -111,7 +114,7 @@ def model_arrays(
     else:  # the global batch is fixed: each device gets base N / N of its base share
         compute = compute_b * base.world_size / n
         samples = np.full(len(n), base.samples_per_step)
-    comm = allreduce_time(network, base.gradient_bytes, n, base.buckets)
+    comm = allreduce_time(network, base.gradient_bytes, n, base.buckets) * base.comm_scale
     exposed = (1 - overlap) * comm
     hideable = base.backward_compute_s * compute / compute_b if compute_b > 0 else np.nan
     bounded = np.isfinite(hideable)

@@ -33,6 +33,7 @@ from workbench.analysis.scaling_model import Base
 from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.tune_plan import NOISE, ModelInputs, diagnose, span_network
 from workbench.analysis.windows import measured_steps, measured_window
+from workbench.config.choices import COMM_HOOKS
 
 #: Student t's 97.5 % quantile by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
 T975 = {
@@ -178,8 +179,22 @@ def inputs_of(
         bucket_cap_mb=float(config.get("bucket_cap_mb") or 25.0),
         per_device_batch_size=int(config.get("per_device_batch_size") or 1),
         gradient_accumulation_steps=int(config.get("gradient_accumulation_steps") or 1),
+        hook_time_s=_hook_times(mine) if n > 1 else {},
     )
     return inputs, _sampled_steps(sampled, measured, step_s) if n > 1 else []
+
+
+def _hook_times(runs: pd.DataFrame) -> dict[str, float]:
+    """Each comm hook's seconds a step on the runs' buckets (``network_hook_<hook>_s``, the
+    median over the runs that timed it); hooks nobody timed are left out."""
+    out = {}
+    for hook in COMM_HOOKS:
+        column = f"network_hook_{hook}_s"
+        if column in runs.columns:
+            values = pd.to_numeric(runs[column], errors="coerce").dropna()
+            if len(values):
+                out[hook] = float(values.median())
+    return out
 
 
 def _sampled_steps(

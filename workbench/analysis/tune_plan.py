@@ -205,6 +205,29 @@ class ModelInputs:
     #: assumption where nothing measured it), and how it was measured (words; "" assumed).
     per_step_share: float = 0.0
     batch_split: str = ""
+    #: Seconds per step of each comm hook on the base's own buckets, measured by its network
+    #: micro-benchmark (``network.hooks``: compressing included); empty where not measured.
+    hook_time_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def hook_factor(self, hook: str) -> float:
+        """How many times the plain allreduce's time ``hook`` took on the base's buckets (NaN:
+        not measured)."""
+        plain, mine = self.hook_time_s.get("allreduce"), self.hook_time_s.get(hook)
+        if plain and mine and math.isfinite(plain) and math.isfinite(mine) and plain > 0:
+            return mine / plain
+        return float("nan")
+
+
+def as_measured(c: Candidate, inputs: ModelInputs) -> Candidate:
+    """``c`` as the base's measurements let it be predicted: a larger batch from the measured
+    split of the compute (said instead of the assumption), a comm hook from its measured time
+    (nothing left out)."""
+    if inputs.batch_split and "per_device_batch_size" in c.change:
+        c = dataclasses.replace(c, assumes=inputs.batch_split)
+    hook = c.change.get("comm_hook")
+    if hook and math.isfinite(inputs.hook_factor(hook)):
+        c = dataclasses.replace(c, partial="")
+    return c
 
 
 def span_network(nbytes: float, world_size: int, span_s: float) -> NetworkModel | None:
@@ -226,7 +249,9 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
     """The scaling model's throughput gain (ratio minus 1) of ``change`` over the base, both
     predicted by the model (so its error on the base cancels), and what it assumed: fp16 and
     bf16 halve the gradient bytes, PowerSGD sends :data:`POWERSGD_BYTES` of them (the hooks'
-    own compute is not modelled); ``bucket_cap_mb`` scales the bucket count (the latency term);
+    own compute is not modelled) unless the base's micro-benchmark timed the hook on its buckets:
+    then the communication takes the measured multiple of the plain allreduce's time
+    (:meth:`ModelInputs.hook_factor`); ``bucket_cap_mb`` scales the bucket count (the latency term);
     accumulating k times the micro-steps does k times the compute per allreduce; a batch k
     times as large, ``per_step_share + (1 - per_step_share) x k`` times (k times where nothing
     measured the share);
@@ -239,12 +264,20 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
     nbytes, buckets, work = b.gradient_bytes, b.buckets, 1.0
     notes = []
     hook = change.get("comm_hook")
-    if hook in ("fp16", "bf16"):
-        nbytes /= 2
-        notes.append(f"{hook} halves the bytes; its casts are not modelled")
-    elif hook == "powersgd":
-        nbytes *= POWERSGD_BYTES
-        notes.append(f"PowerSGD sends about {POWERSGD_BYTES:.0%} of the bytes (assumed)")
+    comm_scale = inputs.hook_factor(hook) if hook else float("nan")
+    if math.isfinite(comm_scale):
+        notes.append(
+            f"{hook} took {comm_scale:.2f}x the plain allreduce's time on the run's buckets "
+            "(measured, compressing included)"
+        )
+    else:
+        comm_scale = 1.0
+        if hook in ("fp16", "bf16"):
+            nbytes /= 2
+            notes.append(f"{hook} halves the bytes; its casts are not modelled")
+        elif hook == "powersgd":
+            nbytes *= POWERSGD_BYTES
+            notes.append(f"PowerSGD sends about {POWERSGD_BYTES:.0%} of the bytes (assumed)")
     if "bucket_cap_mb" in change:
         cap = float(change["bucket_cap_mb"])
         # the bucket count scales with the cap, but no more buckets than the bytes fill (DDP's
@@ -278,6 +311,7 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
         buckets=buckets,
         scaling=b.scaling,
         backward_compute_s=b.backward_compute_s * work,
+        comm_scale=b.comm_scale * comm_scale,
     )
     return _rate(after, inputs) / before - 1, "; ".join(notes)
 

@@ -278,6 +278,16 @@ def time_all_reduce(tensor: torch.Tensor, iterations: int) -> float:
     return float(elapsed.item()) / dist.get_world_size()
 
 
+def over_ranks(values: list[float], device: torch.device, how: str = "mean") -> list[float]:
+    """Each of ``values`` agreed over the default group's ranks: their ``mean`` or ``max``;
+    every rank must call it."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.SUM)
+    if how != "max":
+        tensor /= dist.get_world_size()
+    return [float(v) for v in tensor.tolist()]
+
+
 def new_eval_group(timeout_s: float) -> Any:
     """A gloo group with its own, long timeout for waiting on an evaluation that runs on rank 0
     alone: the training group's timeout stays short enough to catch a hung rank."""

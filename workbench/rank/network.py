@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.rank import distributed
+from workbench.rank import distributed, hook_cost
 
 #: Wall-time budget of the whole benchmark (seconds), warm-up included; each bucket size
 #: gets an equal share for its timed loops.
@@ -32,26 +32,33 @@ LOOPS = 3
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def bucket_sizes(module: nn.Module, bucket_cap_mb: float, element_bytes: int = 4) -> list[int]:
-    """The bytes of each gradient bucket as DDP forms them when ``bucket_cap_mb`` is given (the
-    workbench always gives it, so DDP caps its first bucket at the same size): parameters that
-    need a gradient, last registered first (DDP's order until it rebuilds the buckets in the
-    order gradients became ready), a bucket closing once it holds at least the cap.
-    ``element_bytes``: bytes per gradient element sent (2 with fp16 or bf16 compression). The
-    buckets are formed at the gradients' own size (DDP fills them before any hook compresses
-    them), then each is sent at ``element_bytes`` per element."""
+def bucket_params(module: nn.Module, bucket_cap_mb: float) -> list[list[nn.Parameter]]:
+    """The parameters of each gradient bucket as DDP forms them when ``bucket_cap_mb`` is given
+    (the workbench always gives it, so DDP caps its first bucket at the same size): parameters
+    that need a gradient, last registered first (DDP's order until it rebuilds the buckets in
+    the order gradients became ready), a bucket closing once it holds at least the cap."""
     cap = bucket_cap_mb * 2**20
-    sizes: list[int] = []
-    held = sent = 0
+    buckets: list[list[nn.Parameter]] = []
+    held, bucket = 0, []
     for p in reversed([p for p in module.parameters() if p.requires_grad]):
+        bucket.append(p)
         held += p.numel() * p.element_size()
-        sent += p.numel() * element_bytes
         if held >= cap:
-            sizes.append(sent)
-            held = sent = 0
-    if sent:
-        sizes.append(sent)
-    return sizes
+            buckets.append(bucket)
+            held, bucket = 0, []
+    if bucket:
+        buckets.append(bucket)
+    return buckets
+
+
+def bucket_sizes(module: nn.Module, bucket_cap_mb: float, element_bytes: int = 4) -> list[int]:
+    """The bytes of each gradient bucket (:func:`bucket_params`) as sent at ``element_bytes``
+    per gradient element (2 with fp16 or bf16 compression): DDP fills the buckets at the
+    gradients' own size before any hook compresses them."""
+    return [
+        sum(p.numel() for p in bucket) * element_bytes
+        for bucket in bucket_params(module, bucket_cap_mb)
+    ]
 
 
 def ddp_bucket_sizes(ddp: Any, element_bytes: int = 4) -> list[int]:
@@ -65,7 +72,12 @@ def ddp_bucket_sizes(ddp: Any, element_bytes: int = 4) -> list[int]:
         sizes = []
     if sizes:
         return [max(1, size * element_bytes // 4) for size in sizes]
-    return bucket_sizes(ddp.module, ddp.bucket_bytes_cap / 2**20, element_bytes)
+    return bucket_sizes(ddp.module, ddp_cap_mb(ddp), element_bytes)
+
+
+def ddp_cap_mb(ddp: Any) -> float:
+    """A DDP's bucket cap in MiB."""
+    return float(ddp.bucket_bytes_cap) / 2**20
 
 
 def bus_factor(world_size: int) -> float:
@@ -102,11 +114,16 @@ def measure_allreduce(
     world_size: int,
     precision_hook: str = "allreduce",
     budget_s: float = BUDGET_S,
+    hook_buckets: Sequence[hook_cost.Shapes] = (),
+    powersgd_rank: int = 1,
 ) -> dict[str, Any]:
     """Time an allreduce of each distinct size in ``sizes`` (bytes, one step's buckets) on the
     default process group; every rank must call it. Returns the record ``run.json`` keeps:
     per size, and for one step's buckets together (``time_s``: the per-size times summed over
-    ``sizes``; ``algbw`` and ``busbw`` from the total bytes over that time)."""
+    ``sizes``; ``algbw`` and ``busbw`` from the total bytes over that time). Where the run
+    sends plain allreduce and ``hook_buckets`` (the step's buckets' gradient shapes) are given,
+    also what each comm hook costs on them (``hooks``: :mod:`workbench.rank.hook_cost`), what
+    a prediction for another hook needs."""
     started = time.perf_counter()
     dtype = _DTYPES.get(precision_hook, torch.float32)
     distinct = sorted(set(sizes))
@@ -122,6 +139,9 @@ def measure_allreduce(
     # one element: the time is the ring's hops, 2(n-1) of them, and no bytes to speak of
     tiny = _time_size(4, torch.float32, device, budget_s / 4)
     hop_s = tiny["time_s"] / (2 * (world_size - 1)) if world_size > 1 else None
+    hooks = None
+    if hook_buckets and precision_hook == "allreduce":
+        hooks = hook_cost.measure_hooks(hook_buckets, device, powersgd_rank)
     return {
         "collective": "allreduce",
         "definition": "nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n",
@@ -136,5 +156,6 @@ def measure_allreduce(
         "sizes": [per_size[n] for n in distinct],
         # seconds per ring hop: a one-element allreduce's time over its 2(n-1) hops
         "latency_s": hop_s,
+        **({"hooks": hooks} if hooks else {}),
         "duration_s": time.perf_counter() - started,
     }

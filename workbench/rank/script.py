@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench import schema
 from workbench.config.run_config import RunConfig
 from workbench.errors import ScriptExit
-from workbench.rank import distributed, network
+from workbench.rank import distributed, hook_cost, network
 from workbench.store.trace_files import consolidate
 from workbench.trace.torch_hooks import ScriptHooks
 from workbench.trace.tracer import Tracer
@@ -226,6 +226,14 @@ def network_at_buckets(
     def measure(ddp: DistributedDataParallel) -> dict[str, Any] | None:
         sizes = network.ddp_bucket_sizes(ddp, element)
         device = next(ddp.module.parameters()).device
-        return network.measure_allreduce(sizes, device, world_size, config.comm_hook)
+        params = network.bucket_params(ddp.module, network.ddp_cap_mb(ddp))
+        return network.measure_allreduce(
+            sizes,
+            device,
+            world_size,
+            config.comm_hook,
+            hook_buckets=hook_cost.bucket_shapes(params),
+            powersgd_rank=config.powersgd_rank,
+        )
 
     return measure

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
-from workbench.rank import checkpoint, distributed, network
+from workbench.rank import checkpoint, distributed, hook_cost, network
 from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
@@ -187,7 +187,15 @@ class Trainer:
             return None
         element = 2 if config.comm_hook in ("fp16", "bf16") else 4
         sizes = network.bucket_sizes(self.module, config.bucket_cap_mb, element)
-        return network.measure_allreduce(sizes, self.device, self.env.world_size, config.comm_hook)
+        shapes = hook_cost.bucket_shapes(network.bucket_params(self.module, config.bucket_cap_mb))
+        return network.measure_allreduce(
+            sizes,
+            self.device,
+            self.env.world_size,
+            config.comm_hook,
+            hook_buckets=shapes,
+            powersgd_rank=config.powersgd_rank,
+        )
 
     def set_lr(self, step: int) -> None:
         """The learning rate for ``step``: scaled by the batch rule, ramped up over warm-up."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench import schema
+from workbench.config.choices import COMM_HOOKS
 from workbench.store.arrow_stream import read_stream
 from workbench.store.files import read_json
 from workbench.store.jsonl import read_jsonl
@@ -71,7 +72,8 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
     """How the run's communication was measured (``comm_method``: one value, or the ranks'
     values joined by commas), what it could not measure (``measurement_warnings``, the messages
     joined; None if none) and the allreduce micro-benchmark (``network_*``: null when the run
-    had one rank or ``network_benchmark`` off)."""
+    had one rank or ``network_benchmark`` off; ``network_hook_<hook>_s``: each comm hook's
+    seconds a step on the run's buckets, null where not timed)."""
     network = run.get("network") or {}
     methods = sorted(set((run.get("comm_method") or {}).values()))
     said = [w.get("message", "") for w in run.get("measurement_warnings") or ()]
@@ -82,6 +84,9 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
     for key in ("bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "latency_s"):
         out[f"network_{key}"] = network.get(key)
     out["network_buckets"] = len(network.get("bucket_sizes_bytes") or ()) or None
+    hooks = (network.get("hooks") or {}).get("time_s") or {}
+    for hook in COMM_HOOKS:  # what each comm hook took on the run's buckets, seconds a step
+        out[f"network_hook_{hook}_s"] = hooks.get(hook)
     out.update(_flops_columns(run))
     return out
 

@@ -21,7 +21,6 @@ again with that split.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -41,6 +40,7 @@ from workbench.analysis.tune_plan import (
     SAID,
     Candidate,
     ModelInputs,
+    as_measured,
     candidates_for,
     predicted_gain,
     prediction_order,
@@ -355,8 +355,7 @@ def _predict(
     asked for ``explicit``ly are measured whatever their prediction)."""
     rows = []
     for c in plan:
-        if inputs.batch_split and "per_device_batch_size" in c.change:
-            c = dataclasses.replace(c, assumes=inputs.batch_split)  # measured, not assumed
+        c = as_measured(c, inputs)
         gain, note = predicted_gain(c.change, inputs) if c.change else (float("nan"), "")
         row = _row(c, gain, note)
         if not c.reachable:
@@ -367,7 +366,8 @@ def _predict(
             row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
         rows.append(row)
     todo = [i for i, r in enumerate(rows) if not r["why"]]
-    todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], plan[i].partial))
+    partial = [as_measured(c, inputs).partial for c in plan]
+    todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], partial[i]))
     return rows, todo
 
 
