@@ -17,6 +17,7 @@ import pytest
 
 from tests.frames import make_runs, make_steps
 from workbench import schema
+from workbench.analysis.batch_cost import fit_batch_cost
 from workbench.analysis.finding import findings
 from workbench.analysis.network import NetworkModel
 from workbench.analysis.scaling_model import Base
@@ -41,6 +42,7 @@ from workbench.analysis.tune_plan import (
 from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.tune import TuneError, tune
+from workbench.tune.probe import PROBED
 from workbench.tune.render import report_text, sweep_yaml
 from workbench.tune.tuner import _predict
 
@@ -218,6 +220,17 @@ def test_a_timed_hook_is_predicted_from_its_time_not_its_bytes() -> None:
     plan = {c.label: c for c in candidates_for("exposed_transfer", {})}
     assert as_measured(plan["comm_hook powersgd"], inputs).partial == ""
     assert as_measured(plan["comm_hook bf16"], inputs).partial == HOOK_COST
+
+
+def test_a_compute_that_did_not_grow_with_the_batch_is_all_per_step() -> None:
+    # the probe's two points: 1.0 ms of compute a step at 32, 0.95 ms at 128 (its noise)
+    cost = fit_batch_cost([32, 128], [1.0e-3, 0.95e-3], (32, 128), 2, PROBED)
+    assert cost is not None and cost.per_sample_s == 0.0
+    assert cost.per_step_s == pytest.approx(0.975e-3) and cost.per_step_share(32) == 1.0
+    assert cost.words().startswith("with all of its compute a step (975 us), none a sample")
+    # all of the 6 ms compute stays for 4x the samples: 4 x 64 in 10 ms against 64 in 10 ms
+    inputs = dataclasses.replace(_inputs(), per_step_share=cost.per_step_share(32))
+    assert predicted_gain({"per_device_batch_size": 128}, inputs)[0] == pytest.approx(3.0)
 
 
 def test_the_hooks_times_are_the_runs_medians() -> None:

@@ -7,7 +7,6 @@ prediction assumes all of the compute grows with the batch. Pure pandas; no torc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,10 +40,13 @@ class BatchCost:
         """``with 400 ms of its compute a step and 62.5 ms a sample (fitted on ...)``."""
         batches = ", ".join(str(b) for b in self.batches[:-1]) + f" and {self.batches[-1]}"
         ranks = f"{self.world_size} rank" + ("s" if self.world_size > 1 else "")
+        source = f"({self.how} per-device batches {batches} at {ranks})"
+        if self.per_sample_s == 0:
+            each = seconds(self.per_step_s)
+            return f"with all of its compute a step ({each}), none a sample {source}"
         return (
             f"with {seconds(self.per_step_s)} of its compute a step and "
-            f"{seconds(self.per_sample_s)} a sample ({self.how} per-device batches {batches} "
-            f"at {ranks})"
+            f"{seconds(self.per_sample_s)} a sample {source}"
         )
 
 
@@ -54,7 +56,7 @@ def batch_cost(
     """The fit for the point of ``top_runs`` (see the module docstring), from ``per_run`` (a
     run table: its curve ``keys``, ``world_size``, ``per_device_batch_size``) and ``parts``
     (:func:`~workbench.analysis.losses.run_parts`: ``compute`` seconds a step). ``None``
-    without two per-device batches, or when the compute does not grow with the batch."""
+    without two per-device batches."""
     if "per_device_batch_size" not in per_run.columns:
         return None
     runs = per_run.drop_duplicates("run_id").set_index("run_id")
@@ -84,13 +86,14 @@ def fit_batch_cost(
     how: str = "fitted on",
 ) -> BatchCost | None:
     """The least-squares line ``compute = per_step + per_sample x samples`` through the points
-    (samples a rank computes a step, its compute seconds a step); ``None`` without two sample
-    counts, or when the compute does not grow with them. ``how``: how the points were got, for
-    :meth:`BatchCost.words`."""
+    (samples a rank computes a step, its compute seconds a step), its slope at least 0: where
+    the compute did not grow with the samples (a step that is all per-step work, measured
+    within its noise), all of it is per-step, their mean. ``None`` without two sample counts.
+    ``how``: how the points were got, for :meth:`BatchCost.words`."""
     x, y = np.asarray(samples, dtype="float64"), np.asarray(compute, dtype="float64")
-    if len(np.unique(x)) < 2:
+    if len(np.unique(x)) < 2 or not np.isfinite(y).all():
         return None
     slope, intercept = np.polyfit(x, y, 1)
-    if not (math.isfinite(slope) and slope > 0):
-        return None
+    if not slope > 0:  # the least squares with the slope held at 0: the mean
+        slope, intercept = 0.0, float(y.mean())
     return BatchCost(max(float(intercept), 0.0), float(slope), batches, world_size, how)
