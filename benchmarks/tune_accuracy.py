@@ -164,6 +164,7 @@ _KEYS = (
     "verdict",
     "base_samples_per_s",
     "candidate_samples_per_s",
+    "note",
 )
 
 if __name__ == "__main__":
