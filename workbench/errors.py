@@ -44,6 +44,10 @@ class PreflightError(ValueError):
         super().__init__(f"cannot launch:\n{lines}")
 
 
+class TuneError(ValueError):
+    """A tune cannot start from this run or budget; the message says why and what would do."""
+
+
 class RunFailedError(RuntimeError):
     """A run ended in failure. ``rank`` is the root-cause rank where it is known."""
 

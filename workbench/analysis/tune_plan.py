@@ -261,23 +261,9 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
     before = _rate(b, inputs)
     if not (math.isfinite(before) and before > 0):
         return float("nan"), "the model has no compute for the base"
-    nbytes, buckets, work = b.gradient_bytes, b.buckets, 1.0
-    notes = []
-    hook = change.get("comm_hook")
-    comm_scale = inputs.hook_factor(hook) if hook else float("nan")
-    if math.isfinite(comm_scale):
-        notes.append(
-            f"{hook} took {comm_scale:.2f}x the plain allreduce's time on the run's buckets "
-            "(measured, compressing included)"
-        )
-    else:
-        comm_scale = 1.0
-        if hook in ("fp16", "bf16"):
-            nbytes /= 2
-            notes.append(f"{hook} halves the bytes; its casts are not modelled")
-        elif hook == "powersgd":
-            nbytes *= POWERSGD_BYTES
-            notes.append(f"PowerSGD sends about {POWERSGD_BYTES:.0%} of the bytes (assumed)")
+    buckets, work = b.buckets, 1.0
+    nbytes, comm_scale, said = _with_hook(change.get("comm_hook"), inputs)
+    notes = [said] if said else []
     if "bucket_cap_mb" in change:
         cap = float(change["bucket_cap_mb"])
         # the bucket count scales with the cap, but no more buckets than the bytes fill (DDP's
@@ -314,6 +300,28 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
         comm_scale=b.comm_scale * comm_scale,
     )
     return _rate(after, inputs) / before - 1, "; ".join(notes)
+
+
+def _with_hook(hook: str | None, inputs: ModelInputs) -> tuple[float, float, str]:
+    """The gradient bytes a comm ``hook`` sends, the multiple of the plain allreduce's time its
+    communication takes, and what that rests on: the hook's time measured on the base's buckets
+    where its micro-benchmark timed it (the bytes unchanged: the time is the measurement), else
+    the bytes it saves (its compressing not modelled)."""
+    nbytes = inputs.base.gradient_bytes
+    scale = inputs.hook_factor(hook) if hook else float("nan")
+    if math.isfinite(scale):
+        said = "(measured, compressing included)"
+        return (
+            nbytes,
+            scale,
+            f"{hook} took {scale:.2f}x the plain allreduce's time on the run's buckets {said}",
+        )
+    if hook in ("fp16", "bf16"):
+        return nbytes / 2, 1.0, f"{hook} halves the bytes; its casts are not modelled"
+    if hook == "powersgd":
+        said = f"PowerSGD sends about {POWERSGD_BYTES:.0%} of the bytes (assumed)"
+        return nbytes * POWERSGD_BYTES, 1.0, said
+    return nbytes, 1.0, ""
 
 
 def _pct(value: Any) -> str:

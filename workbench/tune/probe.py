@@ -2,7 +2,8 @@
 fitted it (:mod:`workbench.analysis.batch_cost`). Two short runs, the base's per-device batch and
 the candidate's, one after the other; each one's compute a step (forward, backward's own compute,
 optimizer: :func:`~workbench.analysis.losses.run_parts`) gives a point, and the line through the
-two splits the compute into a per-step and a per-sample part. The larger batch's gain is then
+two splits the compute into a per-step and a per-sample part (each point the run's faster
+steps: :func:`_compute_per_step`). The larger batch's gain is then
 predicted from that split instead of assuming all of the compute grows with it: on a small step,
 most of it is per-step cost (Python, kernel launches, the optimizer), so the assumption
 underestimates the gain several times over.
@@ -17,12 +18,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
 from workbench.analysis.batch_cost import BatchCost, fit_batch_cost
-from workbench.analysis.tune_measure import run_diagnosis
+from workbench.analysis.tune_measure import STEP_QUANTILE
 from workbench.analysis.tune_plan import Candidate, ModelInputs
+from workbench.analysis.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
-from workbench.store.load import load_runs, load_traces
+from workbench.store.load import load_traces
 from workbench.tune.measure import SHORT_WARMUP, short_config
 
 #: Measured steps of each probe run (after :data:`SHORT_WARMUP`).
@@ -78,29 +83,39 @@ def probe_batch_cost(
 ) -> BatchCost | None:
     """The compute split of ``config`` measured at its per-device batch and at ``batch``, by two
     short runs in ``sweep`` on ``where`` (the executor and its ``launch`` options); ``None``
-    when a probe run did not complete or its compute did not grow with the batch."""
+    when a probe run did not complete or measured no compute."""
     base = int(config.per_device_batch_size or 0)
     accumulation = int(config.gradient_accumulation_steps)
     compute = []
     for size in (base, batch):
         if progress is not None:
             progress(f"tune: batch probe, per-device batch {size} ({PROBE_STEPS} steps)")
-        short = short_config(
-            config, SHORT_WARMUP + PROBE_STEPS, sweep, {"per_device_batch_size": size}
-        )
+        # DDP's timer on every step: each step's backward compute, apart from its allreduce
+        change = {"per_device_batch_size": size, "trace_comm_every_steps": 1}
+        short = short_config(config, SHORT_WARMUP + PROBE_STEPS, sweep, change)
         handle = launch(short, executor=where[0], **dict(where[1]))
         if handle.wait() != "completed":
             return None
-        compute.append(_compute_per_step(Path(handle.path), str(handle.run_id)))
+        compute.append(_compute_per_step(Path(handle.path)))
     if not all(math.isfinite(c) for c in compute):
         return None
     samples = [base * accumulation, batch * accumulation]
     return fit_batch_cost(samples, compute, (base, batch), int(config.processes), PROBED)
 
 
-def _compute_per_step(path: Path, run_id: str) -> float:
-    """A finished run's compute seconds a step (its measured steps, the ranks' mean)."""
-    runs = load_runs(path.parent.parent, [path.parent.name])
-    runs = runs[runs["run_id"] == run_id]
-    steps = load_traces([path], "steps")
-    return float(run_diagnosis(runs, steps).get("compute", float("nan")))
+def _compute_per_step(path: Path) -> float:
+    """A finished probe run's compute seconds a step: forward, backward's own compute (DDP's
+    timer, on every step of a probe run; the backward less its exposed allreduce where the timer
+    did not run) and optimizer, on each rank's measured steps; their :data:`STEP_QUANTILE`,
+    the faster steps, as the tune measures throughput: a rank descheduled for a step on a shared
+    host moves a mean by milliseconds, a low quantile much less."""
+    columns = ["forward_s", "backward_s", "optimizer_s", "backward_compute_s", "comm_exposed_s"]
+    m = measured_steps(load_traces([path], "steps"), columns)
+    if m.empty:
+        return float("nan")
+    exposed = m.get("comm_exposed_s", pd.Series(0.0, index=m.index)).fillna(0.0)
+    backward = m["backward_s"] - exposed
+    if "backward_compute_s" in m.columns:
+        backward = m["backward_compute_s"].where(m["backward_compute_s"].notna(), backward)
+    compute = (m["forward_s"] + backward + m["optimizer_s"]).dropna()
+    return float(np.quantile(compute, STEP_QUANTILE)) if len(compute) else float("nan")

@@ -13,10 +13,11 @@ budget: a candidate whose pairs would not fit is skipped ("budget spent"). Every
 checked before the first launch: a failed run, one with too few measured steps, a budget
 smaller than one candidate are each a :class:`TuneError` and nothing starts.
 
-Where something is to be measured and the candidates hold the larger batch, a probe of two short
-runs first measures what of the compute grows with the batch (:mod:`workbench.tune.probe`), when
-the budget leaves room for it beside one candidate; the candidates are then predicted and ranked
-again with that split.
+Where the candidates hold the larger batch and nothing measured what of the compute grows with it,
+a probe of two short runs first measures that (:mod:`workbench.tune.probe`), when the budget
+leaves room for it beside one candidate; the candidates are then predicted and ranked again with
+that split. It runs even where every prediction is under the noise: assuming all of the compute
+grows with the batch gives the least a larger batch can gain.
 """
 
 from __future__ import annotations
@@ -46,25 +47,17 @@ from workbench.analysis.tune_plan import (
     prediction_order,
 )
 from workbench.config.run_config import RunConfig
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, TuneError
 from workbench.run.backends.pool import warm_pool
 from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
-from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, secs, short_config
-from workbench.tune.probe import PROBE_STEPS, with_batch_probe
+from workbench.tune.budget import estimate, room_for_probe, short_steps, work
+from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, short_config
+from workbench.tune.probe import PROBE_STEPS, batch_to_probe, with_batch_probe
 
-#: Seconds a short run costs beyond its steps (start, import, teardown; warm pool, loaded host).
-STARTUP_S = 6.0
-#: A short run measures about this many seconds of steps, within the bounds below.
-TARGET_WINDOW_S = 0.5
-MIN_SHORT_STEPS, MAX_SHORT_STEPS = 30, 300
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
-
-
-class TuneError(ValueError):
-    """A tune cannot start from this run or budget; the message says why and what would do."""
 
 
 @dataclass
@@ -174,16 +167,6 @@ def _row(c: Candidate, gain: float, note: str) -> dict[str, Any]:
     }
 
 
-def _work(change: Mapping[str, Any], config: RunConfig) -> float:
-    """How many times the base's compute per step a change does (batch, accumulation)."""
-    work = 1.0
-    if change.get("per_device_batch_size") and config.per_device_batch_size:
-        work *= float(change["per_device_batch_size"]) / config.per_device_batch_size
-    if "gradient_accumulation_steps" in change:
-        work *= float(change["gradient_accumulation_steps"]) / config.gradient_accumulation_steps
-    return work
-
-
 def tune(
     run: str | Path,
     *,
@@ -217,25 +200,26 @@ def tune(
     plan = _plan(cause, config, changes)
     if changes is None and not plan:
         result.said = SAID.get(cause, SAID["unexplained"])
-    short = _short_steps(inputs)
+    short = short_steps(inputs)
 
     explicit = changes is not None
     rows, todo = _ranked(plan, inputs, noise, explicit, top, (config, short, run_id))
     result.candidates = rows
     where = (executor, dict(executor_options or {}))
     spent = 0.0
-    pool = warm_pool(size=config.processes) if executor == "pool" and todo else nullcontext()
-    with pool:
-        if todo:
-            estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
-            _check_budget(budget_s, min(estimates), repeats, short)
-            room = budget_s - min(estimates) * 2 * repeats  # what one candidate leaves
+    probe = batch_to_probe(plan, config, inputs) > 0  # even under the noise: see the module
+    pool = warm_pool(size=config.processes) if executor == "pool" and (todo or probe) else None
+    with pool or nullcontext():
+        room = room_for_probe(
+            budget_s, inputs, [rows[i]["change"] for i in todo], config, short, repeats
+        )
+        if probe:
             inputs, spent = _probe(result, plan, config, inputs, room, where, progress)
             if result.batch_cost:  # the larger batch predicted again, from the split
                 rows, todo = _ranked(plan, inputs, noise, explicit, top, (config, short, run_id))
                 result.candidates = rows
         if todo:
-            estimates = [_estimate(inputs, short, _work(rows[i]["change"], config)) for i in todo]
+            estimates = [estimate(inputs, short, work(rows[i]["change"], config)) for i in todo]
             how = Pairs(run_id, repeats, noise)
             left = budget_s - spent
             measure(rows, todo, config, short, left, where, progress, estimates, how)
@@ -263,7 +247,7 @@ def _probe(
 ) -> tuple[ModelInputs, float]:
     """The batch probe where it fits in ``room_s`` (its split kept in ``result``): the model's
     inputs with the split, and the seconds it took."""
-    if room_s < 2 * _estimate(inputs, SHORT_WARMUP + PROBE_STEPS, 1.0):
+    if room_s < 2 * estimate(inputs, SHORT_WARMUP + PROBE_STEPS, 1.0):
         return inputs, 0.0
     sweep = f"tune-{result.run_id}"
     inputs, result.batch_cost, spent = with_batch_probe(
@@ -338,16 +322,6 @@ def _load_base(path: Path) -> tuple[RunConfig, Any, dict[str, Any], ModelInputs]
     return config, runs, diagnosis, inputs
 
 
-def _check_budget(budget_s: float, run_s: float, repeats: int, short: int) -> None:
-    if budget_s < run_s * 2 * repeats:
-        raise TuneError(
-            f"budget {secs(budget_s)} is less than one candidate: {repeats} pairs of short "
-            f"runs take about {secs(run_s * 2 * repeats)} ({short} steps each, "
-            f"about {secs(STARTUP_S)} to start); give a budget of at least that, or fewer "
-            "repeats"
-        )
-
-
 def _predict(
     plan: Sequence[Candidate], inputs: ModelInputs, noise: float, explicit: bool = False
 ) -> tuple[list[dict[str, Any]], list[int]]:
@@ -369,17 +343,6 @@ def _predict(
     partial = [as_measured(c, inputs).partial for c in plan]
     todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], partial[i]))
     return rows, todo
-
-
-def _short_steps(inputs: ModelInputs) -> int:
-    step = inputs.base.step_s
-    want = math.ceil(TARGET_WINDOW_S / step) if step > 0 else MIN_SHORT_STEPS
-    return SHORT_WARMUP + min(max(want, MIN_SHORT_STEPS), MAX_SHORT_STEPS)
-
-
-def _estimate(inputs: ModelInputs, steps: int, work: float) -> float:
-    """Seconds one short run is expected to take (the mean of base and candidate)."""
-    return STARTUP_S + steps * inputs.base.step_s * (1 + work) / 2
 
 
 def _save(path: Path, result: TuneResult) -> None:
