@@ -153,11 +153,14 @@ def run_torchrun(
         t_launch = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         t_result = time.time()
-        if proc.returncode != 0:
-            raise RuntimeError(f"torchrun failed ({proc.returncode}): {proc.stderr[-2000:]}")
         ranks = [json.loads(p.read_text()) for p in sorted(Path(tmp).glob("rank-*.json"))]
+        # every rank wrote its result, then one died in torch's teardown (FACTS: about once in
+        # 75 two-rank runs, "terminate called without an active exception"): complete, said so
+        died_at_exit = proc.returncode != 0 and len(ranks) == world_size
+        if proc.returncode != 0 and not died_at_exit:
+            raise RuntimeError(f"torchrun failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return {
-        "status": "completed",
+        "status": "completed" + (" (a rank died at exit, after its result)" if died_at_exit else ""),
         "samples_per_s": plain_throughput(ranks),
         "to_first_step_all_s": max(r["first_step_unix"] for r in ranks) - t_launch,
         "to_result_s": t_result - t_launch,

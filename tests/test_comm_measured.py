@@ -19,6 +19,7 @@ from workbench import schema
 from workbench.config.choices import COMM_HOOKS
 from workbench.ports import free_port
 from workbench.rank.models import build_model, gradient_bytes
+from workbench.rank.network import measure_allreduce
 from workbench.run.launch import launch
 from workbench.store.files import read_json
 
@@ -124,57 +125,69 @@ def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:
     # are alike in shape (the head shares the last layer's bucket)
     sizes = net["bucket_sizes_bytes"]
     assert hooks["buckets"] == len(sizes) > hooks["distinct_buckets"] == len(set(sizes)) > 1
-    # the plain hook is the allreduce the benchmark timed at the same sizes, by another clock (a
-    # lower quartile of rounds of single calls, against the median of back-to-back loops)
+    # the plain hook is the allreduce the benchmark timed at the same sizes, by another clock: a
+    # lower quartile of rounds of single calls (the faster scheduling of two ranks on two
+    # shared cores, which moves an allreduce's rate 0.1 to 0.66 GB/s) against the median of
+    # back-to-back loops (0.47, 0.62, 0.91 seen). What this guards: seconds a step, the step's
+    # 8 buckets each counted (one bucket of 8, or 8 of each: 8x either way)
     ratio = hooks["time_s"]["allreduce"] / net["time_s"]
     print(f"hooks: {hooks['time_s']}; plain hook / benchmark's allreduce = {ratio:.2f}")
-    assert 1 / 4 <= ratio <= 4.0
+    assert 1 / 8 <= ratio <= 2.0
     # PowerSGD at rank 1 makes three allreduces of each bucket (its bias uncompressed, then the
     # factors P and Q) where the plain hook makes one, and computes between them
     assert hooks["time_s"]["powersgd"] > hooks["time_s"]["allreduce"]
     assert hooks["duration_s"] < 1.0, "its budget is 0.4 s of rounds and 3 rounds to warm up"
 
 
-def _bare_loop(rank: int, port: int, nbytes: int, iterations: int, out: dict) -> None:
-    """Two processes, nothing of the workbench: allreduce ``nbytes`` of float32 in a loop."""
+def _bare_beside_benchmark(rank: int, port: int, nbytes: int, rounds: int, out: dict) -> None:
+    """Two processes: in turns, a bare loop of allreduces of ``nbytes`` of float32 (nothing of
+    the workbench) and the workbench's micro-benchmark at that size, ``rounds`` times each."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     tensor = torch.zeros(nbytes // 4)
     for _ in range(5):
         dist.all_reduce(tensor)
-    times = []
-    for _ in range(3):
+    bare, benchmark = [], []
+    for _ in range(rounds):
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(iterations):
+        for _ in range(BARE_ITERATIONS):
             dist.all_reduce(tensor)
-        times.append((time.perf_counter() - start) / iterations)
+        bare.append((time.perf_counter() - start) / BARE_ITERATIONS)
+        row = measure_allreduce([nbytes], torch.device("cpu"), 2)["sizes"][0]
+        benchmark.append(row["busbw_bytes_per_s"])
     if rank == 0:
-        out["time_s"] = statistics.median(times)
+        out["bare_time_s"] = statistics.median(bare)
+        out["busbw"] = statistics.median(benchmark)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def test_network_busbw_within_4x_of_a_bare_allreduce_loop(comm_runs) -> None:
+#: Allreduces in one timed loop of the bare side.
+BARE_ITERATIONS = 100
+
+
+def test_network_busbw_within_2x_of_a_bare_allreduce_loop_in_turns(comm_runs) -> None:
     _, run = _measured(comm_runs["two"])
-    row = max(run["network"]["sizes"], key=lambda r: r["bytes"])
+    nbytes = max(run["network"]["sizes"], key=lambda r: r["bytes"])["bytes"]  # the run's bucket
     with mp.Manager() as manager:
         out = manager.dict()
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_bare_loop, args=(free_port(), row["bytes"], 100, out), nprocs=2, join=True)
-        bare_time = out["time_s"]
+        mp.spawn(_bare_beside_benchmark, args=(free_port(), nbytes, 5, out), nprocs=2, join=True)
+        bare_time, busbw = out["bare_time_s"], out["busbw"]
     # n = 2: busbw = algbw x 2(2-1)/2 = bytes / time.
-    bare_busbw = row["bytes"] / bare_time
-    ratio = row["busbw_bytes_per_s"] / bare_busbw
+    bare_busbw = nbytes / bare_time
+    ratio = busbw / bare_busbw
     print(
-        f"busbw at {row['bytes']} B: workbench {row['busbw_bytes_per_s'] / 1e9:.3f} GB/s, "
-        f"bare loop {bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f}"
+        f"busbw at {nbytes} B: workbench {busbw / 1e9:.3f} GB/s, bare loop "
+        f"{bare_busbw / 1e9:.3f} GB/s, ratio {ratio:.2f} (medians of 5 rounds, in turns)"
     )
     # What this guards: units (bytes, not bits: 8x), the bus factor, the time per allreduce (not
-    # per loop: 10x or more). Not tighter: a CPU allreduce of two ranks on two shared cores
-    # halves whenever a third process wants a core, and the two loops run minutes apart
-    # (0.43 and 0.47 were seen in full suites, 0.97 alone, 3.19 with a benchmark beside it).
-    assert 1 / 4 <= ratio <= 4.0
+    # per loop: 10x or more), a factor of 2 anywhere. The two in turns in the same two processes
+    # (1.03, 1.07, 1.27 seen): apart (the run's own figure against a loop minutes later) they
+    # differed up to 5.7x, for a 2-rank allreduce on two shared cores runs at 0.1 or at 0.5 GB/s
+    # as the ranks happen to be scheduled.
+    assert 1 / 2 <= ratio <= 2.0
 
 
 def test_network_benchmark_can_be_turned_off(store) -> None:

@@ -29,6 +29,8 @@ BUDGET_S = 0.3
 MIN_ITERATIONS, MAX_ITERATIONS = 3, 1000
 #: Timed loops per bucket size; the figure is their median.
 LOOPS = 3
+#: Single allreduces whose fastest sizes the timed loops.
+SIZING_CALLS = 3
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -88,13 +90,16 @@ def bus_factor(world_size: int) -> float:
 def _time_size(
     nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float
 ) -> dict[str, Any]:
-    """One bucket size: a warm-up allreduce, one to size the loops (the same count on every
-    rank: the time is agreed), then ``LOOPS`` timed loops, of which the median: a rank
+    """One bucket size: a warm-up allreduce, the fastest of :data:`SIZING_CALLS` to size the
+    loops (the same count on every rank: the time is agreed), then ``LOOPS`` timed loops, of
+    which the median: a rank
     descheduled once (a shared host, a monitor waking) spoils one loop, not the figure."""
     element = torch.tensor([], dtype=dtype).element_size()
     tensor = torch.zeros(max(nbytes // element, 1), dtype=dtype, device=device)
     distributed.time_all_reduce(tensor, 1)  # connections and buffers for this size
-    once = distributed.time_all_reduce(tensor, 1)
+    # the fastest of a few single calls sizes the loops: one slow first call (a rank
+    # descheduled) would leave loops of a few allreduces, each as noisy as a single call
+    once = min(distributed.time_all_reduce(tensor, 1) for _ in range(SIZING_CALLS))
     per_loop = budget_s / LOOPS
     iterations = int(min(max(per_loop / max(once, 1e-9), MIN_ITERATIONS), MAX_ITERATIONS))
     loops = [distributed.time_all_reduce(tensor, iterations) / iterations for _ in range(LOOPS)]
