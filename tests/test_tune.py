@@ -527,7 +527,7 @@ def test_the_batch_probe_splits_the_planted_compute_and_the_gain_meets_its_measu
     tmp_path: Path,
 ) -> None:
     """A forward that sleeps 30 ms a step and 1 ms a sample (batch 8: 38 ms, batch 32: 62 ms),
-    1 rank, nothing in the study to fit the batch on: the tune's probe (two short runs) splits
+    1 rank, nothing in the study to fit the batch on: the tune's probe (four short runs) splits
     the compute into the planted parts and little more (the MLP's own arithmetic, backward and
     optimizer: well under a millisecond here; each sleep wakes late by a little, alike at both
     batches), and the larger batch's prediction from that split meets its measured gain. By

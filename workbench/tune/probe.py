@@ -1,9 +1,10 @@
 """A tune's batch probe: what of the base's compute grows with the batch, measured where nothing
-fitted it (:mod:`workbench.analysis.batch_cost`). Two short runs, the base's per-device batch and
-the candidate's, one after the other; each one's compute a step (forward, backward's own compute,
+fitted it (:mod:`workbench.analysis.batch_cost`). Short runs at the base's per-device batch and
+the candidate's; each one's compute a step (forward, backward's own compute,
 optimizer: :func:`~workbench.analysis.losses.run_parts`) gives a point, and the line through the
-two splits the compute into a per-step and a per-sample part (each point the run's faster
-steps: :func:`_compute_per_step`). The larger batch's gain is then
+two splits the compute into a per-step and a per-sample part. Each batch runs twice, in turns
+(base, candidate, candidate, base), and each point is the less disturbed of its two runs, each
+run's compute taken at its faster steps (:func:`_compute_per_step`). The larger batch's gain is then
 predicted from that split instead of assuming all of the compute grows with it: on a small step,
 most of it is per-step cost (Python, kernel launches, the optimizer), so the assumption
 underestimates the gain several times over.
@@ -32,8 +33,10 @@ from workbench.tune.measure import SHORT_WARMUP, short_config
 
 #: Measured steps of each probe run (after :data:`SHORT_WARMUP`).
 PROBE_STEPS = 20
+#: Probe runs: each of the two batches twice, in turns.
+PROBE_RUNS = 4
 #: How the probe's points were got, in :meth:`BatchCost.words`.
-PROBED = "probed by two short runs at"
+PROBED = "probed by four short runs, in turns, at"
 
 
 def with_batch_probe(
@@ -81,13 +84,15 @@ def probe_batch_cost(
     where: tuple[str, Mapping[str, Any]],
     progress: Callable[[str], None] | None = None,
 ) -> BatchCost | None:
-    """The compute split of ``config`` measured at its per-device batch and at ``batch``, by two
-    short runs in ``sweep`` on ``where`` (the executor and its ``launch`` options); ``None``
+    """The compute split of ``config`` measured at its per-device batch and at ``batch``, by
+    :data:`PROBE_RUNS` short runs in ``sweep`` on ``where`` (the executor and its ``launch`` options); ``None``
     when a probe run did not complete or measured no compute."""
     base = int(config.per_device_batch_size or 0)
     accumulation = int(config.gradient_accumulation_steps)
-    compute = []
-    for size in (base, batch):
+    compute: dict[int, list[float]] = {base: [], batch: []}
+    # in turns, base first and last: a slower spell of a shared host falls on both batches,
+    # and each point is the less disturbed of its two runs (load only ever slows a run)
+    for size in (base, batch, batch, base):
         if progress is not None:
             progress(f"tune: batch probe, per-device batch {size} ({PROBE_STEPS} steps)")
         # DDP's timer on every step: each step's backward compute, apart from its allreduce
@@ -96,11 +101,15 @@ def probe_batch_cost(
         handle = launch(short, executor=where[0], **dict(where[1]))
         if handle.wait() != "completed":
             return None
-        compute.append(_compute_per_step(Path(handle.path)))
-    if not all(math.isfinite(c) for c in compute):
+        compute[size].append(_compute_per_step(Path(handle.path)))
+    points = [
+        min(compute[size], key=lambda c: c if math.isfinite(c) else math.inf)
+        for size in (base, batch)
+    ]
+    if not all(math.isfinite(c) for c in points):
         return None
     samples = [base * accumulation, batch * accumulation]
-    return fit_batch_cost(samples, compute, (base, batch), int(config.processes), PROBED)
+    return fit_batch_cost(samples, points, (base, batch), int(config.processes), PROBED)
 
 
 def _compute_per_step(path: Path) -> float:

@@ -14,7 +14,7 @@ checked before the first launch: a failed run, one with too few measured steps, 
 smaller than one candidate are each a :class:`TuneError` and nothing starts.
 
 Where the candidates hold the larger batch and nothing measured what of the compute grows with it,
-a probe of two short runs first measures that (:mod:`workbench.tune.probe`), when the budget
+a probe of four short runs first measures that (:mod:`workbench.tune.probe`), when the budget
 leaves room for it beside one candidate; the candidates are then predicted and ranked again with
 that split. It runs even where every prediction is under the noise: assuming all of the compute
 grows with the batch gives the least a larger batch can gain.
@@ -54,7 +54,7 @@ from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
 from workbench.tune.budget import estimate, room_for_probe, short_steps, work
 from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, short_config
-from workbench.tune.probe import PROBE_STEPS, batch_to_probe, with_batch_probe
+from workbench.tune.probe import PROBE_RUNS, PROBE_STEPS, batch_to_probe, with_batch_probe
 
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
@@ -247,7 +247,7 @@ def _probe(
 ) -> tuple[ModelInputs, float]:
     """The batch probe where it fits in ``room_s`` (its split kept in ``result``): the model's
     inputs with the split, and the seconds it took."""
-    if room_s < 2 * estimate(inputs, SHORT_WARMUP + PROBE_STEPS, 1.0):
+    if room_s < PROBE_RUNS * estimate(inputs, SHORT_WARMUP + PROBE_STEPS, 1.0):
         return inputs, 0.0
     sweep = f"tune-{result.run_id}"
     inputs, result.batch_cost, spent = with_batch_probe(
