@@ -159,8 +159,9 @@ def run_torchrun(
         died_at_exit = proc.returncode != 0 and len(ranks) == world_size
         if proc.returncode != 0 and not died_at_exit:
             raise RuntimeError(f"torchrun failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    said = " (a rank died at exit, after its result)" if died_at_exit else ""
     return {
-        "status": "completed" + (" (a rank died at exit, after its result)" if died_at_exit else ""),
+        "status": "completed" + said,
         "samples_per_s": plain_throughput(ranks),
         "to_first_step_all_s": max(r["first_step_unix"] for r in ranks) - t_launch,
         "to_result_s": t_result - t_launch,

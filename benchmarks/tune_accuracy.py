@@ -11,7 +11,8 @@ with the batch), against the same measurements. ``--smoke``: the mlp only, 2 pai
 candidate (accumulation: a prediction beside a measurement, all the harness needs to show; its
 figures are not for the table).
 
-Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--only TEXT] [--json out.json]``.
+Usage: ``python benchmarks/tune_accuracy.py [--repeats 3] [--smoke] [--only TEXT]
+[--json out.json]``.
 """
 
 from __future__ import annotations

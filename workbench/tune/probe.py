@@ -85,8 +85,8 @@ def probe_batch_cost(
     progress: Callable[[str], None] | None = None,
 ) -> BatchCost | None:
     """The compute split of ``config`` measured at its per-device batch and at ``batch``, by
-    :data:`PROBE_RUNS` short runs in ``sweep`` on ``where`` (the executor and its ``launch`` options); ``None``
-    when a probe run did not complete or measured no compute."""
+    :data:`PROBE_RUNS` short runs in ``sweep`` on ``where`` (the executor and its ``launch``
+    options); ``None`` when a probe run did not complete or measured no compute."""
     base = int(config.per_device_batch_size or 0)
     accumulation = int(config.gradient_accumulation_steps)
     compute: dict[int, list[float]] = {base: [], batch: []}

@@ -328,8 +328,8 @@ def _predict(
     """Every candidate's row with its prediction; the indices to measure, best first (changes
     asked for ``explicit``ly are measured whatever their prediction)."""
     rows = []
-    for c in plan:
-        c = as_measured(c, inputs)
+    measured = [as_measured(c, inputs) for c in plan]
+    for c in measured:
         gain, note = predicted_gain(c.change, inputs) if c.change else (float("nan"), "")
         row = _row(c, gain, note)
         if not c.reachable:
@@ -340,8 +340,7 @@ def _predict(
             row["why"] = f"predicted {gain:+.1%} is below the noise ({noise:.0%})"
         rows.append(row)
     todo = [i for i, r in enumerate(rows) if not r["why"]]
-    partial = [as_measured(c, inputs).partial for c in plan]
-    todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], partial[i]))
+    todo.sort(key=lambda i: prediction_order(rows[i]["predicted_gain"], measured[i].partial))
     return rows, todo
 
 
