@@ -119,3 +119,33 @@ def test_a_digest_that_cannot_be_kept_is_said_and_what_was_computed_still_serves
         assert digest_state(run_path) == "missing"
     finally:
         (run_path / DIGEST_DIR).unlink()
+
+
+def test_a_derived_column_round_trips_exactly_whatever_it_holds() -> None:
+    """A per-step column kept null where it equals what it is derived from comes back as it
+    was: equal, different, NaN against a number, NaN against NaN."""
+    from workbench.store.run_digest import _from_parquet, _to_parquet
+
+    frame = pd.DataFrame(
+        {
+            "end_s": [1.0, 2.0, np.nan, 4.0, np.nan],
+            "all_end_s": [1.0, 2.5, 3.0, np.nan, np.nan],
+            "loss_sum": [0.3, 0.3, np.nan, 1.0, 2.0],
+            "loss_n": [3, 3, 0, 2, 2],
+            "loss": [0.3 / 3, 0.7, np.nan, np.nan, 1.0],
+        }
+    )
+
+    def back(tmp: Path) -> pd.DataFrame:
+        path = tmp / "per_step.parquet"
+        path.write_bytes(_to_parquet(frame, "per_step"))
+        return _from_parquet(path, "per_step")
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pd.testing.assert_frame_equal(back(Path(tmp)), frame)
+        written = pq.read_table(Path(tmp) / "per_step.parquet")
+    # the values that equal their derivation are not stored
+    assert written.column("all_end_s").null_count == 2  # rows 0 and 4
+    assert written.column("loss").null_count == 3  # rows 0, 2 and 4

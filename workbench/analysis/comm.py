@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis import comm_samples
 from workbench.analysis.groups import BATCH_COLUMNS, FAMILY_COLUMNS, group_frame, resolve_group_by
 from workbench.analysis.stored import StoredSteps, is_stored
 from workbench.analysis.windows import check_columns, measured_steps
@@ -54,17 +55,19 @@ def communication(
     ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`).
     """
     if is_stored(steps):
-        out, per_run_times, sampled = _stored_means(steps)
+        out, per_run_times = _stored_means(steps)
+        parts, timed_runs = steps.comm_ranks, set(steps.backward_rows["run_id"])
     else:
-        out, per_run_times, sampled = _frame_means(steps)
+        out, per_run_times, m = _frame_means(steps)
+        parts, timed_runs = comm_samples.per_rank(m), set(comm_samples.backward_rows(m)["run_id"])
     out["comm_share"] = out["comm_s"] / out["step_s"].where(out["step_s"] > 0)
     out["reference_world_size"] = np.nan
     out["ref_backward_s"] = np.nan
     if runs is not None:
         out = _with_reference(out, per_run_times, runs, group_by)
     out = _with_exposed(out)
-    out = _with_parts(out, sampled)
-    return _with_bus_bandwidth(out, sampled, runs)
+    out = _with_parts(out, parts)
+    return _with_bus_bandwidth(out, timed_runs, runs)
 
 
 def _frame_means(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -93,9 +96,9 @@ def _frame_means(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     return out, per_run, m
 
 
-def _stored_means(steps: StoredSteps) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """:func:`_frame_means` from the engine: the per-rank means, the per-run backward mean
-    weighted by each rank's timed steps, and the rows where a timer ran."""
+def _stored_means(steps: StoredSteps) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`_frame_means` from the engine: the per-rank means and the per-run backward mean
+    weighted by each rank's timed steps."""
     p = steps.measured_per_rank
     cols = ["run_id", "rank", "world_size", "measured_steps", "step_s", "backward_s", "comm_s"]
     out = p[[*cols, "comm_bytes", "comm_buckets", "comm_exposed_s"]].rename(
@@ -109,32 +112,22 @@ def _stored_means(steps: StoredSteps) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
             "backward_s": weighted / p.groupby("run_id")["backward_s_n"].sum().replace(0, np.nan),
         }
     )
-    return out.reset_index(drop=True), per_run, steps.sampled
+    return out.reset_index(drop=True), per_run
 
 
-def _with_parts(out: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
+def _with_parts(out: pd.DataFrame, parts: pd.DataFrame) -> pd.DataFrame:
     """Split the exposed communication into the wait for the slowest rank and the transfer.
 
-    On each sampled step (``comm_s`` timed; never carried to the steps between), a rank's
-    wait is its ``comm_s`` less the smallest over the ranks: the rank that came last to the
-    allreduce waited for no one. ``wait_s`` is its mean over the sampled steps. The exposed
-    transfer is what even that last rank could not hide: the smallest ``comm_exposed_s``
-    over ranks per sampled step, averaged, where DDP's exposed timer ran; else the rank's
-    exposed estimate less its wait. ``hidden_comm_s`` is the overlapped part."""
-    s = m[m["comm_s"].notna()]
-    keys = ["run_id", "attempt", "step"]
-    fastest = s.groupby(keys)["comm_s"].transform("min")
-    wait = (s["comm_s"] - fastest).groupby([s["run_id"], s["rank"]]).mean().rename("wait_s")
-    out = out.merge(wait, left_on=["run_id", "rank"], right_index=True, how="left")
+    ``parts`` (:func:`workbench.analysis.comm_samples.per_rank`): per rank, ``wait_s`` on its
+    sampled steps (``comm_s`` timed; never carried to the steps between) and the exposed
+    transfer, what even the last rank to the allreduce could not hide, where DDP's exposed
+    timer ran; else the rank's exposed estimate less its wait. ``hidden_comm_s`` is the
+    overlapped part."""
+    out = out.merge(parts, on=["run_id", "rank"], how="left")
     out["wait_s"] = out["wait_s"].where(out["world_size"] > 1, 0.0)
     estimate = (out["exposed_comm_s"] - out["wait_s"]).clip(lower=0)
-    if "comm_exposed_s" in s.columns and s["comm_exposed_s"].notna().any():
-        e = s[s["comm_exposed_s"].notna()]
-        tail = e.groupby(keys)["comm_exposed_s"].transform("min").clip(lower=0)
-        per_rank = tail.groupby([e["run_id"], e["rank"]]).mean().rename("_tail")
-        out = out.merge(per_rank, left_on=["run_id", "rank"], right_index=True, how="left")
-        estimate = out["_tail"].where(out["_tail"].notna(), estimate)
-        out = out.drop(columns="_tail")
+    tail = out.pop("exposed_transfer_s")
+    estimate = tail.where(tail.notna(), estimate)
     out["exposed_transfer_s"] = estimate
     out["hidden_comm_s"] = out["overlapped_comm_s"]
     step = out["step_s"].where(out["step_s"] > 0)
@@ -144,20 +137,17 @@ def _with_parts(out: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
 
 
 def _with_bus_bandwidth(
-    out: pd.DataFrame, m: pd.DataFrame, runs: pd.DataFrame | None
+    out: pd.DataFrame, span_runs: set[object], runs: pd.DataFrame | None
 ) -> pd.DataFrame:
     """Bus bandwidth from the collective's own time, never from a span that holds waiting and
     backward compute: the run's allreduce micro-benchmark (``network_busbw_bytes_per_s`` of
     ``runs``) where it has one; else, for a run whose ``comm_s`` times the collectives
-    themselves (a comm hook: no DDP backward timer in its rows), ``2 (N-1)/N x comm_bytes /
-    comm_s``; NaN for a run with only DDP's span. ``bus_bandwidth_source`` says which."""
+    themselves (a comm hook: no DDP backward timer in its rows; ``span_runs`` are those with
+    one), ``2 (N-1)/N x comm_bytes / comm_s``; NaN for a run with only DDP's span.
+    ``bus_bandwidth_source`` says which."""
     n = out["world_size"].astype("float64")
     ring = 2 * (n - 1) / n * out["comm_bytes"]
     timed = ring / out["comm_s"].where(out["comm_s"] > 0)
-    if "backward_compute_s" in m.columns:
-        span_runs = set(m.loc[m["backward_compute_s"].notna(), "run_id"])
-    else:
-        span_runs = set()
     span = out["run_id"].isin(span_runs)
     out["bus_bandwidth_bytes_per_s"] = timed.where(~span & (n > 1))
     out["bus_bandwidth_source"] = np.where(

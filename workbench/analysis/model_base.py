@@ -71,9 +71,9 @@ class CurveRows:
         self.steps = steps
         self.curve_runs = list(curve_runs)
         self.base_runs = list(base_runs)
-        if is_stored(steps):
-            self.multi = steps.sampled_of(self.curve_runs, 1)
-            self.base_sampled = steps.sampled_of(self.base_runs)
+        if is_stored(steps):  # a row per sampled step (its ranks' minima and maxima)
+            self.multi = steps.comm_steps_of(self.curve_runs, 1)
+            self.base_sampled = steps.comm_steps_of(self.base_runs)
         else:
             curve = steps[steps["run_id"].isin(self.curve_runs) & (steps["world_size"] > 1)]
             self.multi = measured_steps(curve, self.COLUMNS)
@@ -108,7 +108,7 @@ class CurveRows:
         """:func:`backward_compute` of the base repeats' measured rows."""
         if not is_stored(self.steps):
             return backward_compute(self.base_sampled, exposed_s)
-        timer = self.base_sampled["backward_compute_s"].dropna()
+        timer = self.steps.backward_of(self.base_runs)["backward_compute_s"]
         if len(timer):  # DDP's timer runs on the sampled rows alone
             return float(timer.median())
         median = self.steps.median("backward_s", self.base_runs)

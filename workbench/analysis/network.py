@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.comm_samples import STEP_KEYS
 from workbench.analysis.stored import is_stored
 from workbench.analysis.windows import check_columns, measured_steps
 
@@ -144,8 +145,11 @@ def _fit_runs(
 ) -> tuple[pd.DataFrame, str | None]:
     """Per multi-rank run with communication: median over steps of the smallest ``comm_s`` over
     ranks, bytes, buckets; and why no fit is possible (``None`` if it is, so far)."""
-    if is_stored(steps):  # the rows where a timer ran: the others have no comm_s to fit
-        m = steps.sampled
+    if is_stored(steps):  # a row per sampled step: its fit's figures over its ranks' rows
+        c = steps.comm_steps
+        c = c[c["fit_comm_s"].notna()]
+        fit = {"fit_comm_s": "comm_s", "fit_bytes": "comm_bytes", "fit_buckets": "comm_buckets"}
+        m = c[[*STEP_KEYS, "world_size", *fit]].rename(columns=fit)
     else:
         check_columns(steps, ("world_size", "comm_s", "comm_bytes"), "steps")
         m = measured_steps(steps, ["world_size", "comm_s", "comm_bytes", "comm_buckets"])

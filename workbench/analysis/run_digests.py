@@ -3,8 +3,8 @@
 after reads the digest instead of the rows (a tune reads its one base run's rows as a frame).
 
 :func:`build_run_digests` runs the engine's passes over the runs' rows once (the per-step pass,
-the warm-up rule, the per-rank pass, DDP's sampled rows, the straggler pass with its heatmap
-bins) and keeps each run's frames. :func:`open_steps` hands a
+the warm-up rule, the per-rank pass, DDP's sampled timers per step and rank, the straggler pass
+with its heatmap bins) and keeps each run's frames. :func:`open_steps` hands a
 :class:`workbench.analysis.stored.StoredSteps` over several runs: from their digests where every
 run has one or can get one (it builds those missing, as the first reader), from the rows
 otherwise (a run still running), and says which in ``source`` and ``note``. No torch.
@@ -73,7 +73,9 @@ def digest_frames(
             "per_rank": steps.per_rank,
             "attempt_hosts": steps.digest.attempt_hosts,
             "byte_counts": steps.byte_counts,
-            "sampled": steps.sampled,
+            "comm_steps": steps.comm_steps,
+            "comm_ranks": steps.comm_ranks,
+            "backward_rows": steps.backward_rows,
             "stragglers": found,
         }
         out = {}

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from workbench.analysis import comm_samples
 from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
@@ -110,21 +111,42 @@ class StoredSteps:
         return self.digest.window_parts(ranks.astype({"attempt": "int64"}))
 
     @cached_property
-    def sampled(self) -> pd.DataFrame:
-        """:meth:`StepDigest.sampled`: the measured rows where a DDP timer ran."""
-        return self.digest.sampled()
+    def _comm(self) -> dict[str, pd.DataFrame]:
+        """DDP's sampled timers as the analysis reads them (:mod:`comm_samples`): from the
+        runs' digests, or computed from the measured rows where a timer ran."""
+        if isinstance(self.digest, DigestFrames):
+            return self.digest.comm
+        rows = self.digest.sampled()
+        return {
+            "comm_steps": comm_samples.per_step(rows),
+            "comm_ranks": comm_samples.per_rank(rows),
+            "backward_rows": comm_samples.backward_rows(rows),
+        }
 
-    @cached_property
-    def _sampled_by_run(self) -> dict[str, pd.DataFrame]:
-        return {str(r): rows for r, rows in self.sampled.groupby("run_id", sort=True)}
+    @property
+    def comm_steps(self) -> pd.DataFrame:
+        """:func:`comm_samples.per_step`: a row per run, attempt and sampled step."""
+        return self._comm["comm_steps"]
 
-    def sampled_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
-        """:attr:`sampled` of ``run_ids`` at a world size above ``min_world_size``."""
-        parts = [self._sampled_by_run[str(r)] for r in run_ids if str(r) in self._sampled_by_run]
-        if not parts:
-            return self.sampled.iloc[:0]
-        s = pd.concat(parts) if len(parts) > 1 else parts[0]
-        return s[s["world_size"] > min_world_size]
+    @property
+    def comm_ranks(self) -> pd.DataFrame:
+        """:func:`comm_samples.per_rank`: each rank's wait and exposed transfer."""
+        return self._comm["comm_ranks"]
+
+    @property
+    def backward_rows(self) -> pd.DataFrame:
+        """:func:`comm_samples.backward_rows`: the values of DDP's backward-compute timer."""
+        return self._comm["backward_rows"]
+
+    def comm_steps_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
+        """:attr:`comm_steps` of ``run_ids`` at a world size above ``min_world_size``."""
+        c = self.comm_steps
+        return c[c["run_id"].isin([str(r) for r in run_ids]) & (c["world_size"] > min_world_size)]
+
+    def backward_of(self, run_ids: Sequence[object]) -> pd.DataFrame:
+        """:attr:`backward_rows` of ``run_ids``."""
+        b = self.backward_rows
+        return b[b["run_id"].isin([str(r) for r in run_ids])]
 
     def median(
         self, column: str, run_ids: Sequence[object], min_world_size: int | None = None

@@ -102,8 +102,8 @@ def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame | StoredSteps) -> dict
         return {"cause": "unexplained", "share": float("nan"), "measured_steps": 0}
     comm = communication(steps, runs)
     parts = run_parts(steps, comm, per_run.drop_duplicates("run_id")).iloc[0].to_dict()
-    if is_stored(steps):  # the measured sampled rows, as the digest keeps them
-        sampled = steps.sampled_of(list(pd.unique(per_run["run_id"])))
+    if is_stored(steps):  # a row per sampled step, as the digest keeps them
+        sampled = steps.comm_steps_of(list(pd.unique(per_run["run_id"])))
     else:
         sampled = measured_steps(steps, ["world_size", "comm_s", "comm_exposed_s"])
     _, span, _ = sampled_medians(sampled)

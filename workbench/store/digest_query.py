@@ -37,7 +37,6 @@ COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
 SAMPLED_COLUMNS = (
     "world_size",
     "step_s",
-    "backward_s",
     "comm_s",
     "comm_exposed_s",
     "backward_compute_s",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,10 +30,11 @@ from workbench.store.step_frames import StepFrames
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
 #: Bumped whenever what a digest holds, or a rule its frames were computed with (the warm-up,
 #: the stragglers), changes: an older digest is then built again.
-DIGEST_VERSION = 1
+DIGEST_VERSION = 2
 DIGEST_DIR = "digest"
 MANIFEST = "digest.json"
 #: The frames of a digest (``stragglers``: the straggler rule's answer with its defaults;
@@ -44,7 +45,9 @@ TABLES = (
     "per_rank",
     "attempt_hosts",
     "byte_counts",
-    "sampled",
+    "comm_steps",
+    "comm_ranks",
+    "backward_rows",
     "binned",
     "stragglers",
 )
@@ -101,12 +104,63 @@ def digest_state(run_dir: str | Path) -> str:
     return "valid"
 
 
-def _to_parquet(frame: pd.DataFrame) -> bytes:
+#: Columns of a frame that mostly hold what other columns of it give (a step without warm-up
+#: rows: its loss over measured rows is its loss over all, its last end is its measured end):
+#: written null where they hold exactly that, filled on read, so they cost a digest nothing.
+_DERIVED: dict[str, dict[str, Callable[[pd.DataFrame], pd.Series]]] = {
+    "per_step": {
+        "all_end_s": lambda f: f["end_s"],
+        "loss": lambda f: f["loss_sum"] / f["loss_n"].where(f["loss_n"] > 0),
+    },
+}
+
+
+def _derived_nulls(table: pa.Table, frame: pd.DataFrame, name: str) -> pa.Table:
+    """``table`` with each derived column of ``name`` null where it equals what it is derived
+    from, bit for bit (NaN where both are NaN); a value that differs keeps its own."""
+    import pyarrow as pa
+
+    for column, derive in _DERIVED.get(name, {}).items():
+        values = frame[column].to_numpy(dtype="float64")
+        derived = derive(frame).to_numpy(dtype="float64")
+        same = (values == derived) | (np.isnan(values) & np.isnan(derived))
+        array = pa.array(values, mask=same, type=pa.float64())  # a NaN that differs stays NaN
+        table = table.set_column(table.schema.get_field_index(column), column, array)
+    return table
+
+
+def _filled(table: pa.Table, frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """``frame`` (read from ``table``) with the derived columns' nulls filled in."""
+    for column, derive in _DERIVED.get(name, {}).items():
+        if column in frame.columns:
+            null = table.column(column).is_null().to_numpy(zero_copy_only=False)
+            frame[column] = np.where(null, derive(frame).to_numpy(dtype="float64"), frame[column])
+    return frame
+
+
+def _to_parquet(frame: pd.DataFrame, name: str = "") -> bytes:
+    """The frame as Parquet, its numbers encoded for their shape (a digest is mostly floats
+    without repeats and integers that count up): floats split by byte stream, integers as
+    deltas, zstd over all; strings, lists and flags as pyarrow writes them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    table = _derived_nulls(pa.Table.from_pandas(frame, preserve_index=False), frame, name)
+    encoding = {}
+    for field in table.schema:
+        if pa.types.is_floating(field.type):
+            encoding[field.name] = "BYTE_STREAM_SPLIT"
+        elif pa.types.is_integer(field.type) and field.type.bit_width >= 32:
+            encoding[field.name] = "DELTA_BINARY_PACKED"
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), buffer)
+    pq.write_table(
+        table,
+        buffer,
+        compression="zstd",
+        compression_level=9,
+        use_dictionary=[f.name for f in table.schema if f.name not in encoding] or False,
+        column_encoding=encoding or None,
+    )
     return buffer.getvalue()
 
 
@@ -124,7 +178,7 @@ def write_digest(
     names = {}
     for table in TABLES:
         names[table] = f"{table}-{token}.parquet"
-        atomic_write_bytes(folder / names[table], _to_parquet(frames[table]))
+        atomic_write_bytes(folder / names[table], _to_parquet(frames[table], table))
     binned = frames["binned"].attrs
     extra = {"binned_size": int(binned.get("size", 1)), "binned_bins": int(binned.get("bins", 0))}
     manifest = {"version": DIGEST_VERSION, "signature": signature, "files": names, **extra}
@@ -143,11 +197,12 @@ def _listed(value: object) -> object:
     return float("nan") if value is None else value
 
 
-def _from_parquet(path: Path) -> pd.DataFrame:
+def _from_parquet(path: Path, name: str = "") -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     # ParquetFile, not read_table: no dataset discovery, half the time on a small file
-    frame = pq.ParquetFile(path).read().to_pandas()
+    table = pq.ParquetFile(path).read()
+    frame = _filled(table, table.to_pandas(), name)
     for c in frame.columns:
         if c in _LIST_COLUMNS:
             # a rank without measured rows holds NaN there, as the engine's merge leaves it
@@ -168,7 +223,7 @@ def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
     files = manifest.get("files")
     assert isinstance(files, dict)
     try:
-        frames = {t: _from_parquet(run / DIGEST_DIR / str(files[t])) for t in TABLES}
+        frames = {t: _from_parquet(run / DIGEST_DIR / str(files[t]), t) for t in TABLES}
     except OSError:  # replaced by a newer digest while read
         return None
     frames["binned"].attrs.update(
@@ -218,7 +273,13 @@ class DigestFrames(StepFrames):
         self.attempt_hosts = joined("attempt_hosts", ["run_id", "attempt", "rank"])
         self._per_rank = joined("per_rank", ["run_id", "rank"])
         self._byte_counts = joined("byte_counts", ["run_id", "comm_bytes", "comm_buckets"])
-        self._sampled = joined("sampled", ["run_id", "attempt", "step", "rank"])
+        #: DDP's sampled timers as the analysis reads them
+        #: (:mod:`workbench.analysis.comm_samples`).
+        self.comm = {
+            "comm_steps": joined("comm_steps", ["run_id", "attempt", "step"]),
+            "comm_ranks": joined("comm_ranks", ["run_id", "rank"]),
+            "backward_rows": joined("backward_rows", ["run_id"]),
+        }
         self.stragglers = joined("stragglers", ["run_id", "attempt", "rank"])
         #: Each run's binned frame (its ``attrs``: ``bins`` asked, ``size`` steps a bin).
         self._binned = {
@@ -231,9 +292,6 @@ class DigestFrames(StepFrames):
 
     def per_rank(self) -> pd.DataFrame:
         return self._per_rank.copy()
-
-    def sampled(self) -> pd.DataFrame:
-        return self._sampled
 
     def byte_counts(self) -> pd.DataFrame:
         return self._byte_counts
