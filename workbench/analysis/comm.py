@@ -56,7 +56,8 @@ def communication(
     """
     if is_stored(steps):
         out, per_run_times = _stored_means(steps)
-        parts, timed_runs = steps.comm_ranks, set(steps.backward_rows["run_id"])
+        p = steps.measured_per_rank  # a rank's backward timer's mean: its rows hold values
+        parts, timed_runs = steps.comm_ranks, set(p.loc[p["backward_compute_s"].notna(), "run_id"])
     else:
         out, per_run_times, m = _frame_means(steps)
         parts, timed_runs = comm_samples.per_rank(m), set(comm_samples.backward_rows(m)["run_id"])

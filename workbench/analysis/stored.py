@@ -135,7 +135,10 @@ class StoredSteps:
 
     @property
     def backward_rows(self) -> pd.DataFrame:
-        """:func:`comm_samples.backward_rows`: the values of DDP's backward-compute timer."""
+        """:func:`comm_samples.backward_rows` of every run (computed from the rows: a digest
+        reads a run's only when :meth:`backward_of` asks for it)."""
+        if isinstance(self.digest, DigestFrames):
+            return self.backward_of(self.run_ids)
         return self._comm["backward_rows"]
 
     def comm_steps_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
@@ -145,7 +148,9 @@ class StoredSteps:
 
     def backward_of(self, run_ids: Sequence[object]) -> pd.DataFrame:
         """:attr:`backward_rows` of ``run_ids``."""
-        b = self.backward_rows
+        if isinstance(self.digest, DigestFrames):
+            return self.digest.backward_of([str(r) for r in run_ids])
+        b = self._comm["backward_rows"]
         return b[b["run_id"].isin([str(r) for r in run_ids])]
 
     def median(

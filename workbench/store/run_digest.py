@@ -51,6 +51,9 @@ TABLES = (
     "binned",
     "stragglers",
 )
+#: Tables read only when asked for (a base's backward timer: a row a rank and sampled step,
+#: of which a report reads one run's).
+LAZY = ("backward_rows",)
 #: Columns holding lists (Parquet gives them back as arrays; the analysis takes lists).
 _LIST_COLUMNS = ("hosts", "attempts", "all_attempts")
 
@@ -197,24 +200,40 @@ def _listed(value: object) -> object:
     return float("nan") if value is None else value
 
 
+def _strings(column: object) -> np.ndarray:
+    """A string column as an object array whose equal values share one str (a run's id on a
+    million rows is one object, not a million)."""
+    encoded = column.dictionary_encode().combine_chunks()  # type: ignore[attr-defined]
+    values = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    out = values[np.where(np.isnan(codes), 0, codes).astype("int64")] if len(values) else codes
+    if encoded.null_count:
+        out = np.where(encoded.is_null().to_numpy(zero_copy_only=False), None, out)
+    return np.asarray(out, dtype=object)
+
+
 def _from_parquet(path: Path, name: str = "") -> pd.DataFrame:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     # ParquetFile, not read_table: no dataset discovery, half the time on a small file
     table = pq.ParquetFile(path).read()
-    frame = _filled(table, table.to_pandas(), name)
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    frame = _filled(table, table.drop_columns(strings).to_pandas(), name)
+    for c in strings:
+        frame[c] = _strings(table.column(c))
+    frame = frame[table.column_names]
     for c in frame.columns:
         if c in _LIST_COLUMNS:
             # a rank without measured rows holds NaN there, as the engine's merge leaves it
             frame[c] = [_listed(v) for v in frame[c]]
-        elif pd.api.types.is_string_dtype(frame[c].dtype) and frame[c].dtype != object:
-            frame[c] = frame[c].astype(object)
     return frame
 
 
 def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
     """The run's digest frames, or None unless it is valid (:func:`digest_state`); the binned
-    frame carries its bins and their size in ``attrs`` (``bins``, ``size``)."""
+    frame carries its bins and their size in ``attrs`` (``bins``, ``size``). The tables of
+    :data:`LAZY` are their files' paths, read when asked for."""
     run = Path(run_dir)
     if digest_state(run) != "valid":
         return None
@@ -223,9 +242,12 @@ def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
     files = manifest.get("files")
     assert isinstance(files, dict)
     try:
-        frames = {t: _from_parquet(run / DIGEST_DIR / str(files[t]), t) for t in TABLES}
+        frames = {
+            t: _from_parquet(run / DIGEST_DIR / str(files[t]), t) for t in TABLES if t not in LAZY
+        }
     except OSError:  # replaced by a newer digest while read
         return None
+    frames.update({t: run / DIGEST_DIR / str(files[t]) for t in LAZY})  # read when asked for
     frames["binned"].attrs.update(
         size=manifest.get("binned_size"), bins=manifest.get("binned_bins")
     )
@@ -239,15 +261,26 @@ def digest_bytes(run_dir: str | Path) -> int:
 
 
 def _concat(parts: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
+    """Runs' frames as one, sorted by ``keys`` (``run_id`` first) as one pass over all their
+    rows gives it: the runs in order, each run's rows sorted (most already are: no copy)."""
     kept = [p for p in parts if len(p.columns)]
     if not kept:
         return parts[0] if parts else pd.DataFrame()
     nonempty = [p for p in kept if len(p)] or kept[:1]
-    frame = pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else nonempty[0]
-    present = [k for k in keys if k in frame.columns]
+    present = [k for k in keys if k in nonempty[0].columns]
     if present and len(nonempty) > 1:
-        frame = frame.sort_values(present, kind="stable", ignore_index=True)
-    return frame
+        nonempty = sorted(nonempty, key=lambda p: str(p[present[0]].iloc[0]))
+        nonempty = [_sorted(p, present) for p in nonempty]
+    return pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else nonempty[0]
+
+
+def _sorted(part: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One run's frame sorted by ``keys`` (stable), left as it is when it already is."""
+    if len(part) > 1:
+        order = np.lexsort([part[k].to_numpy() for k in reversed(keys[1:])]) if keys[1:] else None
+        if order is not None and (np.diff(order) < 0).any():
+            return part.sort_values(keys, kind="stable", ignore_index=True)
+    return part
 
 
 class DigestFrames(StepFrames):
@@ -278,7 +311,10 @@ class DigestFrames(StepFrames):
         self.comm = {
             "comm_steps": joined("comm_steps", ["run_id", "attempt", "step"]),
             "comm_ranks": joined("comm_ranks", ["run_id", "rank"]),
-            "backward_rows": joined("backward_rows", ["run_id"]),
+        }
+        #: Each run's backward-timer values (a frame, or its file until asked for).
+        self._backward: dict[str, pd.DataFrame | Path] = {
+            Path(r).name: d["backward_rows"] for r, d in zip(self.run_dirs, digests, strict=True)
         }
         self.stragglers = joined("stragglers", ["run_id", "attempt", "rank"])
         #: Each run's binned frame (its ``attrs``: ``bins`` asked, ``size`` steps a bin).
@@ -295,6 +331,20 @@ class DigestFrames(StepFrames):
 
     def byte_counts(self) -> pd.DataFrame:
         return self._byte_counts
+
+    def backward_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """The backward-timer values of ``run_ids`` (each run's file read once, when asked)."""
+        parts = []
+        for run_id in (str(r) for r in run_ids):
+            found = self._backward.get(run_id)
+            if isinstance(found, Path):
+                found = self._backward[run_id] = _from_parquet(found, "backward_rows")
+            if found is not None:
+                parts.append(found)
+        if not parts:
+            empty = {"run_id": "object", "world_size": "int64", "backward_compute_s": "float64"}
+            return pd.DataFrame({c: pd.Series(dtype=t) for c, t in empty.items()})
+        return _concat(parts, ["run_id"])
 
     def _rows(self, run_ids: Sequence[str]) -> duckdb.DuckDBPyConnection:
         """An engine connection whose view ``measured`` holds the measured rows of ``run_ids``
