@@ -3,7 +3,9 @@ statistics over its ranks (:func:`per_step`), per rank its wait and exposed tran
 (:func:`per_rank`), and the values of DDP's backward-compute timer (:func:`backward_rows`).
 
 A run's digest keeps these three instead of the sampled rows (a row a sampled step, not a row a
-rank and step); the frames path computes the same from its rows, so both give one answer. Every
+rank and step). The engine computes them in SQL
+(:meth:`workbench.store.digest_query.StepDigest.comm_frames`), the frames path with these
+functions from its rows; the oracle tests hold the two to one answer. Every
 figure read from them is a minimum, maximum or median over a step's rows, a mean over a rank's
 rows, or a median over the backward timer's values: none needs the rows again. No torch.
 """

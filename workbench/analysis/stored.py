@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import comm_samples
 from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
@@ -113,15 +112,11 @@ class StoredSteps:
     @cached_property
     def _comm(self) -> dict[str, pd.DataFrame]:
         """DDP's sampled timers as the analysis reads them (:mod:`comm_samples`): from the
-        runs' digests, or computed from the measured rows where a timer ran."""
+        runs' digests, or computed in the engine from the measured rows where a timer ran."""
         if isinstance(self.digest, DigestFrames):
             return self.digest.comm
-        rows = self.digest.sampled()
-        return {
-            "comm_steps": comm_samples.per_step(rows),
-            "comm_ranks": comm_samples.per_rank(rows),
-            "backward_rows": comm_samples.backward_rows(rows),
-        }
+        assert isinstance(self.digest, StepDigest)
+        return self.digest.comm_frames()
 
     @property
     def comm_steps(self) -> pd.DataFrame:

@@ -6,8 +6,8 @@ analysis is computed from, so that no step row of a large sweep reaches pandas.
 ``measured`` (the rows that are neither traced nor detected warm-up) is made. A pass over the
 files reads only the columns it needs and returns a small frame: per run, attempt and step
 (:attr:`per_step`, on construction: the window's parts, losses, attempt ends), per run and rank
-(:meth:`per_rank`), the rows where DDP's timers ran (:meth:`sampled`), a histogram of gradient
-bytes (:meth:`byte_counts`), one run's values binned for a heatmap (:meth:`binned`). The
+(:meth:`per_rank`), DDP's sampled timers per step and rank (:meth:`comm_frames`), a histogram
+of gradient bytes (:meth:`byte_counts`), one run's values binned for a heatmap (:meth:`binned`). The
 analysis composes them into its tables (``workbench.analysis.stored``). No torch.
 """
 
@@ -33,15 +33,10 @@ MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > 
 #: What a rank computes itself in a step (``workbench.analysis.slow_ranks.rank_compute``):
 #: data, forward and optimizer, plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
-#: Columns of the rows where a DDP timer ran (:meth:`StepDigest.sampled`).
-SAMPLED_COLUMNS = (
-    "world_size",
-    "step_s",
-    "comm_s",
-    "comm_exposed_s",
-    "backward_compute_s",
-    "comm_bytes",
-    "comm_buckets",
+#: Columns of the rows where a DDP timer ran (:meth:`StepDigest.comm_frames`).
+TIMED_COLUMNS = (
+    "run_id, attempt, rank, step, world_size, step_s, comm_s, comm_exposed_s, "
+    "backward_compute_s, comm_bytes, comm_buckets"
 )
 
 
@@ -177,16 +172,51 @@ class StepDigest(StepFrames):
         merged = every.merge(measured, on=["run_id", "rank"], how="left")
         return merged.fillna({"measured_steps": 0})
 
-    def sampled(self) -> pd.DataFrame:
-        """The measured rows where one of DDP's timers ran (``comm_s``, ``comm_exposed_s`` or
-        ``backward_compute_s`` not null): ``run_id, attempt, rank, step`` and
-        :data:`SAMPLED_COLUMNS`. With ``trace_comm="sampled"`` one row in
-        ``trace_comm_every_steps``."""
-        return self._df(
-            f"SELECT run_id, attempt, rank, step, {', '.join(SAMPLED_COLUMNS)} FROM measured "
-            "WHERE comm_s IS NOT NULL OR comm_exposed_s IS NOT NULL "
-            "OR backward_compute_s IS NOT NULL ORDER BY run_id, attempt, step, rank"
+    def comm_frames(self) -> dict[str, pd.DataFrame]:
+        """DDP's sampled timers as the analysis reads them, computed in the engine (the SQL of
+        :mod:`workbench.analysis.comm_samples`' three frames, whose docstrings define them):
+        ``comm_steps`` a row per run, attempt and sampled step, ``comm_ranks`` a row per run and
+        rank, ``backward_rows`` the backward timer's values. The measured rows where a timer
+        ran are read once into the engine's memory (one in ``trace_comm_every_steps``), never
+        into pandas."""
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE _timed AS SELECT {TIMED_COLUMNS} FROM measured "
+            "WHERE comm_s IS NOT NULL OR backward_compute_s IS NOT NULL"
         )
+        fit = "FILTER (WHERE world_size > 1 AND comm_s > 0 AND comm_bytes > 0)"
+        try:
+            steps = self._df(
+                "SELECT run_id, attempt, step, max(world_size) AS world_size, "
+                "max(step_s) AS step_s, min(comm_s) AS comm_s, "
+                f"min(comm_exposed_s) AS comm_exposed_s, min(comm_s) {fit} AS fit_comm_s, "
+                f"median(comm_bytes) {fit} AS fit_bytes, median(comm_buckets) {fit} AS fit_buckets "
+                "FROM _timed WHERE comm_s IS NOT NULL GROUP BY ALL ORDER BY ALL"
+            )
+            ranks = self._df(
+                "WITH m AS (SELECT run_id, attempt, step, min(comm_s) AS fastest, "
+                "min(comm_exposed_s) AS tail FROM _timed WHERE comm_s IS NOT NULL GROUP BY ALL) "
+                "SELECT t.run_id, t.rank, avg(t.comm_s - m.fastest) AS wait_s, "
+                "avg(greatest(m.tail, 0)) FILTER (WHERE t.comm_exposed_s IS NOT NULL) "
+                "AS exposed_transfer_s FROM _timed t JOIN m USING (run_id, attempt, step) "
+                "WHERE t.comm_s IS NOT NULL GROUP BY ALL ORDER BY ALL"
+            )
+            backward = self._df(
+                "SELECT run_id, world_size, backward_compute_s FROM _timed "
+                "WHERE backward_compute_s IS NOT NULL"
+            )
+        finally:
+            self.con.execute("DROP TABLE IF EXISTS _timed")
+        ints = {"attempt": "int64", "step": "int64", "world_size": "int64"}
+        floats = ["step_s", "comm_s", "comm_exposed_s", "fit_comm_s", "fit_bytes", "fit_buckets"]
+        return {
+            "comm_steps": steps.astype({**ints, **dict.fromkeys(floats, "float64")}),
+            "comm_ranks": ranks.astype(
+                {"rank": "int64", "wait_s": "float64", "exposed_transfer_s": "float64"}
+            ),
+            "backward_rows": backward.astype(
+                {"world_size": "int64", "backward_compute_s": "float64"}
+            ),
+        }
 
     def median(
         self, column: str, run_ids: Sequence[str], min_world_size: int | None = None

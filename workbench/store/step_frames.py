@@ -18,7 +18,7 @@ from workbench.store.window_query import WindowParts
 class StepFrames:
     """The frames that follow from :attr:`per_step` (per run, attempt and step), :attr:`cut`
     (the warm-up rule's answer), ``attempt_hosts`` and the per-rank pass's gradient byte groups.
-    Subclasses set those and give :meth:`per_rank`, :meth:`sampled`, :meth:`median` and
+    Subclasses set those and give :meth:`per_rank`, :meth:`median` and
     :meth:`binned`."""
 
     run_dirs: list[Path]
@@ -38,9 +38,6 @@ class StepFrames:
         self.close()
 
     def per_rank(self) -> pd.DataFrame:
-        raise NotImplementedError
-
-    def sampled(self) -> pd.DataFrame:
         raise NotImplementedError
 
     def median(
