@@ -218,7 +218,11 @@ def _from_parquet(path: Path, name: str = "") -> pd.DataFrame:
 
     # ParquetFile, not read_table: no dataset discovery, half the time on a small file
     table = pq.ParquetFile(path).read()
-    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    strings = [
+        f.name
+        for f in table.schema
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+    ]
     frame = _filled(table, table.drop_columns(strings).to_pandas(), name)
     for c in strings:
         frame[c] = _strings(table.column(c))
