@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from workbench.store.digest_query import COMM_TYPES, empty_comm
+
 #: A sampled step: its run, attempt and step.
 STEP_KEYS = ["run_id", "attempt", "step"]
 
@@ -52,8 +54,7 @@ def per_step(rows: pd.DataFrame) -> pd.DataFrame:
         fit_bytes=("comm_bytes", "median"),
         fit_buckets=("_buckets", "median"),
     )
-    out = out.join(fit, how="left").reset_index()
-    return out.astype({"attempt": "int64", "step": "int64", "world_size": "int64"})
+    return out.join(fit, how="left").reset_index().astype(COMM_TYPES["comm_steps"])
 
 
 def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
@@ -71,21 +72,14 @@ def per_rank(rows: pd.DataFrame) -> pd.DataFrame:
         e = s[s["comm_exposed_s"].notna()]
         tail = e.groupby(STEP_KEYS)["comm_exposed_s"].transform("min").clip(lower=0)
         out["exposed_transfer_s"] = tail.groupby([e["run_id"], e["rank"]]).mean()
-    out = out.reset_index()
-    return out.astype({"rank": "int64", "wait_s": "float64", "exposed_transfer_s": "float64"})
+    return out.reset_index().astype(COMM_TYPES["comm_ranks"])
 
 
 def backward_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows where DDP's backward-compute timer ran: ``run_id, world_size,
     backward_compute_s`` (a median over any set of runs is a median over these)."""
     if "backward_compute_s" not in rows.columns:
-        return pd.DataFrame(
-            {
-                "run_id": pd.Series(dtype=object),
-                "world_size": pd.Series(dtype="int64"),
-                "backward_compute_s": pd.Series(dtype="float64"),
-            }
-        )
+        return empty_comm("backward_rows")
     b = rows[rows["backward_compute_s"].notna()]
-    out = b[["run_id", "world_size", "backward_compute_s"]].reset_index(drop=True)
-    return out.astype({"world_size": "int64"})
+    columns = ["run_id", *COMM_TYPES["backward_rows"]]
+    return b[columns].reset_index(drop=True).astype(COMM_TYPES["backward_rows"])

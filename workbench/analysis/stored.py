@@ -130,11 +130,8 @@ class StoredSteps:
 
     @property
     def backward_rows(self) -> pd.DataFrame:
-        """:func:`comm_samples.backward_rows` of every run (computed from the rows: a digest
-        reads a run's only when :meth:`backward_of` asks for it)."""
-        if isinstance(self.digest, DigestFrames):
-            return self.backward_of(self.run_ids)
-        return self._comm["backward_rows"]
+        """:func:`comm_samples.backward_rows` of every run."""
+        return self.backward_of(self.run_ids)
 
     def comm_steps_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
         """:attr:`comm_steps` of ``run_ids`` at a world size above ``min_world_size``."""

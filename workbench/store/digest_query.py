@@ -33,6 +33,29 @@ MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > 
 #: What a rank computes itself in a step (``workbench.analysis.slow_ranks.rank_compute``):
 #: data, forward and optimizer, plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
+#: The frames of DDP's sampled timers (:meth:`StepDigest.comm_frames`,
+#: :mod:`workbench.analysis.comm_samples`): each column's type beside ``run_id`` (a string).
+COMM_TYPES = {
+    "comm_steps": {
+        "attempt": "int64",
+        "step": "int64",
+        "world_size": "int64",
+        **dict.fromkeys(
+            ["step_s", "comm_s", "comm_exposed_s", "fit_comm_s", "fit_bytes", "fit_buckets"],
+            "float64",
+        ),
+    },
+    "comm_ranks": {"rank": "int64", "wait_s": "float64", "exposed_transfer_s": "float64"},
+    "backward_rows": {"world_size": "int64", "backward_compute_s": "float64"},
+}
+
+
+def empty_comm(name: str) -> pd.DataFrame:
+    """One of :data:`COMM_TYPES`' frames without rows, its columns typed."""
+    types = {"run_id": "object", **COMM_TYPES[name]}
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in types.items()})
+
+
 #: Columns of the rows where a DDP timer ran (:meth:`StepDigest.comm_frames`).
 TIMED_COLUMNS = (
     "run_id, attempt, rank, step, world_size, step_s, comm_s, comm_exposed_s, "
@@ -206,17 +229,8 @@ class StepDigest(StepFrames):
             )
         finally:
             self.con.execute("DROP TABLE IF EXISTS _timed")
-        ints = {"attempt": "int64", "step": "int64", "world_size": "int64"}
-        floats = ["step_s", "comm_s", "comm_exposed_s", "fit_comm_s", "fit_bytes", "fit_buckets"]
-        return {
-            "comm_steps": steps.astype({**ints, **dict.fromkeys(floats, "float64")}),
-            "comm_ranks": ranks.astype(
-                {"rank": "int64", "wait_s": "float64", "exposed_transfer_s": "float64"}
-            ),
-            "backward_rows": backward.astype(
-                {"world_size": "int64", "backward_compute_s": "float64"}
-            ),
-        }
+        found = {"comm_steps": steps, "comm_ranks": ranks, "backward_rows": backward}
+        return {name: frame.astype(COMM_TYPES[name]) for name, frame in found.items()}
 
     def median(
         self, column: str, run_ids: Sequence[str], min_world_size: int | None = None

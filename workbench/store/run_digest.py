@@ -23,7 +23,12 @@ import numpy as np
 import pandas as pd
 
 from workbench import schema
-from workbench.store.digest_query import MEASURED, binned_measured, median_measured
+from workbench.store.digest_query import (
+    MEASURED,
+    binned_measured,
+    empty_comm,
+    median_measured,
+)
 from workbench.store.engine import steps_view
 from workbench.store.files import atomic_write_bytes, read_json, write_json
 from workbench.store.step_frames import StepFrames
@@ -346,8 +351,7 @@ class DigestFrames(StepFrames):
             if found is not None:
                 parts.append(found)
         if not parts:
-            empty = {"run_id": "object", "world_size": "int64", "backward_compute_s": "float64"}
-            return pd.DataFrame({c: pd.Series(dtype=t) for c, t in empty.items()})
+            return empty_comm("backward_rows")
         return _concat(parts, ["run_id"])
 
     def _rows(self, run_ids: Sequence[str]) -> duckdb.DuckDBPyConnection:
