@@ -43,6 +43,22 @@ def ratio_stats(ratios: list[float] | np.ndarray, seed: int = 0) -> dict[str, fl
     }
 
 
+def mean_stats(values: list[float] | np.ndarray, seed: int = 0) -> dict[str, float]:
+    """Mean with a bootstrap 95 % confidence interval of the mean (where rare costs, such as a
+    flush every few seconds, must count at their weight, which the median leaves out)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0:
+        return {"n": 0}
+    rng = np.random.default_rng(seed)
+    boot = rng.choice(v, size=(2000, v.size), replace=True).mean(axis=1)
+    return {
+        "n": int(v.size),
+        "mean": float(v.mean()),
+        "ci95_lo": float(np.percentile(boot, 2.5)),
+        "ci95_hi": float(np.percentile(boot, 97.5)),
+    }
+
+
 def fmt_ratio(s: dict[str, float], digits: int = 3) -> str:
     """``1.004 [IQR 0.998-1.010, CI 1.001-1.007, n=40]``."""
     if not s.get("n"):

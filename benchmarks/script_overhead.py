@@ -14,8 +14,8 @@ blocks only), what the hooks add to each step in microseconds: the loads that mo
 whole wall time by several per cent from one run to the next do not move a block of a few
 hundred steps in one process.
 
-Usage: ``python benchmarks/script_overhead.py [--pairs 8] [--steps 300] [--direct] [--smoke]
-[--out F]``.
+Usage: ``python benchmarks/script_overhead.py [--pairs 8] [--steps 300] [--direct] [--blocks
+2000] [--block-steps 10] [--smoke] [--out F]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import ROOT, fmt_ratio, machine, ratio_stats, write_result
+from _common import ROOT, fmt_ratio, machine, mean_stats, ratio_stats, write_result
 
 HERE = Path(__file__).resolve().parent
 #: Sizes of the workload (hidden width, per-device batch): a ~1 ms step and a ~10 ms one.
@@ -90,7 +90,8 @@ def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
     """Per-step cost of the hooks, in one process (world size 1, gloo): blocks of ``steps``
     steps alternate between a DDP module built without hooks and one built under them (the
     global hooks installed for its blocks only), each timed as the thread's CPU time. Returns
-    both medians and their difference."""
+    both medians, the pairs' differences (their median, and their mean: the cost of the
+    flushes, every ``flush_s`` seconds, counted at its weight) and ratios."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -134,14 +135,12 @@ def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
         plain = nn.parallel.DistributedDataParallel(model())
         hooks.install()
         traced = nn.parallel.DistributedDataParallel(model())
-        hooks.steps = -1  # not a script: no "stepped no optimizer" warning at each close
-        hooks.close()
+        hooks.remove()
 
-        def block(ddp: nn.Module) -> float:
+        def block(ddp: nn.Module, opt: torch.optim.Optimizer) -> float:
             # The thread's CPU time, not the wall clock: the hooks run on this thread, and the
             # time a loaded host takes the core away from it (tens of us a step on a shared
             # VM, at random) would drown them.
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
             started = time.thread_time()
             for x, y in loader:
                 loss = nn.functional.cross_entropy(ddp(x), y)
@@ -150,16 +149,25 @@ def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
                 opt.step()
             return (time.thread_time() - started) / steps
 
-        block(plain), block(traced)  # warm both
+        optimizers = {d: torch.optim.SGD(d.parameters(), lr=0.01) for d in (plain, traced)}
+        block(plain, optimizers[plain])
+        hooks.install()
+        block(traced, optimizers[traced])  # warm both
+        hooks.remove()
         untraced_s, traced_s = [], []
+        # Short blocks, many pairs: a pair's two blocks run a few milliseconds apart, so what
+        # drifts on a shared host (a neighbour's load, the clock) is the same for both. The
+        # hooks are removed between blocks, not closed: the log, and the flushes every
+        # ``flush_s`` seconds, carry on as in a run, and count at their weight in the mean.
         for i in range(blocks):
             for kind in (0, 1) if i % 2 == 0 else (1, 0):
                 if kind:
                     hooks.install()
-                    traced_s.append(block(traced))
-                    hooks.close()
+                    traced_s.append(block(traced, optimizers[traced]))
+                    hooks.remove()
                 else:
-                    untraced_s.append(block(plain))
+                    untraced_s.append(block(plain, optimizers[plain]))
+        hooks.close()
         tracer.close()
     dist.destroy_process_group()
     u, t = float(np.median(untraced_s)), float(np.median(traced_s))
@@ -170,6 +178,8 @@ def direct(blocks: int, steps: int, width: int, batch: int) -> dict[str, Any]:
         "traced_step_us": t * 1e6,
         "hooks_us_per_step": (t - u) * 1e6,
         "added_us": ratio_stats(added_us),  # per pair of blocks: traced minus untraced, a step
+        # The mean over pairs counts the flushes (one block in tens holds one) at their weight.
+        "added_us_mean": mean_stats(added_us),
         "ratio": ratio_stats(ratios),
     }
 
@@ -181,18 +191,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="small,medium")
     parser.add_argument("--smoke", action="store_true", help="one pair of 20 steps (seconds)")
     parser.add_argument("--direct", action="store_true", help="only the in-process measurement")
-    parser.add_argument("--blocks", type=int, default=40, help="direct: pairs of blocks")
+    parser.add_argument("--blocks", type=int, default=2000, help="direct: pairs of blocks")
+    parser.add_argument("--block-steps", type=int, default=10, help="direct: steps a block")
     parser.add_argument("--out", help="write the result as JSON here")
     a = parser.parse_args()
     pairs, steps = (1, 20) if a.smoke else (a.pairs, a.steps)
     sizes = ["small"] if a.smoke else a.sizes.split(",")
     width, batch = SIZES["small"]
-    hooks = direct(2 if a.smoke else a.blocks, 20 if a.smoke else 200, width, batch)
+    hooks = direct(2 if a.smoke else a.blocks, 20 if a.smoke else a.block_steps, width, batch)
+    mean = hooks["added_us_mean"]
     print(
         f"hooks, measured directly (1 process, {width}-wide mlp, batch {batch}): "
         f"{hooks['untraced_step_us']:.0f} us untraced; traced adds "
-        f"{fmt_ratio(hooks['added_us'], 1)} us a step (median of pair differences); "
-        f"ratio {fmt_ratio(hooks['ratio'])}",
+        f"{mean['mean']:.1f} us a step [CI95 {mean['ci95_lo']:.1f}-{mean['ci95_hi']:.1f}] "
+        f"(mean of pair differences, flushes included), median "
+        f"{fmt_ratio(hooks['added_us'], 1)}; ratio {fmt_ratio(hooks['ratio'])}",
         flush=True,
     )
     if a.direct:

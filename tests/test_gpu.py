@@ -108,3 +108,50 @@ def test_a_cuda_runs_steps_follow_one_clock(tmp_path: Path) -> None:
     assert (steps["gap_s"].dropna() > -1e-4).all(), steps["gap_s"].describe()
     ends = (steps["t_start_s"] + steps["step_s"]).to_numpy()
     assert (steps["t_start_s"].to_numpy()[1:] >= ends[:-1] - 1e-4).all()
+
+
+def test_a_scripts_hooks_never_synchronise_the_device(tmp_path: Path) -> None:
+    """The hooks between two flushes (DDP's timer not due) under CUDA's sync debug mode set
+    to raise: any call that waits for the device (a loss read, a copy to the host) fails."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from workbench.ports import free_port
+    from workbench.trace.torch_hooks import ScriptHooks
+    from workbench.trace.tracer import Tracer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    device = torch.device("cuda")
+    tracer = Tracer(
+        tmp_path, run_id="sync", rank=0, local_rank=0, host="h", world_size=1, attempt=0,
+        flush_s=3600.0, device=device,
+    )  # fmt: skip
+    hooks = ScriptHooks(
+        tracer, script="sync", rank=0, world_size=1, warmup_steps=0,
+        comm_every_steps=10_000, collective_timeout_s=60,
+    ).install()  # fmt: skip
+    try:
+        dist.init_process_group("nccl", rank=0, world_size=1)
+        model = nn.parallel.DistributedDataParallel(nn.Linear(64, 8).to(device))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = TensorDataset(
+            torch.randn(64 * 50, 64, device=device), torch.randint(0, 8, (64 * 50,), device=device)
+        )
+        for i, (x, y) in enumerate(DataLoader(data, batch_size=64)):
+            if i == 12:  # DDP times its first 10 iterations itself
+                torch.cuda.set_sync_debug_mode("error")
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        hooks.close()
+        tracer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert hooks.steps == 50

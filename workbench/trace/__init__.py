@@ -1,6 +1,7 @@
 """Tracing one rank: the step rows (``tracer``), DDP's own communication timers
 (``comm_timing``), memory (``memory_probe``) and, for training the workbench did not write,
-hooks on torch that see its steps from outside (``torch_hooks``, ``step_events``).
+hooks on torch that see its steps from outside (``torch_hooks``, ``step_log``,
+``step_events``).
 
 The built-in loop and a user's script write the same rows through the same ``Tracer``; the
 loop stamps its phases itself, a script's phases come from the hooks.

@@ -114,6 +114,7 @@ class DDPCommSampler:
         self.timed = True  # False once a private call failed: bytes only from then on
         self._bytes: int | None = gradient_bytes
         self._buckets: int | None = None
+        self._steady = CommFields(None, None, None)  # an untimed step's, reused while alike
         self._call("_set_ddp_runtime_logging_sample_rate", every_steps)
 
     @property
@@ -157,12 +158,18 @@ class DDPCommSampler:
         return ddp_timer_fields(data)
 
     def take(self) -> CommFields:
-        """This step's communication columns."""
+        """This step's communication columns (on a step DDP did not time, with bytes and
+        buckets as before, the same object as the last such step's)."""
         self.iteration += 1
         sent = self.hook_meter.take() if self.hook_meter is not None else None
-        times = self._times() if self.timed and self._sampled() else (None, None, None)
+        times = self._times() if self.timed and self._sampled() else None
         nbytes, buckets = (sent[1], sent[2]) if sent is not None else (self._bytes, self._buckets)
-        return CommFields(times[0], nbytes, buckets, times[1], times[2])
+        if times is not None:
+            return CommFields(times[0], nbytes, buckets, times[1], times[2])
+        steady = self._steady
+        if steady.comm_bytes != nbytes or steady.comm_buckets != buckets:
+            steady = self._steady = CommFields(None, nbytes, buckets)
+        return steady
 
 
 def _torch_version() -> str:

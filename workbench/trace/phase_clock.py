@@ -12,8 +12,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from workbench.trace.step_events import StepEvents
-
 #: CUDA events in a PhaseClock's ring: about a dozen steps of one micro-batch.
 EVENT_RING = 64
 _NO_PHASES: tuple[None, ...] = (None,) * 5
@@ -159,11 +157,11 @@ class PhaseClock:
 
 def phase_values(phases: Any) -> tuple[Any, ...]:
     """(data_s, forward_s, backward_s, optimizer_s, step_s) of one row's ``phases``: CPU stamps
-    (a tuple), a ``CudaStep``, a script's ``StepEvents``, or the five durations already
+    (a tuple), a ``CudaStep``, or the five durations already
     (``Phases``)."""
     if type(phases) is tuple:
         return split_phases([b - a for a, b in pairwise(phases)])
-    if isinstance(phases, CudaStep | StepEvents):
+    if isinstance(phases, CudaStep):
         return phases.phases()
     return Phases(*phases)
 

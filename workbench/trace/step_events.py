@@ -69,41 +69,23 @@ def interval_phase(opened_by: int, closed_by: int) -> int:
     return OPTIMIZER_PHASE
 
 
-#: ``_PHASE_OF[opened_by][closed_by]``: :func:`interval_phase` of every pair, looked up per
-#: interval on the hot path (a step's end) instead of branching.
-_PHASE_OF = tuple(tuple(interval_phase(a, b) for b in range(9)) for a in range(9))
+#: ``PHASE_OF[opened_by][closed_by]``: :func:`interval_phase` of every pair, as a table
+#: (``step_log`` looks every interval of a flush up in it at once).
+PHASE_OF = tuple(tuple(interval_phase(a, b) for b in range(9)) for a in range(9))
 
 
 def step_phases(events: Sequence[Event], previous_end: float | None) -> StepPhases:
     """The phases of one step's ``events`` (in time order, ending with an optimizer step's
-    end); ``previous_end``: when the step before it ended (None for the first step)."""
+    end); ``previous_end``: when the step before it ended (None for the first step). The
+    definition, one step at a time: ``step_log.StepLog.take`` computes the same for every
+    step of a flush at once."""
     if events[0][0] == BACKWARD and previous_end is not None:
         events = [(PREVIOUS_END, previous_end), *events]
     sums: list[float | None] = [None, None, None, None]
     a, t_a = start = events[0]
     for b, t_b in events[1:]:
-        phase = _PHASE_OF[a][b]
+        phase = PHASE_OF[a][b]
         so_far = sums[phase]
         sums[phase] = t_b - t_a if so_far is None else so_far + (t_b - t_a)
         a, t_a = b, t_b
     return StepPhases(start[1], sums[0], sums[1], sums[2], sums[3], t_a - start[1])
-
-
-class StepEvents(NamedTuple):
-    """One step's events as the hooks saw them, turned into phases only when the tracer
-    flushes (``phases``): the step itself costs an append per event."""
-
-    events: tuple[Event, ...]
-    previous_end: float | None
-
-    @property
-    def start(self) -> float:
-        """The step's start: its first event, or the previous step's end where the step opens
-        with a backward (as in :func:`step_phases`)."""
-        if self.events[0][0] == BACKWARD and self.previous_end is not None:
-            return self.previous_end
-        return self.events[0][1]
-
-    def phases(self) -> tuple[float | None, ...]:
-        """(data_s, forward_s, backward_s, optimizer_s, step_s)."""
-        return step_phases(self.events, self.previous_end)[1:]

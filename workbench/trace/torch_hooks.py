@@ -12,7 +12,10 @@
 - every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed;
 - torch's global optimizer step hooks end a step: a step is everything from the first event
   after the previous step to its last optimizer step (several optimizers stepped back to back
-  are one step; ``step_events`` turns the events into phases);
+  are one step; ``step_events`` says which phase each interval is);
+- each of these is an append or two to a log (``step_log.StepLog``: the event's kind and
+  time, what the step consumed); the steps are found in it, and their rows built, when the
+  tracer's flush is due (checked after each optimizer step), every step of it at once;
 - ``torch.distributed.init_process_group`` gets the run's collective timeout where the script
   gives none (a rank that never arrives is named within it instead of after gloo's 30
   minutes), and then a barrier on a gloo side group, after which every rank sets its trace
@@ -20,7 +23,7 @@
 - ``torch.multiprocessing.spawn`` and ``start_processes`` raise ``ScriptError``: the workbench
   starts one process per rank itself, as torchrun does;
 - the objects alive when the hooks are installed (torch's, the rank's) are frozen out of the
-  garbage collector's passes (``gc.freeze``) until ``close()``: the buffered trace rows would
+  garbage collector's passes (``gc.freeze``) until ``close()``: the log's entries would
   otherwise trigger full passes over them, about 10 us a step.
 
 The run's DDP settings (``ddp_kwargs``: ``bucket_cap_mb``, ``gradient_as_bucket_view``,
@@ -40,6 +43,7 @@ steps, and fetches under ``torch.no_grad()`` are not data time.
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -56,8 +60,8 @@ from torch.utils.data import dataloader
 
 import workbench.trace as trace_api
 from workbench.errors import ScriptError
-from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
-from workbench.trace.step_counts import StepCounts, output_loss
+from workbench.trace.comm_timing import DDPCommSampler, warn
+from workbench.trace.step_counts import batch_shape, output_loss
 from workbench.trace.step_events import (
     BACKWARD,
     BACKWARD_END,
@@ -66,13 +70,23 @@ from workbench.trace.step_events import (
     FORWARD,
     OPTIMIZER,
     OPTIMIZER_END,
-    Event,
-    StepEvents,
+)
+from workbench.trace.step_log import (
+    BACKWARD_LOSS,
+    COMM,
+    FETCH_BATCH,
+    FORWARD_BATCH,
+    LR,
+    MEMORY,
+    MODEL_LOSS,
+    NO_COMM,
+    StepLog,
 )
 from workbench.trace.tracer import Tracer
 
 _clock = time.perf_counter
-_NO_COMM = CommFields(None, None, None)
+#: Events logged at most between two flushes: the log stays small whatever ``flush_s`` is.
+_MAX_EVENTS = 50_000
 #: The mark, in a DDP module's ``__dict__``, of one built under the hooks.
 _TRACED = "_workbench_traced"
 
@@ -110,66 +124,53 @@ class ScriptHooks:
         self.warmup_steps = warmup_steps
         self.comm_every_steps = comm_every_steps
         self.collective_timeout_s = collective_timeout_s
-        self.events: list[Event] = []
-        self.previous_end: float | None = None
-        self.step_ended = False  # an optimizer step ended: the step closes at the next event
+        self.log = StepLog()
         self.steps = 0
-        self.counts = StepCounts()
         self.primary: DistributedDataParallel | None = None
         self.sampler: DDPCommSampler | None = None
         self.ddp_modules = 0
         self.synced_forwards = 0
-        self.comm: CommFields = _NO_COMM
-        self.lr: float | None = None
         self.joined_group = False
         self.warnings: list[str] = []
         self._backward_depth = 0
+        # When the next memory sample and the next flush are due (the event clock).
+        self._memory_due = -math.inf
+        self._flush_due = _clock() + tracer.flush_s
+        self._due = -math.inf
+        self._comm, self._lr = NO_COMM, None  # the last logged (see _optimizer_pre)
         self._scaled: tuple[Any, Any] | None = None  # GradScaler.scale's (output, input)
         self._undo: list[Callable[[], None]] = []
 
-    # -- events and steps
-    def _event(self, kind: int) -> None:
-        now = _clock()
-        if self.step_ended and kind < OPTIMIZER:  # any event but an optimizer's closes it
-            self._end_step()
-        self.events.append((kind, now))
+    # -- steps: taken out of the log at the flush
+    def _tick(self, now: float) -> None:
+        """After an optimizer step, when a memory sample or the flush is due (or the log is
+        long): the sample goes into the log, the closed steps to the tracer."""
+        if now >= self._memory_due:
+            self.log.extras.append((len(self.log.kinds), MEMORY, self.tracer.sample_memory()))
+            self._memory_due = now + self.tracer.memory_every_s
+        if now >= self._flush_due or len(self.log.kinds) > _MAX_EVENTS:
+            self._flush_due = now + self.tracer.flush_s
+            self.flush()
+        self._due = min(self._memory_due, self._flush_due)
 
-    def _end_step(self) -> None:
-        """Write the step that the last optimizer step ended (its phases are worked out from
-        its events when the tracer flushes)."""
-        self.step_ended = False
-        step = StepEvents(tuple(self.events), self.previous_end)
-        self.events.clear()
-        self.previous_end = step.events[-1][1]
-        counts, self.counts = self.counts, StepCounts()
-        comm, self.comm = self.comm, _NO_COMM
-        self.steps += 1
-        self.tracer.step(
-            epoch=0,
-            step=self.steps,
-            warmup=self.steps <= self.warmup_steps,
-            t_start_s=self.tracer.since_t0(step.start),
-            phases=step,
-            comm_s=comm.comm_s,
-            comm_bytes=comm.comm_bytes,
-            comm_buckets=comm.comm_buckets,
-            samples=counts.samples(),  # type: ignore[arg-type]
-            loss=counts.loss(),
-            lr=self.lr,  # type: ignore[arg-type]
-            backward_compute_s=comm.backward_compute_s,
-            comm_exposed_s=comm.comm_exposed_s,
-            tokens=counts.tokens(),
-        )
+    def flush(self, final: bool = False) -> None:
+        """Write the steps closed so far (``final``: the run is over, the last one too)."""
+        taken = self.log.take(self.tracer.t0, final=final)
+        if taken is None:
+            return
+        columns, memory = taken
+        n = len(memory)
+        first = self.steps + 1
+        self.steps += n
+        numbers = list(range(first, first + n))
+        columns["epoch"] = [0] * n
+        columns["step"] = numbers
+        columns["warmup"] = [i <= self.warmup_steps for i in numbers]
+        self.tracer.write_step_columns(columns, memory)
 
     def note(self, samples: int | None, tokens: int | None, loss: Any) -> None:
         """``workbench.trace.note`` while the script runs."""
-        self.counts.note(samples, tokens, loss)
-
-    def _drop_fetches(self) -> None:
-        """An evaluation forward: the fetches since the last step fed it, not training."""
-        if self.events and all(kind in (FETCH, FETCH_END) for kind, _ in self.events):
-            self.events.clear()
-            self.counts.fetch_samples = self.counts.fetch_tokens = None
+        self.log.note(samples, tokens, loss)
 
     # -- DDP
     def _ddp_built(self, ddp: DistributedDataParallel) -> None:
@@ -189,91 +190,122 @@ class ScriptHooks:
         of the class, not module hooks, which send every call of the module down
         ``nn.Module``'s slow path (+8 us a forward on a 2-core host). A forward's end is no
         event: the time after it (the loss) is forward time too, up to the next event."""
-        hooks = self
-        is_grad_enabled = torch.is_grad_enabled
+        hooks, log = self, self.log
+        kinds, times, extras = log.kinds, log.times, log.extras
+        is_grad_enabled, clock = torch.is_grad_enabled, _clock
 
         def forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
             if _TRACED not in ddp.__dict__:  # built before the hooks
                 return original(ddp, *args, **kwargs)
             if not (ddp.training and is_grad_enabled()):
-                hooks._drop_fetches()  # an evaluation forward
+                log.drop_fetches()  # an evaluation forward
                 return original(ddp, *args, **kwargs)
-            hooks._event(FORWARD)
-            if hooks.primary is None or ddp is not hooks.primary:
+            kinds.append(FORWARD)
+            times.append(clock())
+            if ddp is not hooks.primary:
                 return original(ddp, *args, **kwargs)
             if ddp.require_backward_grad_sync:
                 hooks.synced_forwards += 1
-            hooks.counts.forward(args if args else kwargs)
+            shape = batch_shape(args if args else kwargs)
+            if shape is not None:
+                extras.append((len(kinds), FORWARD_BATCH, shape))
             output = original(ddp, *args, **kwargs)
-            loss = output_loss(output)
-            if loss is not None:
-                hooks.counts.model_losses.append(loss.detach())
+            if type(output) is not torch.Tensor:  # logits: the loss is computed outside
+                loss = output_loss(output)
+                if loss is not None:
+                    extras.append((len(kinds), MODEL_LOSS, loss.detach()))
             return output
 
         return forward
 
-    def _take_comm(self) -> None:
-        """After the backward of a step whose primary forward synchronised: DDP's figures."""
-        if self.sampler is None or not self.synced_forwards:
-            return
-        self.sampler.iteration += self.synced_forwards - 1  # DDP counts every synced forward
-        self.synced_forwards = 0
-        self.comm = self.sampler.take()
-
     # -- optimizer, backward, fetches
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        joined = self.joined_group or not (self.world_size > 1)
-        if not joined and not (dist.is_available() and dist.is_initialized()):
-            raise ScriptError(
-                self.script,
-                self.rank,
-                f"it steps an optimizer on {self.world_size} ranks without having called "
-                "torch.distributed.init_process_group(): each rank would train alone. Call it "
-                "(the rank's environment has everything it needs, as under torchrun), or run "
-                "with world_size=1",
-            )
-        first = not self.events or self.events[-1][0] != OPTIMIZER_END
-        self._event(OPTIMIZER)
+        if not self.joined_group and self.world_size > 1:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ScriptError(
+                    self.script,
+                    self.rank,
+                    f"it steps an optimizer on {self.world_size} ranks without having called "
+                    "torch.distributed.init_process_group(): each rank would train alone. Call "
+                    "it (the rank's environment has everything it needs, as under torchrun), "
+                    "or run with world_size=1",
+                )
+        log = self.log
+        first = not log.last_is_optimizer_end()  # the step's first optimizer step
+        log.kinds.append(OPTIMIZER)
+        log.times.append(_clock())
+        # The step's communication and learning rate, logged where they differ from the last
+        # logged (the log carries each on to the steps after it).
         if first:
-            self._take_comm()
+            comm = NO_COMM
+            if self.synced_forwards and self.sampler is not None:
+                # After the backward of a step whose primary forward synchronised: DDP's
+                # figures (DDP counts every synchronised forward).
+                self.sampler.iteration += self.synced_forwards - 1
+                self.synced_forwards = 0
+                comm = self.sampler.take()
+            if comm is not self._comm:
+                log.extras.append((len(log.kinds), COMM, comm))
+                self._comm = comm
         if optimizer.param_groups:
-            self.lr = float(optimizer.param_groups[0].get("lr", float("nan")))
+            lr = float(optimizer.param_groups[0].get("lr", math.nan))
+            if lr != self._lr:
+                log.extras.append((len(log.kinds), LR, lr))
+                self._lr = lr
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._event(OPTIMIZER_END)
-        self.step_ended = True
+        now = _clock()
+        self.log.kinds.append(OPTIMIZER_END)
+        self.log.times.append(now)
+        if now >= self._due:
+            self._tick(now)
 
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks, log = self, self.log
+        kinds, times, extras = log.kinds, log.times, log.extras
+        clock, tensor = _clock, torch.Tensor
+
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._backward_depth:  # a backward inside a backward (reentrant checkpointing)
+            if hooks._backward_depth:  # a backward inside a backward (reentrant checkpointing)
                 return original(tensors, *args, **kwargs)
-            self._event(BACKWARD)
-            if isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            kinds.append(BACKWARD)
+            times.append(clock())
+            if isinstance(tensors, tensor) and tensors.numel() == 1:
                 root = tensors
-                if self._scaled is not None and self._scaled[0] is tensors:
-                    root = self._scaled[1]
-                self.counts.backward_losses.append(root.detach())
-            self._backward_depth += 1
+                scaled = hooks._scaled
+                if scaled is not None and scaled[0] is tensors:
+                    root = scaled[1]
+                extras.append((len(kinds), BACKWARD_LOSS, root.detach()))
+            hooks._backward_depth += 1
             try:
                 return original(tensors, *args, **kwargs)
             finally:
-                self._backward_depth -= 1
-                self._event(BACKWARD_END)
+                hooks._backward_depth -= 1
+                kinds.append(BACKWARD_END)
+                times.append(clock())
 
         return backward
 
     def _fetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        kinds, times, extras = self.log.kinds, self.log.times, self.log.extras
+        clock, is_grad_enabled = _clock, torch.is_grad_enabled
+
         def __next__(iterator: Any) -> Any:
-            if not torch.is_grad_enabled():
+            if not is_grad_enabled():
                 return original(iterator)
-            self._event(FETCH)
+            kinds.append(FETCH)
+            times.append(clock())
             try:
                 batch = original(iterator)
-            except StopIteration:
-                self.events.pop()  # the end of an epoch: nothing was fetched
+            except StopIteration:  # the end of an epoch: nothing was fetched
+                kinds.pop()
+                times.pop()
                 raise
-            self._event(FETCH_END)
-            self.counts.fetched(batch)
+            kinds.append(FETCH_END)
+            times.append(clock())
+            shape = batch_shape(batch)
+            if shape is not None:
+                extras.append((len(kinds), FETCH_BATCH, shape))
             return batch
 
         return __next__
@@ -296,6 +328,7 @@ class ScriptHooks:
             # Every rank leaves this barrier together: their trace clocks agree from here.
             side = dist.new_group(backend="gloo")
             dist.barrier(group=side)
+            self.flush()  # steps before it (one process, no group yet) on the old zero
             self.tracer.set_t0()
             self.joined_group = True
             return result
@@ -379,14 +412,18 @@ class ScriptHooks:
         self._undo.append(gc.unfreeze)
         return self
 
+    def remove(self) -> None:
+        """Remove every hook and patch (in reverse order), keeping the steps logged so far:
+        ``install()`` again goes on tracing into the same log."""
+        while self._undo:
+            self._undo.pop()()
+
     def close(self) -> None:
         """Write the last step, remove every hook and patch (in reverse order)."""
         try:
-            if self.step_ended:
-                self._end_step()
+            self.flush(final=True)
         finally:
-            while self._undo:
-                self._undo.pop()()
+            self.remove()
         if not self.steps:
             self.warnings.append(
                 warn(

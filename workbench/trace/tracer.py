@@ -231,9 +231,7 @@ class Tracer:
         held = self._rows[-1:] if hold_last else []
         rows = self._rows[:-1] if hold_last else self._rows
         if rows:
-            self._sample_memory(now)  # the last row carries a fresh sample (and the peak so far)
             self._rows = held
-            rows[-1] = (*rows[-1][:-1], self._mem)
             next_start = _start_s(held[0][3], held[0][_PHASES]) if held else None
             error = self._write_steps(rows, next_start)
         if self._eval_rows:
@@ -248,15 +246,6 @@ class Tracer:
     ) -> NonFiniteLossError | None:
         """Write step rows; ``next_start``: the ``t_start_s`` of the row after the last one
         (still buffered), for the last row's ``gap_s``."""
-        losses, bad = loss_values([r[9] for r in rows])
-        error = None
-        # The run stops at that step: later rows never happened.
-        if bad is not None and self.stop_on_nonfinite:
-            error = NonFiniteLossError(self.rank, rows[bad][1], losses[bad])
-            rows, losses = rows[:bad], losses[:bad]
-            next_start = None
-            if not rows:
-                return error
         *buffered, memory = zip(*rows, strict=True)
         columns: dict[str, Any] = dict(zip(_ROW, buffered, strict=True))
         phases = columns.pop("phases")
@@ -264,10 +253,40 @@ class Tracer:
         if isinstance(phases[0], CudaStep):  # one clock: starts on the device's, as the phases
             columns["t_start_s"] = list(map(_start_s, columns["t_start_s"], phases))
         columns["gap_s"] = gaps(columns["t_start_s"], columns["step_s"], next_start)
-        columns.update(zip(_MEMORY, zip(*memory, strict=True), strict=True))
+        return self.write_step_columns(columns, list(memory))
+
+    def write_step_columns(
+        self, columns: dict[str, Any], memory: list[tuple[Any, ...] | None]
+    ) -> NonFiniteLossError | None:
+        """Write step rows given as columns (every step column but the memory ones, ``loss``
+        as floats, None or 0-d tensors) and each row's memory sample (None: none yet), the last
+        row's taken now. A non-finite tensor loss: see ``flush``."""
+        n = len(memory)
+        self._sample_memory(_now())  # the last row carries a fresh sample (and the peak so far)
+        memory[-1] = self._mem
+        losses, bad = loss_values(list(columns["loss"]))
+        error = None
+        # The run stops at that step: later rows never happened.
+        if bad is not None and self.stop_on_nonfinite:
+            error = NonFiniteLossError(self.rank, columns["step"][bad], losses[bad])
+            n = bad
+            if not n:
+                return error
+            columns = {k: v[:n] for k, v in columns.items()}
+            columns["gap_s"] = [*columns["gap_s"][:-1], None]
+            losses, memory = losses[:n], memory[:n]
+        empty = (None,) * len(_MEMORY)
+        filled = [empty if m is None else m for m in memory]
+        columns.update(zip(_MEMORY, zip(*filled, strict=True), strict=True))
         columns["loss"] = losses
-        self._step_file.write(columns, len(rows))
+        columns.setdefault("save_s", [None] * n)
+        self._step_file.write(columns, n)
         return error
+
+    def sample_memory(self) -> tuple[Any, ...]:
+        """A fresh memory sample (the five memory columns), also the one later rows carry."""
+        self._sample_memory(_now())
+        return self._mem
 
     def close(self) -> None:
         try:
