@@ -9,7 +9,8 @@
   compute, communication span, exposed communication, gradient bytes and buckets);
 - ``torch.autograd.backward`` (what ``loss.backward()`` calls) is timed, and its root kept as
   the loss where the model returned none (unscaled, where a ``GradScaler`` scaled it);
-- every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed;
+- every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed (and
+  its batch counted, until the primary DDP's forward counts them);
 - torch's global optimizer step hooks end a step: a step is everything from the first event
   after the previous step to its last optimizer step (several optimizers stepped back to back
   are one step; ``step_events`` says which phase each interval is);
@@ -130,6 +131,7 @@ class ScriptHooks:
         self.sampler: DDPCommSampler | None = None
         self.ddp_modules = 0
         self.synced_forwards = 0
+        self.forward_counts = False  # the primary DDP's forward has counted a batch
         self.joined_group = False
         self.warnings: list[str] = []
         self._backward_depth = 0
@@ -209,6 +211,7 @@ class ScriptHooks:
             shape = batch_shape(args if args else kwargs)
             if shape is not None:
                 extras.append((len(kinds), FORWARD_BATCH, shape))
+                hooks.forward_counts = True
             output = original(ddp, *args, **kwargs)
             if type(output) is not torch.Tensor:  # logits: the loss is computed outside
                 loss = output_loss(output)
@@ -287,6 +290,9 @@ class ScriptHooks:
         return backward
 
     def _fetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A fetch's batch is counted only until the primary DDP's forward has counted one:
+        from then on the forwards count (a step whose forward cannot has no samples)."""
+        hooks = self
         kinds, times, extras = self.log.kinds, self.log.times, self.log.extras
         clock, is_grad_enabled = _clock, torch.is_grad_enabled
 
@@ -303,9 +309,10 @@ class ScriptHooks:
                 raise
             kinds.append(FETCH_END)
             times.append(clock())
-            shape = batch_shape(batch)
-            if shape is not None:
-                extras.append((len(kinds), FETCH_BATCH, shape))
+            if not hooks.forward_counts:
+                shape = batch_shape(batch)
+                if shape is not None:
+                    extras.append((len(kinds), FETCH_BATCH, shape))
             return batch
 
         return __next__
