@@ -82,7 +82,7 @@ class StepColumns(NamedTuple):
     ``epoch``, ``step``, ``warmup``, ``save_s`` and the memory ones) and each row's memory
     sample (None: none since the start)."""
 
-    columns: dict[str, list[Any]]
+    columns: dict[str, Any]  # lists, arrays, masked arrays (masked: null)
     memory: list[tuple[Any, ...] | None]
 
 
@@ -100,7 +100,7 @@ class StepLog:
         self.memory: tuple[Any, ...] | None = None  # the latest memory sample taken out
         self.lr: float | None = None  # the latest learning rate taken out
         self.comm = NO_COMM  # the latest communication figures taken out
-        self._shapes: dict[Any, tuple[int | None, int | None]] = {}  # counts of a shape
+        self._shapes: dict[Any, tuple[int, int]] = {}  # a shape's (samples, tokens), -1: none
 
     def last_is_optimizer_end(self) -> bool:
         kinds = self.kinds
@@ -116,7 +116,13 @@ class StepLog:
         if i == len(kinds) or (i and kinds[i - 1] != OPTIMIZER_END):
             return
         del kinds[i:], self.times[i:]
-        self.extras[:] = [x for x in self.extras if not (x[0] > i and x[1] == FETCH_BATCH)]
+        # What else was logged since (a note) stays, at the events that are left: the extras
+        # stay in order of the events they follow.
+        self.extras[:] = [
+            (min(at, i), tag, value)
+            for at, tag, value in self.extras
+            if not (at > i and tag == FETCH_BATCH)
+        ]
 
     def take(self, t0: float, final: bool = False) -> StepColumns | None:
         """Take the closed steps out of the log as columns (None: none closed yet), their
@@ -271,6 +277,8 @@ class StepLog:
 
     def _clear(self, cut: int) -> None:
         del self.kinds[:cut], self.times[:cut]
+        if not self.kinds:  # the run is over (``final``): nothing left to belong to
+            self.extras.clear()
 
     def note(self, samples: int | None, tokens: int | None, loss: Any) -> None:
         """``workbench.trace.note`` while the script runs (what it notes wins over what the
