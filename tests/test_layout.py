@@ -112,8 +112,10 @@ def test_only_rank_distributed_touches_torch_distributed() -> None:
             if any(m == "torch.distributed" or m.startswith("torch.distributed.") for m in mods):
                 users.append(name)
     # The hooks that trace a user's script wrap the script's own init_process_group (its timeout,
-    # the barrier that aligns the trace clocks) and check that it joined: they touch it too.
-    assert set(users) == {"workbench.rank.distributed", "workbench.trace.torch_hooks"}, users
+    # the barrier that aligns the trace clocks: script_group) and check that it joined: they
+    # touch it too.
+    hooks = {"workbench.trace.torch_hooks", "workbench.trace.script_group"}
+    assert set(users) == {"workbench.rank.distributed", *hooks}, users
 
 
 def _write_traces(run: Path) -> None:

@@ -17,12 +17,8 @@
 - each of these is an append or two to a log (``step_log.StepLog``: the event's kind and
   time, what the step consumed); the steps are found in it, and their rows built, when the
   tracer's flush is due (checked after each optimizer step), every step of it at once;
-- ``torch.distributed.init_process_group`` gets the run's collective timeout where the script
-  gives none (a rank that never arrives is named within it instead of after gloo's 30
-  minutes), and then a barrier on a gloo side group, after which every rank sets its trace
-  clock's zero (as the built-in loop does after its barrier);
-- ``torch.multiprocessing.spawn`` and ``start_processes`` raise ``ScriptError``: the workbench
-  starts one process per rank itself, as torchrun does;
+- the script's ``init_process_group`` (a timeout, the clocks' zero), ``destroy_process_group``
+  and ``torch.multiprocessing``'s spawning are patched too (``script_group``);
 - the objects alive when the hooks are installed (torch's, the rank's) are frozen out of the
   garbage collector's passes (``gc.freeze``) until ``close()``: the log's entries would
   otherwise trigger full passes over them, about 10 us a step.
@@ -47,7 +43,6 @@ import gc
 import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -61,6 +56,7 @@ from torch.utils.data import dataloader
 
 import workbench.trace as trace_api
 from workbench.errors import ScriptError
+from workbench.trace import script_group
 from workbench.trace.comm_timing import DDPCommSampler, warn
 from workbench.trace.step_counts import batch_shape, output_loss
 from workbench.trace.step_events import (
@@ -326,30 +322,7 @@ class ScriptHooks:
 
         return scale
 
-    # -- process group, process spawning
-    def _init_process_group(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("timeout") is None:
-                kwargs["timeout"] = timedelta(seconds=self.collective_timeout_s)
-            result = original(*args, **kwargs)
-            # Every rank leaves this barrier together: their trace clocks agree from here.
-            side = dist.new_group(backend="gloo")
-            dist.barrier(group=side)
-            self.flush()  # steps before it (one process, no group yet) on the old zero
-            self.tracer.set_t0()
-            self.joined_group = True
-            return result
-
-        return init_process_group
-
-    def _destroy_process_group(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-            if not args and kwargs.get("group") is None:  # the default group: the run's
-                self.finish()
-            return original(*args, **kwargs)
-
-        return destroy_process_group
-
+    # -- the end of training
     def finish(self) -> None:
         """The script's training is over (it returned, or it is ending its process group):
         ``at_end`` once, with the primary DDP, while the process group still exists."""
@@ -357,19 +330,6 @@ class ScriptHooks:
             return
         if dist.is_available() and dist.is_initialized():
             self.measured = self.at_end(self.primary)
-
-    def _refuse_spawn(self, name: str) -> Callable[..., Any]:
-        def refuse(*args: Any, **kwargs: Any) -> Any:
-            raise ScriptError(
-                self.script,
-                self.rank,
-                f"it calls torch.multiprocessing.{name}() to start its own processes; the "
-                "workbench starts one process per rank itself, as torchrun does, and gives each "
-                "the environment init_process_group() reads. Call the per-process function "
-                "directly (rank from the RANK variable) and set world_size in the run",
-            )
-
-        return refuse
 
     # -- install and remove
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
@@ -398,21 +358,21 @@ class ScriptHooks:
         iterator = dataloader._BaseDataLoaderIter
         self._patch(iterator, "__next__", self._fetch(iterator.__next__))
         self._patch(torch.amp.GradScaler, "scale", self._scale(torch.amp.GradScaler.scale))
-        init = self._init_process_group(distributed_c10d.init_process_group)
+        init = script_group.init_process_group(self, distributed_c10d.init_process_group)
         self._patch(distributed_c10d, "init_process_group", init)
         self._patch(dist, "init_process_group", init)
-        destroy = self._destroy_process_group(distributed_c10d.destroy_process_group)
+        destroy = script_group.destroy_process_group(self, distributed_c10d.destroy_process_group)
         self._patch(distributed_c10d, "destroy_process_group", destroy)
         self._patch(dist, "destroy_process_group", destroy)
         for name in ("spawn", "start_processes"):
-            self._patch(mp, name, self._refuse_spawn(name))
+            self._patch(mp, name, script_group.refuse_spawn(self.script, self.rank, name))
         pre = register_optimizer_step_pre_hook(self._optimizer_pre)
         post = register_optimizer_step_post_hook(self._optimizer_post)
         self._undo += [pre.remove, post.remove]
         trace_api._recorder = self.note
         self._undo.append(lambda: setattr(trace_api, "_recorder", None))
         # The heap so far (torch's ~300 k import-time objects) out of the collector's sight:
-        # the full collections that the buffered rows' survivors trigger would scan it every
+        # the full collections that the log's survivors trigger would scan it every
         # few thousand steps, about 10 us a step on a 2-core host. Those objects live as long
         # as the process anyway; what the script allocates is collected as before.
         gc.freeze()
