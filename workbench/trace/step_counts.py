@@ -35,17 +35,16 @@ def leading_tensor(batch: Any) -> torch.Tensor | None:
 
 
 def batch_shape(batch: Any) -> tuple[torch.Size, torch.dtype] | None:
-    """(shape, dtype) of a batch's first tensor (``step_counts.leading_tensor``), or None:
+    """(shape, dtype) of a batch's first tensor (:func:`leading_tensor`), or None:
     what its samples and tokens are worked out from, later. The usual ``(inputs, targets)``
     without a search."""
     kind = type(batch)
+    first: torch.Tensor | None
     if (kind is tuple or kind is list) and batch and type(batch[0]) is torch.Tensor:
         first = batch[0]
     else:
         first = leading_tensor(batch)
-        if first is None:
-            return None
-    return first.shape, first.dtype
+    return None if first is None else (first.shape, first.dtype)
 
 
 def shape_counts(shape: torch.Size, dtype: torch.dtype) -> tuple[int | None, int | None]:

@@ -57,7 +57,7 @@ from torch.utils.data import dataloader
 import workbench.trace as trace_api
 from workbench.errors import ScriptError
 from workbench.trace import script_group
-from workbench.trace.comm_timing import DDPCommSampler, warn
+from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
 from workbench.trace.step_counts import batch_shape, output_loss
 from workbench.trace.step_events import (
     BACKWARD,
@@ -135,14 +135,14 @@ class ScriptHooks:
         self._memory_due = -math.inf
         self._flush_due = _clock() + tracer.flush_s
         self._due = -math.inf
-        self._comm, self._lr = NO_COMM, None  # the last logged (see _optimizer_pre)
+        self._comm: CommFields = NO_COMM  # the last logged (see _optimizer_pre)
+        self._lr: float | None = None  # the last logged
         self._scaled: tuple[Any, Any] | None = None  # GradScaler.scale's (output, input)
         self._undo: list[Callable[[], None]] = []
 
     # -- steps: taken out of the log at the flush
     def _tick(self, now: float) -> None:
-        """After an optimizer step, when a memory sample or the flush is due (or the log is
-        long): the sample goes into the log, the closed steps to the tracer."""
+        """After an optimizer step, when due: a memory sample into the log, steps out of it."""
         if now >= self._memory_due:
             self.log.extras.append((len(self.log.kinds), MEMORY, self.tracer.sample_memory()))
             self._memory_due = now + self.tracer.memory_every_s
@@ -200,7 +200,7 @@ class ScriptHooks:
                 return original(ddp, *args, **kwargs)
             kinds.append(FORWARD)
             times.append(clock())
-            if ddp is not hooks.primary:
+            if hooks.primary is None or ddp is not hooks.primary:
                 return original(ddp, *args, **kwargs)
             if ddp.require_backward_grad_sync:
                 hooks.synced_forwards += 1
