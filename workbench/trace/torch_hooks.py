@@ -209,10 +209,9 @@ class ScriptHooks:
                 extras.append((len(kinds), FORWARD_BATCH, shape))
                 hooks.forward_counts = True
             output = original(ddp, *args, **kwargs)
-            if type(output) is not torch.Tensor:  # logits: the loss is computed outside
-                loss = output_loss(output)
-                if loss is not None:
-                    extras.append((len(kinds), MODEL_LOSS, loss.detach()))
+            loss = output_loss(output)
+            if loss is not None:
+                extras.append((len(kinds), MODEL_LOSS, loss.detach()))
             return output
 
         return forward

@@ -279,8 +279,7 @@ class Tracer:
         filled = [empty if m is None else m for m in memory]
         columns.update(zip(_MEMORY, zip(*filled, strict=True), strict=True))
         columns["loss"] = losses
-        columns.setdefault("save_s", [None] * n)
-        self._step_file.write(columns, n)
+        self._step_file.write(columns, n)  # a column not given (a script's save_s) is null
         return error
 
     def sample_memory(self) -> tuple[Any, ...]:
