@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.ahead import built_ahead
 from workbench.analysis.rank_cells import (
     HEATMAP_BINS,
     RankCells,
@@ -242,10 +243,17 @@ def stragglers_in_store(
         held = held[held["run_id"].isin(wanted)]
         return held[STRAGGLER_COLUMNS].reset_index(drop=True)  # the digests' answer
     found: list[dict[str, Any]] = []
-    for part in _attempt_rows(run_dirs, stored):
+    if stored is not None:
+        _ = stored.measured_per_rank  # computed here, not in the thread that builds the cells
+
+    def build(part: AttemptRows) -> tuple[AttemptRows, RankCells, bool, bool]:
+        heatmap = stored is not None and stored.attempts_measured(part.run_id) == [part.attempt]
+        return (part, *_rule_cells(part, measure, heatmap), heatmap)
+
+    # the next attempt's rows read into its matrices while this one is ranked; a large one
+    # reads its rows again while ranked (through its run's connection), so the next waits
+    for part, cells, big, heatmap in built_ahead(_attempt_rows(run_dirs, stored), build, _big):
         run_id, attempt = part.run_id, part.attempt
-        heatmap = stored is not None and stored.attempts_measured(run_id) == [attempt]
-        cells, big = _rule_cells(part, measure, heatmap)
         bins = HEATMAP_BINS if stored is None else stored.heatmap_bins
         binned = {"step_s": "step_s"} if "step_s" in cells.values else {}
         binned["compute_s"] = "_compute_s"
@@ -266,3 +274,8 @@ def stragglers_in_store(
         del cells, part, read
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)
+
+
+def _big(built: tuple[AttemptRows, RankCells, bool, bool]) -> bool:
+    """Whether an attempt's cells were built as a large one's (:data:`ONE_AT_A_TIME`)."""
+    return built[2]
