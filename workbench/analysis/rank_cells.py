@@ -190,7 +190,7 @@ def _positions(at: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def scattered_cells(
     steps: np.ndarray,
-    ranks: np.ndarray,
+    ranks: np.ndarray | None,
     batches: Iterable[dict[str, np.ndarray]],
     step_world: pd.Series,
     hosts: dict[int, object],
@@ -198,32 +198,85 @@ def scattered_cells(
     """:class:`RankCells` built from batches of rows (``step``, ``rank``, ``data_s``,
     ``forward_s``, ``optimizer_s``, ``_backward_compute_s`` and, for another measure than
     ``compute_s``, ``_value``), each batch scattered into the matrices as it comes, so only one
-    batch of rows is held at a time. ``steps`` and ``ranks``: every one the rows hold, sorted;
-    a row of another step or rank (a live run's, written since they were read) is left out.
-    One row per cell (the store writes one row per rank and step of an attempt).
+    batch of rows is held at a time. ``steps``: every one the rows hold, sorted; a row of another
+    step is left out. ``ranks``: every one the rows hold, sorted (a row of another rank, a live
+    run's written since they were read, is left out), or None: those the rows hold, found as
+    they come. One row per cell (the store writes one row per rank and step of an attempt).
 
     The matrices are laid out rank by rank (a transposed view of rank x step arrays): rows come
     out of the engine a rank's file at a time, in step order, so each is written next to the
     last instead of a whole matrix row away."""
-    n_steps, n_ranks = len(steps), len(ranks)
+    n_steps = len(steps)
     step_at = np.full(int(steps.max()) - int(steps.min()) + 1 if n_steps else 0, -1)
     step_at[steps - steps.min()] = np.arange(n_steps)
-    rank_at = np.full(int(ranks.max()) - int(ranks.min()) + 1 if n_ranks else 0, -1)
-    rank_at[ranks - ranks.min()] = np.arange(n_ranks)
+    axis = _RankAxis(ranks, int(step_world.max()) if len(step_world) else 1)
     values: dict[str, np.ndarray] = {}
-    present = np.zeros((n_ranks, n_steps), dtype=bool)
+    present = np.zeros((axis.size, n_steps), dtype=bool)
     for batch in batches:
         known_step, row = _positions(step_at, batch.pop("step") - steps.min())
-        known_rank, column = _positions(rank_at, batch.pop("rank") - ranks.min())
-        keep = known_step & known_rank  # a live run's row written since: left out
+        known_rank, column = axis.columns(batch.pop("rank"))
+        if axis.size != present.shape[0]:  # a rank outside the range seen so far: widened
+            present = axis.widened(present, False)
+            values = {name: axis.widened(mat, np.nan) for name, mat in values.items()}
+        keep = known_step & known_rank
         every = bool(keep.all())
         flat = column * n_steps + row if every else column[keep] * n_steps + row[keep]
         present.reshape(-1)[flat] = True
         for name, col in batch.items():
             if name not in values:
-                values[name] = np.full((n_ranks, n_steps), np.nan)
+                values[name] = np.full((axis.size, n_steps), np.nan)
             values[name].reshape(-1)[flat] = col if every else col[keep]
-    values = {name: mat.T for name, mat in values.items()}
-    present = present.T
+    held, present, values = axis.held(present, values)
     world = step_world.reindex(steps).to_numpy(dtype="int64")
-    return RankCells(steps, ranks, present, values, world, hosts)
+    return RankCells(steps, held, present.T, {n: m.T for n, m in values.items()}, world, hosts)
+
+
+class _RankAxis:
+    """The rank axis of :func:`scattered_cells`' matrices: the ranks given (a row's column is
+    its rank's position among them), or the ranks found (a row's column is its rank less the
+    lowest; the range starts at ``0 .. world - 1`` and widens to hold a rank outside it; the
+    ranks without a row are dropped at the end)."""
+
+    def __init__(self, ranks: np.ndarray | None, world: int) -> None:
+        self.given = ranks
+        if ranks is not None:
+            self.low = int(ranks.min()) if len(ranks) else 0
+            span = int(ranks.max()) - self.low + 1 if len(ranks) else 0
+            self.at = np.full(span, -1)
+            self.at[ranks - self.low] = np.arange(len(ranks))
+            self.size = len(ranks)
+        else:
+            self.low, self.size = 0, max(1, world)
+        self._grown_by = 0
+
+    def columns(self, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows' ranks have a column, and each row's column."""
+        if self.given is not None:
+            return _positions(self.at, rank - self.low)
+        if len(rank):
+            low, high = int(rank.min()), int(rank.max()) + 1
+            if low < self.low or high > self.low + self.size:
+                new_low = min(low, self.low)
+                self._grown_by = self.low - new_low
+                self.size = max(high, self.low + self.size) - new_low
+                self.low = new_low
+        return np.ones(len(rank), dtype=bool), rank - self.low
+
+    def widened(self, mat: np.ndarray, fill: object) -> np.ndarray:
+        """A matrix of the axis before it last grew, in the grown one."""
+        out = np.full((self.size, mat.shape[1]), fill, dtype=mat.dtype)
+        out[self._grown_by : self._grown_by + mat.shape[0]] = mat
+        return out
+
+    def held(
+        self, present: np.ndarray, values: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """The ranks of the matrices, and the matrices: those found keep the ranks that have a
+        row (a copy only when some in the range have none)."""
+        if self.given is not None:
+            return self.given, present, values
+        has = present.any(axis=1)
+        ranks = self.low + np.flatnonzero(has)
+        if has.all():
+            return ranks, present, values
+        return ranks, present[has], {name: mat[has] for name, mat in values.items()}

@@ -61,12 +61,9 @@ def digest_frames(
         evals = load_traces(runs, "eval")
     tell("steps, per step")
     with StoredSteps(runs, evals) as steps:
-        tell("steps, per rank")
-        _ = steps.known  # the per-rank pass first, as a report runs it
-        tell("stragglers")
-        threshold, min_steps, persistence, measure = DEFAULT_RULE
-        rule = (threshold, min_steps, persistence, measure)
-        found = stragglers_in_store(runs, *rule, stored=steps, ranked=ranked)
+        tell("per rank and stragglers")
+        steps.start_passes()  # the per-rank and DDP timers' passes beside the straggler pass
+        found = stragglers_in_store(runs, *DEFAULT_RULE, stored=steps, ranked=ranked)
         tables = {
             "per_step": steps.digest.per_step,
             "cut": steps.digest.cut,

@@ -168,7 +168,8 @@ def _rule_cells(part: AttemptRows, measure: str, heatmap: bool) -> tuple[RankCel
     whether it is a large one (:data:`ONE_AT_A_TIME`): then the host phases come summed
     (``_host_s``), the backward compute only on the steps that have it when those are few
     (DDP's sampled timer: one step in fifty), and no step time."""
-    big = len(part.steps) * len(part.ranks) > ONE_AT_A_TIME
+    ranks = len(part.ranks) if part.ranks is not None else int(part.step_world.max())
+    big = len(part.steps) * ranks > ONE_AT_A_TIME
     sparse = big and 2 * len(part.timed_steps) <= len(part.steps)
     columns = {"_host_s": " + ".join(HOST_PHASES)} if big else {p: p for p in HOST_PHASES}
     if not sparse:
@@ -180,10 +181,10 @@ def _rule_cells(part: AttemptRows, measure: str, heatmap: bool) -> tuple[RankCel
     cells = scattered_cells(part.steps, part.ranks, part.read(columns), part.step_world, part.hosts)
     if sparse:
         held = part.timed_steps
-        some = np.full((len(held), len(part.ranks)), np.nan)
+        some = np.full((len(held), len(cells.ranks)), np.nan)
         if len(held):
             rows = part.read({"_backward_compute_s": BACKWARD_COMPUTE}, only=TIMED)
-            got = scattered_cells(held, part.ranks, rows, part.step_world, {})
+            got = scattered_cells(held, cells.ranks, rows, part.step_world, {})
             some = got.values.get("_backward_compute_s", some)
         at = np.searchsorted(cells.steps, held)
         cells.values["_backward_compute_s"] = RowSparse(len(cells.steps), at, some)
@@ -243,11 +244,11 @@ def stragglers_in_store(
         held = held[held["run_id"].isin(wanted)]
         return held[STRAGGLER_COLUMNS].reset_index(drop=True)  # the digests' answer
     found: list[dict[str, Any]] = []
-    if stored is not None:
-        _ = stored.measured_per_rank  # computed here, not in the thread that builds the cells
+    known = None if stored is None else stored.known
+    kept: list[tuple[str, int, tuple[pd.DataFrame, int]]] = []  # heatmap bins, hosts to come
 
     def build(part: AttemptRows) -> tuple[AttemptRows, RankCells, bool, bool]:
-        heatmap = stored is not None and stored.attempts_measured(part.run_id) == [part.attempt]
+        heatmap = known is not None and known.measured_attempts(part.run_id) == [part.attempt]
         return (part, *_rule_cells(part, measure, heatmap), heatmap)
 
     # the next attempt's rows read into its matrices while this one is ranked; a large one
@@ -268,11 +269,20 @@ def stragglers_in_store(
                 cells.values = {"step_s": read("step_s")}
                 step_s = binned_medians(cells, {"step_s": "step_s"}, bins)[0]["step_s"]
                 compute[0].insert(3, "step_s", step_s.to_numpy())
-            stored.keep_binned(run_id, compute)
+            kept.append((run_id, attempt, compute))
         if ranked is not None:
-            ranked(len(part.steps) * len(part.ranks))
+            ranked(len(part.steps) * len(cells.ranks))
         del cells, part, read
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
+    if stored is not None:  # the ranks were found as read: their hosts from the per-rank pass
+        frame["host"] = [
+            stored.attempt_hosts(r, a).get(k)
+            for r, a, k in frame[["run_id", "attempt", "rank"]].itertuples(index=False)
+        ]
+        for run_id, attempt, (binned, size) in kept:
+            hosts = stored.attempt_hosts(run_id, attempt)
+            binned["host"] = pd.Series([hosts.get(int(k)) for k in binned["rank"]], dtype=object)
+            stored.keep_binned(run_id, (binned, size))
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)
 
 

@@ -13,6 +13,7 @@ with ``load_traces`` of the same runs (``tests/test_stored_oracle.py``). No torc
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import cached_property
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
-from workbench.store.measured_query import KnownSteps
+from workbench.store.measured_query import KnownSteps, attempt_hosts
 from workbench.store.run_digest import DigestFrames
 from workbench.store.step_frames import StepFrames
 from workbench.store.window_query import WindowParts
@@ -59,9 +60,26 @@ class StoredSteps:
         self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
+        #: The per-rank pass and DDP's timers' pass under way in a thread (:meth:`start_passes`).
+        self._passes: Future[tuple[pd.DataFrame, dict[str, pd.DataFrame]]] | None = None
+
+    def start_passes(self) -> None:
+        """Start the engine's per-rank pass and DDP's sampled timers' pass in a thread, on the
+        digest's connection, so that the straggler pass (which reads the rows through
+        connections of its own, and takes the per-step pass's :attr:`known`) runs beside them:
+        the engine and NumPy release the GIL, and each alone keeps two cores busy only part
+        of the time. :attr:`per_rank` and the timers' frames wait for them; nothing else may
+        use the digest's connection before. Nothing is started for frames read from digests."""
+        digest = self.digest
+        if self._passes is None and isinstance(digest, StepDigest):
+            pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-engine")
+            self._passes = pool.submit(lambda: (digest.per_rank(), digest.comm_frames()))
+            pool.shutdown(wait=False)
 
     def close(self) -> None:
-        """Free the engine."""
+        """Free the engine (once the passes under way have ended)."""
+        if self._passes is not None:
+            wait([self._passes])
         self.digest.close()
 
     def __enter__(self) -> StoredSteps:
@@ -88,6 +106,8 @@ class StoredSteps:
     @cached_property
     def per_rank(self) -> pd.DataFrame:
         """:meth:`StepDigest.per_rank`."""
+        if self._passes is not None:
+            return self._passes.result()[0]
         return self.digest.per_rank()
 
     @cached_property
@@ -97,9 +117,15 @@ class StoredSteps:
 
     @cached_property
     def known(self) -> KnownSteps:
-        """What the digest's passes found that the straggler pass needs (after :attr:`per_rank`)."""
-        _ = self.per_rank
+        """What the per-step pass found that the straggler pass needs (the ranks and their
+        hosts are left to it: :meth:`attempt_hosts`)."""
         return self.digest.known()
+
+    def attempt_hosts(self, run_id: str, attempt: int) -> dict[int, object]:
+        """Each rank of a run attempt with measured rows and its first traced host (None where
+        it has none): the per-rank pass's."""
+        _ = self.per_rank
+        return dict(attempt_hosts(self.digest.attempt_hosts, str(run_id), int(attempt)))
 
     @cached_property
     def window_parts(self) -> WindowParts:
@@ -116,6 +142,8 @@ class StoredSteps:
         if isinstance(self.digest, DigestFrames):
             return self.digest.comm
         assert isinstance(self.digest, StepDigest)
+        if self._passes is not None:
+            return self._passes.result()[1]
         return self.digest.comm_frames()
 
     @property

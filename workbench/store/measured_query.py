@@ -32,8 +32,9 @@ BACKWARD_COMPUTE = (
 
 @dataclass
 class AttemptRows:
-    """One run attempt's measured rows: every ``steps`` and ``ranks`` they hold (sorted), the
-    largest world size by step, each rank's host (its first step's), and the rows themselves,
+    """One run attempt's measured rows: every ``steps`` and ``ranks`` they hold (sorted; None:
+    the ranks are found as the rows are read), the largest world size by step, each rank's host
+    (its first step's; empty when the ranks are found as read), and the rows themselves,
     read from the engine as they are consumed, while the attempt is current: ``read`` (columns
     by name: their SQL; ``only``: an SQL condition the rows must meet) streams batches (dicts
     of NumPy arrays: ``step``, ``rank`` and the asked columns, NaN where null).
@@ -43,7 +44,7 @@ class AttemptRows:
     run_id: str
     attempt: int
     steps: np.ndarray
-    ranks: np.ndarray
+    ranks: np.ndarray | None
     step_world: pd.Series
     hosts: dict[int, object]
     read: Callable[..., Iterator[dict[str, np.ndarray]]]
@@ -80,16 +81,26 @@ def _hosts(
     where: str,
     args: dict[str, object],
     known: KnownSteps | None,
-) -> list[tuple[int, object]]:
-    """Each rank of an attempt's measured rows (``where``) and its first traced host."""
+) -> list[tuple[int, object]] | None:
+    """Each rank of an attempt's measured rows (``where``) and its first traced host (None
+    when ``known`` leaves the ranks to be found as the rows are read)."""
+    if known is not None and known.hosts is None:
+        return None
     if known is None:
         return con.execute(
             "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
             f"FROM steps {where} GROUP BY rank ORDER BY rank",
             args,
         ).fetchall()
-    h = known.hosts
-    h = h[(h["run_id"] == args["run"]) & (h["attempt"] == args["attempt"])].sort_values("rank")
+    run, attempt = args["run"], args["attempt"]
+    assert isinstance(run, str) and isinstance(attempt, int)
+    return attempt_hosts(known.hosts, run, attempt)
+
+
+def attempt_hosts(hosts: pd.DataFrame, run_id: str, attempt: int) -> list[tuple[int, object]]:
+    """Each rank of one run attempt in ``hosts`` (``run_id, attempt, rank, host``: the per-rank
+    pass's, of the ranks with measured rows) and its host (None where it has none), by rank."""
+    h = hosts[(hosts["run_id"] == run_id) & (hosts["attempt"] == attempt)].sort_values("rank")
     return [
         (int(r), x if isinstance(x, str) else None)
         for r, x in zip(h["rank"], h["host"], strict=True)
@@ -101,11 +112,20 @@ class KnownSteps:
     """What an earlier pass over the same runs found, so that :func:`measured_rows` reads only
     the rows: ``per_step`` (per run, attempt and step with rows that are not traced warm-up:
     ``step_s`` and ``world_size``, the largest), ``cut`` (the warm-up rule's answer) and
-    ``hosts`` (per run, attempt and rank with measured rows, its first traced host)."""
+    ``hosts`` (per run, attempt and rank with measured rows, its first traced host; None: the
+    ranks are found as the rows are read, and the hosts are left to the caller)."""
 
     per_step: pd.DataFrame
     cut: pd.DataFrame
-    hosts: pd.DataFrame
+    hosts: pd.DataFrame | None = None
+
+    def measured_attempts(self, run_id: str) -> list[int]:
+        """The attempts of ``run_id`` with measured rows (a step after the warm-up), in order."""
+        p = self.per_step[self.per_step["run_id"] == run_id]
+        cut = self.cut[self.cut["run_id"] == run_id].set_index("attempt")["last_warmup_step"]
+        bound = p["attempt"].map(cut).to_numpy(dtype="float64")
+        measured = ~(p["step"].to_numpy(dtype="float64") <= bound)  # NaN bound: no warm-up cut
+        return sorted({int(a) for a in p.loc[measured, "attempt"]})
 
 
 def measured_rows(
@@ -164,15 +184,15 @@ def _attempts(
             "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
             "AND NOT coalesce(warmup, false) AND step > $bound"
         )
-        args = {"run": run_id, "attempt": int(attempt), "bound": bound}
+        args = {"run": str(run_id), "attempt": int(attempt), "bound": bound}
         hosts = _hosts(con, where, args, known)
         yield AttemptRows(
             str(run_id),
             int(attempt),
             part["step"].to_numpy(dtype="int64"),
-            np.array([r for r, _ in hosts], dtype="int64"),
+            None if hosts is None else np.array([r for r, _ in hosts], dtype="int64"),
             part.set_index("step")["world_size"].astype("int64"),
-            {int(r): h for r, h in hosts if h is not None},
+            {} if hosts is None else {int(r): h for r, h in hosts if h is not None},
             functools.partial(rows, where=where, args=args),
             part.loc[part["timed"] > 0, "step"].to_numpy(dtype="int64"),
         )

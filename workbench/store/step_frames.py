@@ -50,11 +50,10 @@ class StepFrames:
 
     def known(self) -> KnownSteps:
         """What :func:`workbench.store.measured_query.measured_rows` would find again: the
-        per-step maxima, the warm-up cut and each attempt's ranks' hosts (after
-        :meth:`per_rank`)."""
+        per-step maxima and the warm-up cut (the ranks are found as the rows are read)."""
         nw = self.per_step[self.per_step["measured"]]
         per_step = nw[["run_id", "attempt", "step", "step_s", "world_size", "timed"]]
-        return KnownSteps(per_step.reset_index(drop=True), self.cut, self.attempt_hosts)
+        return KnownSteps(per_step.reset_index(drop=True), self.cut)
 
     def measured_steps(self) -> pd.DataFrame:
         """:attr:`per_step` of the measured steps (after each attempt's detected warm-up)."""

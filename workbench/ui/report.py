@@ -362,9 +362,8 @@ def report_from_store(
         tell.rows = tell.rows or int(steps.runs["rows"].sum())
         if steps.source == "rows":  # a run still running: the step rows stay in the engine
             tell("steps, per step")
-            tell("steps, per rank")
-            _ = steps.known  # the per-rank pass (the straggler pass takes its hosts from it)
-            tell("stragglers")
+            tell("per rank and stragglers")
+            steps.start_passes()  # the per-rank and DDP timers' passes beside the stragglers
         found = stragglers_in_store(run_dirs, stored=steps, ranked=tell.ranked)
         tell("figures and tables")
         path = write_report(

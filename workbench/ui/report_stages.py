@@ -9,12 +9,12 @@ from collections.abc import Callable
 #: work done (0 to 1) and the step rows it reads (from the files' footers, before any pass).
 ReportProgress = Callable[[str, float, int], None]
 #: Where each stage starts, as a share of a large report's time (at 102.3 M rows: the per-step
-#: pass 17 %, the per-rank pass 32 %, the straggler pass 36 %, the figures and tables the rest:
-#: the passes run where the report builds the runs' digests, or reads a running run's rows).
+#: pass 17 %, the per-rank pass and the straggler pass, which run side by side, 68 %, the
+#: figures and tables the rest: the passes run where the report builds the runs' digests, or
+#: reads a running run's rows).
 STAGE_STARTS = {
     "steps, per step": 0.0,
-    "steps, per rank": 0.17,
-    "stragglers": 0.49,
+    "per rank and stragglers": 0.17,
     "figures and tables": 0.85,
     "written": 1.0,
 }
@@ -37,4 +37,4 @@ class Stages:
 
     def ranked(self, cells: int) -> None:
         self.cells += cells
-        self("stragglers", self.cells / max(1, self.rows))
+        self("per rank and stragglers", self.cells / max(1, self.rows))
