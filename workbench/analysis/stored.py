@@ -224,12 +224,6 @@ class StoredSteps:
         world = self.runs.set_index("run_id")["world_size"]
         return p.assign(world_size=p["run_id"].map(world).to_numpy())
 
-    def attempts_measured(self, run_id: str) -> list[int]:
-        """The attempts of ``run_id`` with measured rows, in order."""
-        p = self.measured_per_rank
-        attempts = p.loc[p["run_id"] == run_id, "attempts"]
-        return sorted({int(a) for part in attempts for a in part})
-
     def keep_binned(self, run_id: str, found: tuple[pd.DataFrame, int]) -> None:
         """Keep a run's step and compute time binned at :attr:`heatmap_bins` (``rank, step,
         host, step_s, compute_s`` and the bin size) from matrices the straggler pass built:
