@@ -251,8 +251,7 @@ def stragglers_in_store(
         heatmap = known is not None and known.measured_attempts(part.run_id) == [part.attempt]
         return (part, *_rule_cells(part, measure, heatmap), heatmap)
 
-    # the next attempt's rows read into its matrices while this one is ranked; a large one
-    # reads its rows again while ranked (through its run's connection), so the next waits
+    # the next attempt read while this one is ranked (after a large one, which reads again)
     for part, cells, big, heatmap in built_ahead(_attempt_rows(run_dirs, stored), build, _big):
         run_id, attempt = part.run_id, part.attempt
         bins = HEATMAP_BINS if stored is None else stored.heatmap_bins
@@ -274,16 +273,27 @@ def stragglers_in_store(
             ranked(len(part.steps) * len(cells.ranks))
         del cells, part, read
     frame = pd.DataFrame(found, columns=STRAGGLER_COLUMNS)
-    if stored is not None:  # the ranks were found as read: their hosts from the per-rank pass
-        frame["host"] = [
-            stored.attempt_hosts(r, a).get(k)
-            for r, a, k in frame[["run_id", "attempt", "rank"]].itertuples(index=False)
-        ]
-        for run_id, attempt, (binned, size) in kept:
-            hosts = stored.attempt_hosts(run_id, attempt)
-            binned["host"] = pd.Series([hosts.get(int(k)) for k in binned["rank"]], dtype=object)
-            stored.keep_binned(run_id, (binned, size))
+    if stored is not None:
+        _hosts_found(stored, frame, kept)
     return frame.sort_values(["run_id", "attempt", "rank"], ignore_index=True)
+
+
+def _hosts_found(
+    stored: StoredSteps,
+    found: pd.DataFrame,
+    kept: list[tuple[str, int, tuple[pd.DataFrame, int]]],
+) -> None:
+    """The hosts of the stragglers ``found`` and of the heatmaps' bins ``kept`` (by run and
+    attempt), whose ranks the straggler pass found as it read their rows: the per-rank
+    pass's; the bins are then kept in ``stored``."""
+    found["host"] = [
+        stored.attempt_hosts(r, a).get(k)
+        for r, a, k in found[["run_id", "attempt", "rank"]].itertuples(index=False)
+    ]
+    for run_id, attempt, (binned, size) in kept:
+        hosts = stored.attempt_hosts(run_id, attempt)
+        binned["host"] = pd.Series([hosts.get(int(k)) for k in binned["rank"]], dtype=object)
+        stored.keep_binned(run_id, (binned, size))
 
 
 def _big(built: tuple[AttemptRows, RankCells, bool, bool]) -> bool:
