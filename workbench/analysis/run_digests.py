@@ -76,8 +76,9 @@ def digest_frames(
             "stragglers": found,
         }
         out = {}
+        split = {name: _by_run(frame) for name, frame in tables.items()}
         for run in runs:
-            frames = {name: _of_run(frame, run.name) for name, frame in tables.items()}
+            frames = {name: runs_of(run.name) for name, runs_of in split.items()}
             # as the figures ask for them: kept by the straggler pass (one measured attempt),
             # or binned by the engine
             steps.binned(run.name, BINNED_VALUES[0], HEATMAP_BINS)
@@ -88,9 +89,15 @@ def digest_frames(
     return out
 
 
-def _of_run(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
-    """The rows of one run (in their order)."""
-    return frame[frame["run_id"] == run_id].reset_index(drop=True)
+def _by_run(frame: pd.DataFrame) -> Callable[[str], pd.DataFrame]:
+    """The rows of one run, in their order, by run id (the frame grouped once, not compared
+    with each run id in turn: a million per-step rows at 102.3 M step rows)."""
+    at = frame.groupby("run_id", sort=False).indices
+
+    def rows_of(run_id: str) -> pd.DataFrame:
+        return frame.take(at.get(run_id, [])).reset_index(drop=True)
+
+    return rows_of
 
 
 def build_run_digests(
