@@ -24,7 +24,7 @@ from workbench.analysis.rank_cells import HEATMAP_BINS
 from workbench.analysis.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
 from workbench.store.digest_query import StepDigest
-from workbench.store.measured_query import KnownSteps, attempt_hosts
+from workbench.store.measured_query import KnownSteps
 from workbench.store.run_digest import DigestFrames
 from workbench.store.step_frames import StepFrames
 from workbench.store.window_query import WindowParts
@@ -125,7 +125,10 @@ class StoredSteps:
         """Each rank of a run attempt with measured rows and its first traced host (None where
         it has none): the per-rank pass's."""
         _ = self.per_rank
-        return dict(attempt_hosts(self.digest.attempt_hosts, str(run_id), int(attempt)))
+        h = self.digest.attempt_hosts
+        h = h[(h["run_id"] == str(run_id)) & (h["attempt"] == int(attempt))]
+        pairs = zip(h["rank"], h["host"], strict=True)
+        return {int(r): x if isinstance(x, str) else None for r, x in pairs}
 
     @cached_property
     def window_parts(self) -> WindowParts:

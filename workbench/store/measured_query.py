@@ -82,42 +82,27 @@ def _hosts(
     args: dict[str, object],
     known: KnownSteps | None,
 ) -> list[tuple[int, object]] | None:
-    """Each rank of an attempt's measured rows (``where``) and its first traced host (None
-    when ``known`` leaves the ranks to be found as the rows are read)."""
-    if known is not None and known.hosts is None:
+    """Each rank of an attempt's measured rows (``where``) and its first traced host; None
+    after an earlier pass (``known``): the ranks are then found as the rows are read, and
+    their hosts taken from that pass's per-rank frame by the caller."""
+    if known is not None:
         return None
-    if known is None:
-        return con.execute(
-            "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
-            f"FROM steps {where} GROUP BY rank ORDER BY rank",
-            args,
-        ).fetchall()
-    run, attempt = args["run"], args["attempt"]
-    assert isinstance(run, str) and isinstance(attempt, int)
-    return attempt_hosts(known.hosts, run, attempt)
-
-
-def attempt_hosts(hosts: pd.DataFrame, run_id: str, attempt: int) -> list[tuple[int, object]]:
-    """Each rank of one run attempt in ``hosts`` (``run_id, attempt, rank, host``: the per-rank
-    pass's, of the ranks with measured rows) and its host (None where it has none), by rank."""
-    h = hosts[(hosts["run_id"] == run_id) & (hosts["attempt"] == attempt)].sort_values("rank")
-    return [
-        (int(r), x if isinstance(x, str) else None)
-        for r, x in zip(h["rank"], h["host"], strict=True)
-    ]
+    return con.execute(
+        "SELECT rank::BIGINT, arg_min(host, step) FILTER (WHERE host IS NOT NULL) "
+        f"FROM steps {where} GROUP BY rank ORDER BY rank",
+        args,
+    ).fetchall()
 
 
 @dataclass
 class KnownSteps:
     """What an earlier pass over the same runs found, so that :func:`measured_rows` reads only
     the rows: ``per_step`` (per run, attempt and step with rows that are not traced warm-up:
-    ``step_s`` and ``world_size``, the largest), ``cut`` (the warm-up rule's answer) and
-    ``hosts`` (per run, attempt and rank with measured rows, its first traced host; None: the
-    ranks are found as the rows are read, and the hosts are left to the caller)."""
+    ``step_s`` and ``world_size``, the largest) and ``cut`` (the warm-up rule's answer). The
+    ranks are found as the rows are read, and their hosts left to the caller."""
 
     per_step: pd.DataFrame
     cut: pd.DataFrame
-    hosts: pd.DataFrame | None = None
 
     def measured_attempts(self, run_id: str) -> list[int]:
         """The attempts of ``run_id`` with measured rows (a step after the warm-up), in order."""
@@ -184,7 +169,7 @@ def _attempts(
             "WHERE run_id = $run AND coalesce(attempt, 0) = $attempt "
             "AND NOT coalesce(warmup, false) AND step > $bound"
         )
-        args = {"run": str(run_id), "attempt": int(attempt), "bound": bound}
+        args = {"run": run_id, "attempt": int(attempt), "bound": bound}
         hosts = _hosts(con, where, args, known)
         yield AttemptRows(
             str(run_id),
