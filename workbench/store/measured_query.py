@@ -106,11 +106,15 @@ class KnownSteps:
 
     def measured_attempts(self, run_id: str) -> list[int]:
         """The attempts of ``run_id`` with measured rows (a step after the warm-up), in order."""
-        p = self.per_step[self.per_step["run_id"] == run_id]
-        cut = self.cut[self.cut["run_id"] == run_id].set_index("attempt")["last_warmup_step"]
-        bound = p["attempt"].map(cut).to_numpy(dtype="float64")
-        measured = ~(p["step"].to_numpy(dtype="float64") <= bound)  # NaN bound: no warm-up cut
-        return sorted({int(a) for a in p.loc[measured, "attempt"]})
+        p = after_warmup(self.per_step[self.per_step["run_id"] == run_id], self.cut)
+        return sorted({int(a) for a in p["attempt"]})
+
+
+def after_warmup(per_step: pd.DataFrame, cut: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``per_step`` (``run_id, attempt, step``) after their attempt's detected
+    warm-up (``cut``: ``last_warmup_step`` per run and attempt; none there: no cut)."""
+    bound = per_step.merge(cut, on=["run_id", "attempt"], how="left")["last_warmup_step"]
+    return per_step[~(per_step["step"].to_numpy() <= bound.to_numpy(dtype="float64"))]
 
 
 def measured_rows(

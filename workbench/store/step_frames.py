@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.store.measured_query import KnownSteps
+from workbench.store.measured_query import KnownSteps, after_warmup
 from workbench.store.window_query import WindowParts
 
 
@@ -57,9 +57,7 @@ class StepFrames:
 
     def measured_steps(self) -> pd.DataFrame:
         """:attr:`per_step` of the measured steps (after each attempt's detected warm-up)."""
-        p = self.per_step[self.per_step["measured"]]
-        bound = p.merge(self.cut, on=["run_id", "attempt"], how="left")["last_warmup_step"]
-        return p[~(p["step"].to_numpy() <= bound.to_numpy(dtype="float64"))]
+        return after_warmup(self.per_step[self.per_step["measured"]], self.cut)
 
     def window_parts(self, ranks: pd.DataFrame) -> WindowParts:
         """The window's parts (:class:`workbench.store.window_query.WindowParts`) from the
