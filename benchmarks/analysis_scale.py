@@ -227,8 +227,9 @@ def main() -> None:
             extra = f", HTML {got[name]['html_mb']:.1f} MB"
         ratio = ratios[name]
         spread = f" ({ratio[0]:.2f}-{ratio[-1]:.2f})" if len(ratio) > 1 else ""
+        each = f" ({seconds[0]:.2f}-{seconds[-1]:.2f} s)" if len(seconds) > 1 else ""
         print(
-            f"  {name:<24} {seconds[len(seconds) // 2]:8.2f} s  "
+            f"  {name:<24} {seconds[len(seconds) // 2]:8.2f} s{each}  "
             f"{ratio[len(ratio) // 2]:6.2f}x pyarrow{spread}  peak RSS {peak:7.0f} MiB{extra}"
         )
     found = got["stragglers (engine)"]["found"]
