@@ -6,6 +6,7 @@ warm-up, NaNs, DDP's sampled timers, failed ranks, slow ranks) written in the st
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from unittest.mock import patch
@@ -134,6 +135,28 @@ def test_stragglers_equal_the_oracle(runs: list[pd.DataFrame], measure: str) -> 
             assert_same(stragglers_in_store(dirs, **rule), want)
             with StoredSteps(dirs) as stored:
                 assert_same(stragglers_in_store(dirs, stored=stored, **rule), want)
+
+
+def test_each_folders_rows_are_taken_by_the_run_id_its_run_json_gives(tmp_path: Path) -> None:
+    """Two runs whose folders were swapped by hand: the straggler pass after the engine's
+    passes takes each folder's steps by the run id its ``run.json`` gives, not by the folder's
+    name (a folder without one: from its rows, as the worked example below)."""
+    from tests.frames import ddp_steps
+
+    slow = ddp_steps(world_size=4, n_steps=40, slow_rank=2, slow_from=11, factor=1.5)
+    even = ddp_steps(world_size=4, n_steps=30)
+    slow["run_id"], even["run_id"] = "slow", "even"
+    dirs = _write(tmp_path, [slow, even])
+    for folder in dirs:
+        (folder / schema.RUN_FILE).write_text(json.dumps({"run_id": folder.name}))
+    aside = dirs[0].with_name("aside")
+    dirs[0].rename(aside)
+    dirs[1].rename(dirs[0])
+    aside.rename(dirs[1])  # the folder named "slow" now holds the run "even", and back
+    want = oracle_stragglers(load_traces(dirs))
+    assert want[["run_id", "rank", "start_step"]].values.tolist() == [["slow", 2, 11]]
+    with StoredSteps(dirs) as stored:
+        assert_same(stragglers_in_store(dirs, stored=stored), want)
 
 
 def test_a_planted_straggler_is_found_by_every_path(tmp_path: Path) -> None:

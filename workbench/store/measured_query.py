@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from workbench.schema import RUN_FILE
 from workbench.store.engine import steps_view
+from workbench.store.files import read_json
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,14 +60,16 @@ BATCH_ROWS = 1 << 18
 
 def _per_step_and_cut(
     con: duckdb.DuckDBPyConnection,
+    run_id: str | None,
     warmup: Callable[[pd.DataFrame], pd.DataFrame],
     known: KnownSteps | None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each step's slowest ``step_s``, largest ``world_size`` and ``timed`` rows (:data:`TIMED`)
     over the rows that are not traced warm-up, and the warm-up rule's answer: from ``known``,
-    or one pass."""
+    or one pass. ``run_id``: the one its ``run.json`` gives (None: none readable, the run ids
+    are then read from the rows)."""
     if known is not None:
-        mine = set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
+        mine = {run_id} if run_id in known.run_ids else _run_ids(con)
         return known.per_step[known.per_step["run_id"].isin(mine)], known.cut
     per_step = con.execute(
         "SELECT run_id, coalesce(attempt, 0) AS attempt, step, false AS warmup, "
@@ -74,6 +78,20 @@ def _per_step_and_cut(
         "WHERE NOT coalesce(warmup, false) GROUP BY ALL ORDER BY ALL"
     ).df()
     return per_step, warmup(per_step)
+
+
+def _run_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """The run ids of the rows of ``con``'s view ``steps`` (a pass over one column)."""
+    return set(con.execute("SELECT DISTINCT run_id FROM steps").df()["run_id"])
+
+
+def _folder_run_id(run_dir: Path) -> str | None:
+    """The run id the run folder's ``run.json`` gives; None where it cannot be read."""
+    try:
+        run_id = read_json(run_dir / RUN_FILE).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
 
 
 def _hosts(
@@ -103,6 +121,11 @@ class KnownSteps:
 
     per_step: pd.DataFrame
     cut: pd.DataFrame
+
+    @functools.cached_property
+    def run_ids(self) -> frozenset[str]:
+        """The runs of :attr:`per_step`."""
+        return frozenset(self.per_step["run_id"].astype(str))
 
     def measured_attempts(self, run_id: str) -> list[int]:
         """The attempts of ``run_id`` with measured rows (a step after the warm-up), in order."""
@@ -134,7 +157,8 @@ def measured_rows(
     these runs) only the rows are read."""
     con = steps_view([run_dir])
     try:
-        per_step, found = _per_step_and_cut(con, warmup, known)
+        run_id = None if known is None else _folder_run_id(Path(run_dir))
+        per_step, found = _per_step_and_cut(con, run_id, warmup, known)
         yield from _attempts(con, per_step, found, known)
     finally:
         con.close()
