@@ -140,7 +140,7 @@ def test_stragglers_equal_the_oracle(runs: list[pd.DataFrame], measure: str) -> 
 def test_each_folders_rows_are_taken_by_the_run_id_its_run_json_gives(tmp_path: Path) -> None:
     """Two runs whose folders were swapped by hand: the straggler pass after the engine's
     passes takes each folder's steps by the run id its ``run.json`` gives, not by the folder's
-    name (a folder without one: from its rows, as the worked example below)."""
+    name (a folder without one is read from its rows: the generated stores above)."""
     from tests.frames import ddp_steps
 
     slow = ddp_steps(world_size=4, n_steps=40, slow_rank=2, slow_from=11, factor=1.5)
