@@ -225,6 +225,25 @@ def ddp_steps(
     return steps.drop(columns="_c")
 
 
+def write_scaling_sweep(store: Path, sweep: str = "weak", **config: object) -> Path:
+    """:func:`scaling_sweep` (with its evaluations) written as sweep ``sweep`` of ``store``, a run
+    folder per world size at 8 samples per device; ``config``: the runs' other settings. Returns
+    the sweep's folder."""
+    runs, steps, evals = scaling_sweep()
+    for run in runs.itertuples():
+        write_run(
+            store,
+            sweep,
+            str(run.run_id),
+            steps[steps["run_id"] == run.run_id],
+            evals[evals["run_id"] == run.run_id],
+            world_size=run.world_size,
+            per_device_batch_size=8,
+            **config,
+        )
+    return store / sweep
+
+
 def write_run(
     store: Path,
     sweep: str,

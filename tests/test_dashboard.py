@@ -14,7 +14,13 @@ import pytest
 from workbench.ui.baseline import honest_table, speedup_rows
 from workbench.ui.dashboard import Dashboard
 
-from .frames import make_evals, make_steps, room_for_evals, scaling_sweep, write_run
+from .frames import (
+    make_evals,
+    make_steps,
+    room_for_evals,
+    write_run,
+    write_scaling_sweep,
+)
 
 MESSAGE = "no 1-rank run in this group: speedup needs a baseline; add world_size=1 to the sweep"
 
@@ -115,18 +121,7 @@ def test_a_group_from_two_ranks_up_keeps_its_relative_speedup(tmp_path: Path) ->
 
 
 def test_groups_with_and_without_a_baseline_side_by_side(tmp_path: Path) -> None:
-    runs, steps, evals = scaling_sweep()  # 1, 2 and 4 ranks in fp32 (frames.scaling_sweep)
-    for run in runs.itertuples():
-        write_run(
-            tmp_path,
-            "weak",
-            run.run_id,
-            steps[steps["run_id"] == run.run_id],
-            evals[evals["run_id"] == run.run_id],
-            world_size=run.world_size,
-            per_device_batch_size=8,
-            train_samples=640,
-        )
+    write_scaling_sweep(tmp_path, train_samples=640)  # 1, 2 and 4 ranks in fp32
     _run(tmp_path, "half", "b2", 2, precision="bf16")  # bf16 only at 2 ranks
     dash = Dashboard(tmp_path)
     assert dash.baseline.value.count("<li>") == 1

@@ -13,7 +13,7 @@ from workbench.store.load import load_runs
 from workbench.ui.report import build_figures, report_from_store, write_report
 from workbench.ui.tables import scaling_columns
 
-from .frames import ddp_steps, make_runs, scaling_sweep, write_run
+from .frames import ddp_steps, make_runs, scaling_sweep, write_scaling_sweep
 
 
 def html_table(text: str, after: str) -> dict[str, list[str]]:
@@ -75,18 +75,7 @@ def test_report_with_no_traces_still_writes(tmp_path: Path) -> None:
 
 
 def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> None:
-    runs, steps, evals = scaling_sweep()
-    for run in runs.itertuples():
-        write_run(
-            tmp_path,
-            "weak",
-            run.run_id,
-            steps[steps["run_id"] == run.run_id],
-            evals[evals["run_id"] == run.run_id],
-            world_size=run.world_size,
-            per_device_batch_size=8,
-            train_samples=640,
-        )
+    write_scaling_sweep(tmp_path, train_samples=640)
     summary = tmp_path / "weak" / "summary.csv"
     path = report_from_store(tmp_path / "weak", tmp_path / "r.html", summary_csv=summary)
     table = pd.read_csv(summary)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.frames import ddp_steps, make_evals, scaling_sweep, write_run
+from tests.frames import ddp_steps, make_evals, write_run, write_scaling_sweep
 from workbench.analysis import slow_ranks
 from workbench.analysis.rank_cells import scattered_cells
 from workbench.analysis.slow_ranks import stragglers_in_store
@@ -26,19 +26,7 @@ from workbench.ui.report import report_from_store, write_report
 
 def _store(root: Path) -> Path:
     """A weak-scaling sweep with evaluations and a 4-rank run with a slow rank 1."""
-    runs, steps, evals = scaling_sweep()
-    for run in runs.itertuples():
-        mine = steps["run_id"] == run.run_id
-        write_run(
-            root,
-            "weak",
-            run.run_id,
-            steps[mine],
-            evals[evals["run_id"] == run.run_id],
-            world_size=run.world_size,
-            per_device_batch_size=8,
-            train_samples=640,
-        )
+    write_scaling_sweep(root, train_samples=640)
     slow = ddp_steps(world_size=4, slow_rank=1, slow_from=30).assign(run_id="slow")
     no_evals = make_evals("slow", world_size=4).iloc[:0]
     write_run(root, "weak", "slow", slow, no_evals, world_size=4, per_device_batch_size=8)

@@ -15,7 +15,7 @@ import pytest
 from workbench.store.files import current_umask
 from workbench.ui.report import report_from_store, write_report
 
-from .frames import scaling_sweep, write_run
+from .frames import scaling_sweep, write_scaling_sweep
 
 
 @contextmanager
@@ -28,18 +28,7 @@ def umask(mask: int) -> Iterator[None]:
 
 
 def _store(root: Path) -> Path:
-    runs, steps, evals = scaling_sweep()
-    for run in runs.itertuples():
-        write_run(
-            root,
-            "weak",
-            run.run_id,
-            steps[steps["run_id"] == run.run_id],
-            evals[evals["run_id"] == run.run_id],
-            world_size=run.world_size,
-            per_device_batch_size=8,
-        )
-    return root / "weak"
+    return write_scaling_sweep(root)
 
 
 def _mode(path: Path) -> int:

@@ -20,7 +20,7 @@ from workbench.ui.launch_panel import LaunchPanel
 from workbench.ui.monitor import RunMonitor
 
 from .conftest import base_config
-from .frames import make_evals, make_steps, scaling_sweep, write_run
+from .frames import make_evals, make_steps, write_run, write_scaling_sweep
 from .helpers import WARM
 
 
@@ -28,18 +28,7 @@ from .helpers import WARM
 def sweep_store(tmp_path: Path) -> Path:
     """Sweep "weak" (world sizes 1, 2, 4 at batch 8 per device, from frames.scaling_sweep) and
     sweep "other" (one fp32 and one bf16 run at 2 ranks)."""
-    runs, steps, evals = scaling_sweep()
-    for run in runs.itertuples():
-        write_run(
-            tmp_path,
-            "weak",
-            run.run_id,
-            steps[steps["run_id"] == run.run_id],
-            evals[evals["run_id"] == run.run_id],
-            world_size=run.world_size,
-            per_device_batch_size=8,
-            train_samples=640,
-        )
+    write_scaling_sweep(tmp_path, train_samples=640)
     for i, precision in enumerate(("fp32", "bf16")):
         run_id = f"o-{precision}"
         write_run(
