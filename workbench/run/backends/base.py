@@ -52,6 +52,18 @@ class JobWatch(ABC):
         the job runs in this process)."""
 
 
+class LocalWatch(JobWatch):
+    """A job whose ranks run on this machine (local processes, pool workers): it runs until
+    its submitit job is done; re-attached (no job object), while any rank's process is
+    alive."""
+
+    def running(self, states: RankStates, processes: int) -> bool:
+        """Whether the job (or, re-attached, any rank) still runs."""
+        if self.job is not None:
+            return not self.job.done()
+        return any(s.get("status") == "running" for s in states.values())
+
+
 class Backend(ABC):
     """An executor: where and how a run's ranks are started."""
 

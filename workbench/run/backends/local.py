@@ -10,7 +10,7 @@ from typing import Any
 from workbench.config.run_config import RunConfig
 from workbench.environment import cuda_device_count
 from workbench.errors import Problem
-from workbench.run.backends.base import Backend, JobWatch, RankStates
+from workbench.run.backends.base import Backend, JobWatch, LocalWatch
 
 
 def uses_cuda_here(config: RunConfig) -> bool:
@@ -18,17 +18,6 @@ def uses_cuda_here(config: RunConfig) -> bool:
     if config.device == "cpu":
         return False
     return cuda_device_count() > 0
-
-
-class LocalWatch(JobWatch):
-    """A local job: it runs until submitit's controller says it is done; re-attached (no
-    controller object), while any of its rank processes is alive."""
-
-    def running(self, states: RankStates, processes: int) -> bool:
-        """Whether the controller (or, re-attached, any rank) still runs."""
-        if self.job is not None:
-            return not self.job.done()
-        return any(s.get("status") == "running" for s in states.values())
 
 
 class LocalBackend(Backend):

@@ -34,7 +34,7 @@ from typing import Any
 
 from workbench.config.run_config import RunConfig
 from workbench.errors import PreflightError, Problem
-from workbench.run.backends.base import Backend, JobWatch, RankStates
+from workbench.run.backends.base import Backend, JobWatch, LocalWatch
 from workbench.run.backends.pool_template import SPAWNER, ForkedWorker, Template, fork_over
 from workbench.run.processes import POOL_PIDS_FILE
 from workbench.store.files import write_json
@@ -298,17 +298,6 @@ class PoolExecutor:
         return job
 
 
-class PoolWatch(JobWatch):
-    """A pool job: it runs while any of its workers does; re-attached (no worker objects),
-    while any of its ranks' processes is alive."""
-
-    def running(self, states: RankStates, processes: int) -> bool:
-        """Whether any worker (or, re-attached, any rank) still runs."""
-        if self.job is not None:
-            return not self.job.done()
-        return any(s.get("status") == "running" for s in states.values())
-
-
 class PoolBackend(Backend):
     """One warm, single-use worker process per rank on this machine."""
 
@@ -348,4 +337,4 @@ class PoolBackend(Backend):
 
     def watch(self, job: Any, job_id: str | None, poll_s: float = 30.0) -> JobWatch:
         """A watch on a pool job."""
-        return PoolWatch(job, job_id, poll_s)
+        return LocalWatch(job, job_id, poll_s)
