@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,44 @@ def test_picked_ports_avoid_the_ephemeral_range_and_each_other() -> None:
         s.bind(("", picked[0]))
         s.listen()
         assert not ports.port_free(picked[0])
+
+
+def test_processes_picking_ports_at_once_never_pick_the_same_one(tmp_path: Path) -> None:
+    """Jobs started together on one node each pick their rank 0's port: once two of the
+    suite's Slurm jobs picked the same one, and the later one's rank 0 failed with EADDRINUSE
+    (neither had bound it yet). Three processes picking 400 ports each at once (about 37
+    repeats among them expected from 12,768 ports without the host's claims) share none."""
+    env = {**os.environ, "WORKBENCH_PORT_CLAIMS": str(tmp_path / "claims")}
+    code = "from workbench import ports; print(*(ports.free_port() for _ in range(400)))"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
+    picks = [[int(x) for x in proc.communicate(timeout=120)[0].split()] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0]
+    everyone = [port for pick in picks for port in pick]
+    assert len(everyone) == 1200
+    assert len(set(everyone)) == 1200, f"{1200 - len(set(everyone))} ports picked twice"
+
+
+def test_a_claim_holds_a_port_for_its_lease_then_lapses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port another process claimed is not handed out while its claim is younger than
+    ``CLAIM_S``; an older claim is taken over (a one-port pool makes the pick certain)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("WORKBENCH_PORT_CLAIMS", str(tmp_path))
+    monkeypatch.setattr(ports, "_outside_ephemeral", lambda: range(port, port + 1))
+    claim = tmp_path / str(port)
+    claim.touch()
+    with pytest.raises(RuntimeError, match=f"no free TCP port found in {port}-{port}"):
+        ports.free_port()
+    old = time.time() - ports.CLAIM_S - 1
+    os.utime(claim, (old, old))
+    assert ports.free_port() == port
+    assert time.time() - claim.stat().st_mtime < 60, "claimed afresh"
 
 
 def test_a_scheduler_jobs_port_is_rank_0s_published_pick(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +14,9 @@ _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LINUX_DEFAULT_EPHEMERAL = (32768, 60999)
 _LOWEST = 20000
 _handed_out: set[int] = set()
+#: How long a port handed out on this host stays claimed: far longer than the seconds between
+#: its pick and rank 0's bind, after which the bind itself keeps it from being picked again.
+CLAIM_S = 600.0
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -44,18 +48,52 @@ def _outside_ephemeral() -> range:
     return range(1024, 65536)
 
 
+def claims_dir() -> Path:
+    """Where the ports handed out on this host are claimed: ``WORKBENCH_PORT_CLAIMS``, else a
+    folder of this user's in the temporary directory."""
+    given = os.environ.get("WORKBENCH_PORT_CLAIMS")
+    if given:
+        return Path(given)
+    return Path(tempfile.gettempdir()) / f"workbench-ports-{os.getuid()}"
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process: False when another process on this host claimed it in
+    the last :data:`CLAIM_S` seconds. A claim is a file created exclusively (one process wins
+    it); an older one is taken over. Where no claim can be written, the port is not claimed."""
+    folder = claims_dir()
+    path = folder / str(port)
+    for _ in range(2):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime < CLAIM_S:
+                    return False
+                path.unlink()  # an old claim: removed, then won by one process alone
+            except FileNotFoundError:
+                pass
+        except OSError:
+            return True
+    return False
+
+
 def free_port() -> int:
-    """A TCP port that is free now, outside the ephemeral range, and not handed out before by
-    this process.
+    """A TCP port that is free now, outside the ephemeral range, and handed out to no other
+    process on this host in the last :data:`CLAIM_S` seconds (nor before by this one).
 
     Rank 0 binds the port seconds after it is picked (``import torch`` comes first). A port from
     the ephemeral range may meanwhile be taken by any outgoing connection (gloo opens many per
-    process group), so runs launched together would fail with EADDRINUSE."""
+    process group), and another run's rank 0 may pick the same port in between (jobs started
+    together on one node, each picking its own), so runs launched together would fail with
+    EADDRINUSE."""
     pool = _outside_ephemeral()
     rng = random.SystemRandom()
     for _ in range(500):
         port = rng.choice(pool)
-        if port not in _handed_out and port_free(port):
+        if port not in _handed_out and port_free(port) and _claim(port):
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free TCP port found in {pool.start}-{pool.stop - 1}")
