@@ -19,7 +19,7 @@ from workbench import schema
 from workbench.config.choices import COMM_HOOKS
 from workbench.ports import free_port
 from workbench.rank.models import build_model, gradient_bytes
-from workbench.rank.network import measure_allreduce
+from workbench.rank.network import LOOPS, measure_allreduce
 from workbench.run.launch import launch
 from workbench.store.files import read_json
 
@@ -112,8 +112,13 @@ def test_network_benchmark_uses_the_run_buckets_and_nccl_tests_definitions(comm_
     for row in net["sizes"]:
         assert row["algbw_bytes_per_s"] == pytest.approx(row["bytes"] / row["time_s"])
         assert row["iterations"] >= 3
-    hooks_s = net["hooks"]["duration_s"]
-    assert net["duration_s"] - hooks_s < 1.0, "a few hundred milliseconds, not a second"
+    # Its time goes to its timed loops (budgeted at 0.3 s from the fastest single allreduce:
+    # 0.55-0.76 s here, where back-to-back allreduces run slower), beside a few calls that size
+    # them and its one-element loop: 1.35 and 1.36 times the loops' time in two clean runs.
+    # (An absolute bound of 1 s, once here, failed at 1.03 s on a slower hour.)
+    loops_s = sum(LOOPS * row["iterations"] * row["time_s"] for row in net["sizes"])
+    allreduce_s = net["duration_s"] - net["hooks"]["duration_s"]
+    assert allreduce_s < 2 * loops_s, (allreduce_s, loops_s)
 
 
 def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:

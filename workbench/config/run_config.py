@@ -227,7 +227,9 @@ class RunConfig:
     )
     network_benchmark: bool = setting(
         "multi-rank runs: before the first step, time allreduces at the run's own gradient "
-        "bucket sizes (about 0.3 s, outside the throughput window) and record algorithm and bus "
+        "bucket sizes (loops sized to 0.3 s at the fastest single allreduce; 0.5-1 s in all on "
+        "a 2-core CPU host, more where it also times comm hooks; outside the throughput window) "
+        "and record algorithm and bus "
         "bandwidth (nccl-tests' definitions) in run.json under 'network'",
         True,
     )
