@@ -89,6 +89,22 @@ def test_a_verdict_needs_the_interval_and_the_noise() -> None:
     assert verdict(-0.40, -0.60, -0.20) == "worse"
 
 
+def test_each_side_runs_first_in_half_the_pairs_in_a_random_order() -> None:
+    import random
+    from collections import Counter
+
+    from workbench.tune.measure import pair_order
+
+    for repeats in (2, 3, 4, 5):
+        orders = [tuple(pair_order(repeats, random.Random(seed))) for seed in range(200)]
+        for order in orders:
+            counts = Counter(order)
+            assert counts["base"] - counts["candidate"] == repeats % 2, order
+        # every balanced order comes up (4 pairs: 6 of them), none fixed
+        expected = math.comb(repeats, repeats // 2)
+        assert len(set(orders)) == expected, (repeats, Counter(orders))
+
+
 # -- the diagnosis and its candidates
 
 
@@ -496,6 +512,7 @@ def test_a_compute_bound_run_reports_no_gain_rather_than_noise(demo_runs) -> Non
     (row,) = planted.candidates
     assert row["predicted_gain"] == pytest.approx(0.0)
     assert row["verdict"] != "better", row
+    assert sorted(row["first_in_pair"]) == ["base", "base", "candidate"]
     assert planted.best == {}
     assert np.isfinite(row["measured_gain"])
 

@@ -5,6 +5,7 @@ the warm pool, the gain's interval and verdict, the loss curves of both sides, a
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -99,6 +100,18 @@ class _Clock:
         )
 
 
+def pair_order(repeats: int, rng: random.Random | None = None) -> list[str]:
+    """Which side runs first in each of ``repeats`` pairs: each side first in half of them (one
+    more for the base when odd), in a random order. Half each cancels an order effect (the
+    second run of a pair finding warmer caches); the random order keeps a host's slower moments
+    from lining up with one side. A fixed base-candidate, candidate-base order puts the
+    candidate at runs 2, 3, 6, 7: a shared 2-core host that slowed every other two runs favoured
+    it in every pair alike, and a change that changes nothing came out 13 % better."""
+    firsts = ["base", "candidate"] * (repeats // 2) + ["base"] * (repeats % 2)
+    (rng or random.Random()).shuffle(firsts)
+    return firsts
+
+
 def _measure_one(
     result: Pairs,
     row: dict[str, Any],
@@ -112,13 +125,12 @@ def _measure_one(
     thr: dict[str, list[float]] = {"base": [], "candidate": []}
     ids: list[str] = []
     last: dict[str, Any] = {}
-    for r in range(result.repeats):
-        order: tuple[tuple[str, Mapping[str, Any]], ...] = (
-            ("base", {}),
-            ("candidate", row["change"]),
-        )
-        # every other pair runs the candidate first: an order effect cancels
-        for side, change in order if r % 2 == 0 else order[::-1]:
+    changes: dict[str, Mapping[str, Any]] = {"base": {}, "candidate": row["change"]}
+    firsts = pair_order(result.repeats)
+    for r, first in enumerate(firsts):
+        second = "candidate" if first == "base" else "base"
+        for side in (first, second):
+            change = changes[side]
             clock.tell(f"{row['label']}, pair {r + 1}/{result.repeats}, {side}", per_run)
             t0 = time.monotonic()
             short_run = short_config(config, short, f"tune-{result.run_id}", change)
@@ -138,6 +150,7 @@ def _measure_one(
         base_samples_per_s=thr["base"],
         candidate_samples_per_s=thr["candidate"],
         run_ids=ids,
+        first_in_pair=firsts,
     )
     if row["changes_math"]:
         row["loss_curves"] = _loss_curves(last["base"], last["candidate"])
