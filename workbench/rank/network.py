@@ -161,6 +161,7 @@ def measure_allreduce(
         "sizes": [per_size[n] for n in distinct],
         # seconds per ring hop: a one-element allreduce's time over its 2(n-1) hops
         "latency_s": hop_s,
+        "one_element": tiny,  # the loops latency_s comes from
         **({"hooks": hooks} if hooks else {}),
         "duration_s": time.perf_counter() - started,
     }
