@@ -147,11 +147,30 @@ def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:
     assert hooks["duration_s"] < 1.0, "its budget is 0.4 s of rounds and 3 rounds to warm up"
 
 
-def _bare_beside_benchmark(rank: int, port: int, nbytes: int, rounds: int, out: dict) -> None:
-    """Two processes: in turns, a bare loop of allreduces of ``nbytes`` of float32 (nothing of
-    the workbench) and the workbench's micro-benchmark at that size, ``rounds`` times each."""
+def _gloo_rank(rank: int, port: int, target, args: tuple, out: dict) -> None:
+    """One of two gloo ranks on one thread each: ``target(*args)`` between the process group's
+    start and end; rank 0's returned dict goes to ``out``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    result = target(*args)
+    if rank == 0:
+        out.update(result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _in_two_ranks(target, *args) -> dict:
+    """``target(*args)`` in two fresh processes joined by a gloo group; rank 0's result."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_gloo_rank, args=(free_port(), target, args, out), nprocs=2, join=True)
+        return dict(out)
+
+
+def _bare_beside_benchmark(nbytes: int, rounds: int) -> dict:
+    """In turns, a bare loop of allreduces of ``nbytes`` of float32 (nothing of the workbench)
+    and the workbench's micro-benchmark at that size, ``rounds`` times each."""
     tensor = torch.zeros(nbytes // 4)
     for _ in range(5):
         dist.all_reduce(tensor)
@@ -164,11 +183,7 @@ def _bare_beside_benchmark(rank: int, port: int, nbytes: int, rounds: int, out: 
         bare.append((time.perf_counter() - start) / BARE_ITERATIONS)
         row = measure_allreduce([nbytes], torch.device("cpu"), 2)["sizes"][0]
         benchmark.append(row["busbw_bytes_per_s"])
-    if rank == 0:
-        out["bare_time_s"] = statistics.median(bare)
-        out["busbw"] = statistics.median(benchmark)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"bare_time_s": statistics.median(bare), "busbw": statistics.median(benchmark)}
 
 
 #: Allreduces in one timed loop of the bare side.
@@ -178,11 +193,8 @@ BARE_ITERATIONS = 100
 def test_network_busbw_within_2x_of_a_bare_allreduce_loop_in_turns(comm_runs) -> None:
     _, run = _measured(comm_runs["two"])
     nbytes = max(run["network"]["sizes"], key=lambda r: r["bytes"])["bytes"]  # the run's bucket
-    with mp.Manager() as manager:
-        out = manager.dict()
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_bare_beside_benchmark, args=(free_port(), nbytes, 5, out), nprocs=2, join=True)
-        bare_time, busbw = out["bare_time_s"], out["busbw"]
+    out = _in_two_ranks(_bare_beside_benchmark, nbytes, 5)
+    bare_time, busbw = out["bare_time_s"], out["busbw"]
     # n = 2: busbw = algbw x 2(2-1)/2 = bytes / time.
     bare_busbw = nbytes / bare_time
     ratio = busbw / bare_busbw
@@ -198,12 +210,10 @@ def test_network_busbw_within_2x_of_a_bare_allreduce_loop_in_turns(comm_runs) ->
     assert 1 / 2 <= ratio <= 2.0
 
 
-def _bare_beside_hooks(rank: int, port: int, shapes: list, turns: int, out: dict) -> None:
-    """Two processes: in turns, rounds of bare single allreduces of every bucket of one step
-    (each call timed, summed over the step; nothing of the workbench) and the workbench's hook
-    timing on the same buckets, ``turns`` times each."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _bare_beside_hooks(shapes: list, turns: int) -> dict:
+    """In turns, rounds of bare single allreduces of every bucket of one step (each call timed,
+    summed over the step; nothing of the workbench) and the workbench's hook timing on the same
+    buckets, ``turns`` times each."""
     tensors = [torch.zeros(sum(math.prod(s) for s in bucket)) for bucket in shapes]
     for tensor in tensors:
         dist.all_reduce(tensor)
@@ -219,10 +229,7 @@ def _bare_beside_hooks(rank: int, port: int, shapes: list, turns: int, out: dict
             rounds.append(total)
         bare.append(statistics.quantiles(rounds, n=4)[0])
         hooks.append(measure_hooks(shapes, torch.device("cpu"))["time_s"]["allreduce"])
-    if rank == 0:
-        out["bare_s"], out["hook_s"] = statistics.median(bare), statistics.median(hooks)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {"bare_s": statistics.median(bare), "hook_s": statistics.median(hooks)}
 
 
 #: Timed rounds (one step's buckets each) in one turn of the bare side.
@@ -234,11 +241,8 @@ def test_the_plain_hook_costs_what_bare_single_allreduces_of_the_buckets_cost(co
     shapes = bucket_shapes(bucket_params(build_model("mlp", WIDE), CAP_MB))
     sizes = [4 * sum(math.prod(s) for s in bucket) for bucket in shapes]
     assert sizes == run["network"]["bucket_sizes_bytes"], "the run's own buckets"
-    with mp.Manager() as manager:
-        out = manager.dict()
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_bare_beside_hooks, args=(free_port(), shapes, 3, out), nprocs=2, join=True)
-        bare_s, hook_s = out["bare_s"], out["hook_s"]
+    out = _in_two_ranks(_bare_beside_hooks, shapes, 3)
+    bare_s, hook_s = out["bare_s"], out["hook_s"]
     ratio = hook_s / bare_s
     print(
         f"one step's {len(shapes)} buckets: plain hook {hook_s * 1e3:.2f} ms, bare single calls "
