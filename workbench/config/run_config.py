@@ -226,7 +226,7 @@ class RunConfig:
         minimum=1,
     )
     network_benchmark: bool = setting(
-        "multi-rank runs: before the first step, time allreduces at the run's own gradient "
+        "multi-rank runs: after the last step, time allreduces at the run's own gradient "
         "bucket sizes (loops sized to 0.3 s at the fastest single allreduce; 0.5-1 s in all on "
         "a 2-core CPU host, more where it also times comm hooks; outside the throughput window) "
         "and record algorithm and bus "

@@ -1,6 +1,6 @@
 """The network measured directly: a short allreduce micro-benchmark at the run's own gradient
-bucket sizes, run by every rank of a multi-rank run before its first step (outside the
-throughput window), reported in nccl-tests' definitions.
+bucket sizes, run by every rank of a multi-rank run after its last step (outside the
+throughput window, and off the path to the first step), reported in nccl-tests' definitions.
 
 nccl-tests (``doc/PERFORMANCE.md``): algorithm bandwidth ``algbw = bytes / time``; bus bandwidth
 for allreduce ``busbw = algbw x 2(n-1)/n`` with n ranks, the figure comparable with the

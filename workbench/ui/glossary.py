@@ -31,7 +31,7 @@ on its sampled steps; none at one rank), and overlap = 1 - exposed / span from t
 (from the curve's smallest multi-rank runs for a 1-rank base); weak curves keep compute, strong
 curves divide it by N / base N. The network, measured per link class (one node, across nodes),
 is a preset, or
-the runs' own allreduce micro-benchmark (run before the first step at the run's bucket sizes:
+the runs' own allreduce micro-benchmark (run after the last step at the run's bucket sizes:
 bus bandwidth = bytes / time &times; 2(n-1)/n, as nccl-tests define it; the median over the
 runs), or, without one, fitted over runs at three or more world sizes (its RMS residual in the
 note); with none of these there is no prediction, and the figure says why.</li>
