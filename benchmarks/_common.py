@@ -19,8 +19,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable as `python benchmarks/x.py` without installing
-    sys.path.insert(0, str(ROOT))
+#: Where ``workbench`` is imported from: this checkout, or another one named by
+#: ``WORKBENCH_BENCH_TREE`` (a benchmark interleaving the code before a change against it).
+IMPORT_ROOT = Path(os.environ.get("WORKBENCH_BENCH_TREE") or ROOT)
+if str(IMPORT_ROOT) not in sys.path:  # runnable as `python benchmarks/x.py` without installing
+    sys.path.insert(0, str(IMPORT_ROOT))
 
 
 def ratio_stats(ratios: list[float] | np.ndarray, seed: int = 0) -> dict[str, float]:

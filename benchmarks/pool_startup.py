@@ -15,7 +15,12 @@ Then the CPU a worker costs: a fork of the pool's template (its user and system 
 imports (what each worker cost before the template, and what every local rank still pays); and
 the template's own imports, paid once a pool.
 
-Usage: ``python benchmarks/pool_startup.py [--repeats 5] [--smoke] [--json out.json]``;
+``--against REV`` times the pool's first step of this checkout against the code at git revision
+REV (a temporary worktree): pairs of runs of this script, each importing its own side's code,
+each side first in half of the pairs in a random order.
+
+Usage: ``python benchmarks/pool_startup.py [--repeats 5] [--smoke] [--json out.json]``,
+``python benchmarks/pool_startup.py --against REV --pairs 4 --repeats 3 --world-sizes 2``;
 ``--smoke`` (alias ``--quick``): one repeat at 1 rank, no untimed launches (a check of the
 harness: the first launches carry this process's imports).
 """
@@ -23,6 +28,7 @@ harness: the first launches carry this process's imports).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -130,14 +136,15 @@ def table(rows: list[tuple[int, str, dict[str, Any]]]) -> str:
     ]
     for ws in sorted({r[0] for r in rows}):
         medians = {}
-        for variant in VARIANTS:
+        for variant in [v for v in VARIANTS if any(r[1] == v for r in rows)]:
             got = [out for w, v, out in rows if w == ws and v == variant]
             first = statistics.median(o["to_first_step_all_s"] for o in got)
             result = statistics.median(o["to_result_s"] for o in got)
             medians[variant] = (first, result)
             lines.append(f"{ws:>5} {variant:<9} {first:>15.2f} {result:>11.2f} {len(got):>3}")
-        ratio = medians["pool"][0] / medians["torchrun"][0]
-        lines.append(f"{ws:>5} pool/torchrun first step: {ratio:.2f}x")
+        if "pool" in medians and "torchrun" in medians:
+            ratio = medians["pool"][0] / medians["torchrun"][0]
+            lines.append(f"{ws:>5} pool/torchrun first step: {ratio:.2f}x")
     return "\n".join(lines)
 
 
@@ -153,19 +160,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="one repeat at 1 rank, no untimed launches",
     )
     parser.add_argument("--json", help="write the result here")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated launchers to time"
+    )
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU-per-worker figures")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="the pool's first step here against the code at git revision REV, in --pairs "
+        "interleaved pairs of runs of this script (--variants pool), each side first in half",
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="pairs for --against")
     a = parser.parse_args(argv)
+    if a.against:
+        return against(a.against, a.pairs, a.repeats, a.world_sizes, a.json)
     from workbench import WarmPool
 
     repeats = 1 if a.smoke else a.repeats
     sizes = [1] if a.smoke else [int(w) for w in a.world_sizes.split(",")]
+    variants = tuple(v for v in VARIANTS if v in a.variants.split(","))
     base = dict(model="mlp", batch=32, steps=5, warmup=2, train_samples=4096)
     rows: list[tuple[int, str, dict[str, Any]]] = []
     with WarmPool(size=max(sizes), idle_s=3600) as pool:
         for variant in () if a.smoke else ("pool", "local"):  # untimed: this process's imports
-            measure(variant, {**base, "world_size": 1}, pool)
+            if variant in variants:
+                measure(variant, {**base, "world_size": 1}, pool)
         for r in range(repeats):
             for ws in sizes:
-                order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
+                k = r % len(variants)
+                order = variants[k:] + variants[:k]
                 for variant in order:
                     out = measure(variant, {**base, "world_size": ws}, pool)
                     rows.append((ws, variant, out))
@@ -175,13 +198,70 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         flush=True,
                     )
     print(table(rows))
-    cpu = worker_cpu(1 if a.smoke else 4)
-    print(
-        f"cpu per worker: forked {cpu['forked_s']:.2f} s, fresh interpreter {cpu['fresh_s']:.2f} s"
-        f" (the template's imports, once a pool: {cpu['template_s']:.2f} s)"
-    )
+    cpu = None if a.no_cpu else worker_cpu(1 if a.smoke else 4)
+    if cpu is not None:
+        print(
+            f"cpu per worker: forked {cpu['forked_s']:.2f} s, fresh interpreter "
+            f"{cpu['fresh_s']:.2f} s (the template's imports, once a pool: "
+            f"{cpu['template_s']:.2f} s)"
+        )
     result = {"job": base, "repeats": repeats, "rows": rows, "cpu": cpu}
     write_result(a.json, "pool_startup", result)
+    return result
+
+
+def _pool_run(tree: Path | None, repeats: int, sizes: str) -> list[float]:
+    """This script's pool launches in a process of their own, importing the workbench from
+    ``tree`` (this checkout where None): each launch's seconds to the first step on all ranks."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["WORKBENCH_BENCH_TREE"] = env["PYTHONPATH"] = str(tree)
+    with tempfile.TemporaryDirectory(prefix="wb-bench-pool-side-") as tmp:
+        out = Path(tmp) / "side.json"
+        argv = [sys.executable, __file__, "--variants", "pool", "--no-cpu", "--json", str(out)]
+        argv += ["--repeats", str(repeats), "--world-sizes", sizes]
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+        rows = json.loads(out.read_text())["rows"]
+    return [float(out_["to_first_step_all_s"]) for _, _, out_ in rows]
+
+
+def against(rev: str, pairs: int, repeats: int, sizes: str, json_path: str | None) -> Any:
+    """The pool's first step, this checkout against ``rev``, in interleaved pairs (each side
+    first in half of them, in a random order): medians, worst launches, pairwise ratios."""
+    import random
+
+    from _common import ROOT, ratio_stats
+
+    with tempfile.TemporaryDirectory(prefix="wb-bench-before-") as tmp:
+        tree = Path(tmp) / "before"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run([*git, "worktree", "add", "--detach", str(tree), rev], check=True)
+        try:
+            firsts = [True] * (pairs - pairs // 2) + [False] * (pairs // 2)
+            random.shuffle(firsts)
+            sides: dict[str, list[list[float]]] = {"before": [], "after": []}
+            for i, before_first in enumerate(firsts):
+                for side in ("before", "after") if before_first else ("after", "before"):
+                    got = _pool_run(tree if side == "before" else None, repeats, sizes)
+                    sides[side].append(got)
+                    print(f"  pair {i} {side:<6} first step {', '.join(f'{g:.2f}' for g in got)} s")
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(tree)], check=False)
+    med = {k: [statistics.median(v) for v in runs] for k, runs in sides.items()}
+    flat = {k: [g for v in runs for g in v] for k, runs in sides.items()}
+    ratios = ratio_stats([a / b for a, b in zip(med["after"], med["before"], strict=True)])
+    for k in ("before", "after"):
+        print(
+            f"{k} ({rev if k == 'before' else 'this checkout'}): first step median "
+            f"{statistics.median(flat[k]):.2f} s, worst {max(flat[k]):.2f} s "
+            f"({len(flat[k])} launches)"
+        )
+    print(
+        f"after/before (medians of each run, {ratios['n']} pairs): {ratios['median']:.2f} "
+        f"(95 % interval {ratios['ci95_lo']:.2f}-{ratios['ci95_hi']:.2f})"
+    )
+    result = {"against": rev, "sides": sides, "ratio": ratios}
+    write_result(json_path, "pool_startup_against", result)
     return result
 
 

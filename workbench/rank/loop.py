@@ -121,17 +121,13 @@ def train(
         clock.anchor(tracer.t0)
         run_epochs(loop, state)
         finish(loop, state)
-        # After the last step, outside every traced window: nobody waits for it before the
-        # first step (a warm pool's run starts 0.7-0.9 s sooner on a 2-core host); an agreed
-        # stop (preemption) ends at once instead.
-        network = None if state.preempted else trainer.measure_network()
+        network = None if state.preempted else trainer.measure_network()  # no first step waits
     summary = summarize(trainer.module, env, device, state.step, tracer)
-    summary["preempted"] = state.preempted
-    summary["dropped_samples_per_epoch"] = trainer.dropped_per_epoch()
+    summary.update(preempted=state.preempted, dropped_samples_per_epoch=trainer.dropped_per_epoch())
     summary["comm_method"] = trainer.comm_method()
     summary["measurement_warnings"] = trainer.measurement_warnings()
     measured = {"network": network, "step_flops": step_flops}  # each None where not measured
-    summary.update({key: value for key, value in measured.items() if value is not None})
+    summary.update({k: v for k, v in measured.items() if v is not None})
     consolidate(traces, env.rank)
     del loop, trainer  # free the DDP model before the process group goes (distributed.teardown)
     return summary
