@@ -42,12 +42,18 @@ _PARENT_POLL_S = 0.5
 def _warm_up() -> None:
     """Import what a rank needs (after the parent-death signal is set: a worker orphaned while
     importing leaves at once): torch, what building a DDP model imports (``torch._dynamo``,
-    about 1.5 s) and the rank's code, which running the task needs."""
+    about 1.5 s) and the rank's code, which running the task needs, and pandas (below)."""
+    import pyarrow as pa
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
     import torch.nn.parallel  # noqa: F401
 
     import workbench.rank.run_rank  # noqa: F401
+
+    # pyarrow imports pandas on its first conversion of a Python value (the tracer's first
+    # stream): 0.6-0.9 s on a 2-core host that every run would otherwise wait for before its
+    # first step. Once here, every fork shares it.
+    pa.scalar(0)
 
 
 def _parent_death_signal(sig: int) -> None:
