@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import glob
 import platform
 import socket
@@ -97,23 +98,37 @@ def collect() -> dict[str, Any]:
     torch is already imported, and only those that need no context (the CUDA build, the device
     count); GPU names come from NVML. Device names, CUDA and NCCL versions as the ranks see them
     are in each rank's record (``ranks/rank-N.json``)."""
+    facts = _process_facts()
+    env: dict[str, Any] = {**facts, "packages": dict(facts["packages"])}
+    env["git_revision"] = git_revision()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        env["cuda"] = torch.version.cuda
+        env["cuda_devices"] = int(torch.cuda.device_count())  # no context: NVML / driver query
+    env.update(dict(_nvml_facts()))
+    return env
+
+
+@functools.cache
+def _process_facts() -> dict[str, Any]:
+    """What cannot change while this process lives (its packages are loaded): read once, as
+    the package metadata takes about 50 ms, which a warm pool's launch would wait for each time."""
     versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    env: dict[str, Any] = {
+    return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "cpu_model": cpu_model(),
         "packages": versions,
-        "git_revision": git_revision(),
     }
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        env["cuda"] = torch.version.cuda
-        env["cuda_devices"] = int(torch.cuda.device_count())  # no context: NVML / driver query
-    env.update(gpus_from_nvml() or {})
-    return env
+
+
+@functools.cache
+def _nvml_facts() -> dict[str, Any]:
+    """The machine's GPU names and driver, once a process (NVML's init is not free)."""
+    return gpus_from_nvml() or {}
