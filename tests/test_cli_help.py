@@ -4,6 +4,7 @@ under every command (each one a command the parser accepts), and no reStructured
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import shlex
@@ -11,10 +12,12 @@ import shlex
 import pytest
 
 from workbench.cli import build_parser, main
+from workbench.cli.commands import study_sizes
 from workbench.cli.help import EXAMPLES
 from workbench.cli.options import config_from_args
 from workbench.config.fault import FaultInjection
 from workbench.config.run_config import RunConfig
+from workbench.run.study import scaling_configs
 
 COMMANDS = ("run", "ls", "scale", "sweep", "repartition", "report")
 RUN_GROUPS = (
@@ -138,8 +141,11 @@ def test_every_example_is_a_command_the_parser_accepts(command: str) -> None:
         assert not extra, f"{line!r}: {extra}"
         if script_args:
             args.script_args = script_args
-        if args.command in ("run", "scale"):
-            args.world_size = max(args.world_sizes) if args.command == "scale" else None
+        if args.command == "scale":
+            sizes, per_node = study_sizes(args)
+            args.world_size = max(sizes)
+            scaling_configs(config_from_args(args), sizes, tasks_per_node=per_node)  # valid too
+        elif args.command == "run":
             config_from_args(args)  # a valid RunConfig too
 
 
@@ -149,3 +155,72 @@ def test_every_settable_field_still_has_a_flag() -> None:
     dests = {a.dest for a in run._actions}
     fields = {f.name for f in dataclasses.fields(RunConfig) if f.init}
     assert fields <= dests, sorted(fields - dests)
+
+
+# -- every flag a help names is one its command takes
+
+#: Flags of other programs that help names on purpose, each passed through a flag of ours:
+#: srun's (``--srun-arg=--cpu-bind=cores``) and sbatch's (``--sbatch-arg=--exclusive``).
+OTHER_PROGRAMS = {"--cpu-bind": "srun", "--exclusive": "sbatch"}
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+#: A bare ``--`` on an example line: what follows is the script's own arguments.
+SCRIPT_ARGS = re.compile(r"(?:^|\s)--(?:\s|$)")
+
+
+def sub_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each sub-command's parser, as the parser itself holds them (a new one is included)."""
+    (found,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(found.choices)
+
+
+def unaccepted_flags(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
+    """``(command, flag)`` for every ``--flag`` the help of ``parser`` or of one of its
+    sub-commands names (options, descriptions, epilog examples) that the command's parser does
+    not take exactly (an abbreviation argparse would accept is not the flag it names). A line
+    that starts an example (``workbench CMD ...``) is judged by CMD's parser; what follows a
+    bare ``--`` there is the script's own."""
+    subs = sub_commands(parser)
+    found = []
+    for name, command in [("workbench", parser), *subs.items()]:
+        for line in command.format_help().splitlines():
+            example = re.match(r"\s*workbench (\w+)", line)
+            owner = subs.get(example.group(1), command) if example else command
+            own = SCRIPT_ARGS.split(line)[0] if example else line
+            for flag in FLAG.findall(own):
+                if flag not in owner._option_string_actions and flag not in OTHER_PROGRAMS:
+                    found.append((owner.prog.removeprefix("workbench ") or name, flag))
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("columns", ["100", "60"])
+def test_every_flag_a_help_names_is_one_its_command_takes(
+    columns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a narrow terminal too: a flag broken over two lines (--tasks-\\nper-node) is not one
+    its command takes."""
+    monkeypatch.setenv("COLUMNS", columns)
+    parser = build_parser()
+    assert {"run", "scale", "sweep", "tune", "predict"} <= set(sub_commands(parser))
+    assert unaccepted_flags(parser) == []
+
+
+def test_the_flag_check_finds_a_flag_named_but_not_taken() -> None:
+    """The check itself, on a parser whose help names flags it does not take: in an option's
+    help, in a description, in an example (but not the script's own after --)."""
+    parser = argparse.ArgumentParser(prog="workbench")
+    sub = parser.add_subparsers()
+    scale = sub.add_parser(
+        "scale",
+        description="Nodes are --nodes and --tasks-per-node.",
+        epilog="  workbench scale --world-sizes 1,2 --wrld 3 -- --lr 0.1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    scale.add_argument("--world-sizes", help="like --world-size of run")
+    scale.add_argument("--tasks", help="--srun-arg=--cpu-bind=cores passes it on")
+    assert unaccepted_flags(parser) == [
+        ("scale", "--nodes"),
+        ("scale", "--srun-arg"),
+        ("scale", "--tasks-per-node"),
+        ("scale", "--world-size"),
+        ("scale", "--wrld"),
+    ]

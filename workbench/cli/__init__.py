@@ -72,7 +72,7 @@ def _add_run(sub: Any) -> None:
     )
     _no_progress(launching)
     add_config_options(run)
-    add_slurm_flags(run)
+    add_slurm_flags(run, layout="--nodes, --tasks-per-node and --time-min")
     run.set_defaults(func=commands.run)
 
 
@@ -96,20 +96,40 @@ def _add_scale(sub: Any) -> None:
         "--script, your script at each world size, its arguments after --.",
         usage="%(prog)s [options] [-- SCRIPT_ARGS ...]",
     )
-    study = scale.add_argument_group("study")
+    study = scale.add_argument_group(
+        "study (its sizes: world sizes, or nodes of --tasks-per-node ranks)",
+        "With --tasks-per-node, a node is filled first, then whole nodes: --world-sizes "
+        "1,2,4,8,16 --tasks-per-node 4 runs 1, 2 and 4 ranks on one node, then 2 and 4 nodes "
+        "of 4; above one node a world size must be a multiple of it. --nodes 1,2,4 "
+        "--tasks-per-node 4 says the same in nodes (world size = nodes x tasks per node).",
+    )
     study.add_argument(
         "--world-sizes",
         type=world_sizes,
-        default=[1, 2],
         metavar="N,N,...",
-        help="comma-separated world sizes (default: 1,2)",
+        help="comma-separated world sizes (default: 1,2, unless --nodes is given)",
+    )
+    study.add_argument(
+        "--nodes",
+        dest="node_counts",
+        type=world_sizes,
+        metavar="N,N,...",
+        help="comma-separated node counts, each of --tasks-per-node ranks (instead of "
+        "--world-sizes)",
+    )
+    study.add_argument(
+        "--tasks-per-node",
+        dest="per_node",
+        type=int,
+        metavar="N",
+        help="ranks (devices) per node (default: one node per world size; with --nodes, 1)",
     )
     study.add_argument(
         "--executor",
         default="local",
         choices=["local", "pool", "slurm"],
-        help="where the ranks run; slurm: every world size submitted at once, as one job "
-        "array per layout (default: local)",
+        help="where the ranks run; local and pool: this machine, one node; slurm: every "
+        "world size submitted at once, as one job array per layout (default: local)",
     )
     study.add_argument(
         "--report",
@@ -118,7 +138,7 @@ def _add_scale(sub: Any) -> None:
     )
     _no_progress(study)
     add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
-    add_slurm_flags(scale)
+    add_slurm_flags(scale, layout="--nodes, --tasks-per-node and --time-min")
     scale.set_defaults(func=commands.scale)
 
 

@@ -51,8 +51,9 @@ def _print_header(handle: Any, executor: str) -> None:
     steps = (
         "steps set by the script" if config.total_steps is None else f"{config.total_steps} steps"
     )
+    nodes = f" on {config.nodes} nodes x {config.tasks_per_node}" if config.nodes > 1 else ""
     print(
-        f"run {handle.run_id}: {config.world_size} rank(s), {steps}, "
+        f"run {handle.run_id}: {config.world_size} rank(s){nodes}, {steps}, "
         f"executor={executor}; results in {handle.path}",
         flush=True,
     )
@@ -147,20 +148,18 @@ def report(args: argparse.Namespace) -> int:
 def scale(args: argparse.Namespace) -> int:
     from workbench.cli.progress import report_bar
     from workbench.errors import ConfigError, PreflightError
-    from workbench.run.launch import sbatch_script
-    from workbench.run.study import scaling_configs
+    from workbench.run.study import check_study, scaling_configs
     from workbench.ui.report import report_from_store
 
     try:
         options = slurm_options(args)
-        sizes = args.world_sizes
+        sizes, per_node = study_sizes(args)
         config = config_from_args(argparse.Namespace(**{**vars(args), "world_size": max(sizes)}))
-        configs = scaling_configs(config, sizes)
+        configs = scaling_configs(config, sizes, tasks_per_node=per_node)
         if args.dry_run:
-            for one in configs:
-                print(f"# world_size {one.world_size}")
-                print(sbatch_script(one, **options))
+            _print_layouts(configs, options)
             return 0
+        check_study(configs, args.executor, **options)
     except (ValueError, ConfigError, PreflightError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -178,6 +177,41 @@ def scale(args: argparse.Namespace) -> int:
     print(f"results: {Path(config.output_dir) / config.sweep}")
     print(f"report: {path}")
     return 0 if all(h.status() == "completed" for h in handles) else 1
+
+
+def study_sizes(args: argparse.Namespace) -> tuple[list[int], int | None]:
+    """The world sizes of ``scale`` and its ranks per node, from ``--world-sizes`` or
+    ``--nodes`` (each of ``--tasks-per-node`` ranks, 1 unless given, as ``run --nodes`` takes
+    it); a ValueError naming the flags where both are given or a count is below 1."""
+    per_node = args.per_node
+    if per_node is not None and per_node < 1:
+        raise ValueError(f"--tasks-per-node {per_node}: ranks per node, a whole number >= 1")
+    if args.node_counts is None:
+        return args.world_sizes or [1, 2], per_node
+    if args.world_sizes is not None:
+        given = ",".join(map(str, args.world_sizes)), ",".join(map(str, args.node_counts))
+        raise ValueError(
+            f"--world-sizes {given[0]} and --nodes {given[1]}: give the study's sizes one way, "
+            "as world sizes or as nodes of --tasks-per-node ranks"
+        )
+    per_node = per_node or 1
+    return [n * per_node for n in args.node_counts], per_node
+
+
+def _print_layouts(configs: list[Any], options: dict[str, Any]) -> None:
+    """The dry run of ``scale``: each layout's sbatch script, as ``launch_array`` submits it (one
+    job array per layout, named after the sweep)."""
+    from workbench.run.launch import sbatch_script
+    from workbench.run.study import layout_text
+
+    layouts: dict[tuple[int, int | None], list[Any]] = {}
+    for one in configs:
+        layouts.setdefault((one.nodes, one.tasks_per_node), []).append(one)
+    for (nodes, per_node), members in layouts.items():
+        sizes = ", ".join(str(c.world_size) for c in members)
+        job = "one job" if len(members) == 1 else f"one job array of {len(members)} runs"
+        print(f"# {layout_text(sizes, nodes, per_node)}: {job}")
+        print(sbatch_script(members[0], **{**options, "job_name": members[0].sweep}))
 
 
 def _submit(

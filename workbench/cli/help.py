@@ -42,7 +42,9 @@ EXAMPLES: dict[str, str] = {
   workbench scale --world-sizes 1,2 --global-batch-size 256 --sweep strong   strong scaling
   workbench scale --model transformer --world-sizes 1,2 --report study.html
   workbench scale --script train.py --world-sizes 1,2 --sweep mine -- --steps 40
-  workbench scale --executor slurm --world-sizes 1,2,4,8 --partition gpu   all queued at once""",
+  workbench scale --executor slurm --world-sizes 1,2,4,8 --partition gpu   all queued at once
+  workbench scale --executor slurm --world-sizes 1,2,4,8,16 --tasks-per-node 4 --partition gpu
+  workbench scale --executor slurm --nodes 1,2,4 --tasks-per-node 4 --partition gpu --dry-run""",
     "sweep": """\
   workbench sweep experiments/sweeps/quickstart.yaml
   workbench sweep experiments/sweeps/comm_hooks.yaml --dry-run
@@ -113,8 +115,8 @@ class Switch(argparse.BooleanOptionalAction):
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's help, with paragraphs wrapped but indented blocks (examples) kept as written,
-    and an on/off flag shown as ``--x, --no-x``."""
+    """argparse's help, with paragraphs wrapped (never inside a ``--flag-name``) but indented
+    blocks (examples) kept as written, and an on/off flag shown as ``--x, --no-x``."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         paragraphs = []
@@ -122,8 +124,21 @@ class Formatter(argparse.HelpFormatter):
             if any(line.startswith("  ") for line in block.splitlines()):
                 paragraphs.append(textwrap.indent(block, indent))
             else:
-                paragraphs.append(super()._fill_text(block, width, indent))
+                words = " ".join(block.split())
+                paragraphs.append(
+                    textwrap.fill(
+                        words,
+                        width,
+                        initial_indent=indent,
+                        subsequent_indent=indent,
+                        break_on_hyphens=False,
+                    )
+                )
         return "\n\n".join(paragraphs)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """An option's help in lines, never broken inside a word (a ``--flag-name``)."""
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if isinstance(action, Switch):

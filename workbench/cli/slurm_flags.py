@@ -16,8 +16,8 @@ _SCALARS: tuple[tuple[str, str, Any, str, str], ...] = (
     ("--account", "account", str, "NAME", "account to charge"),
     ("--qos", "qos", str, "NAME", "quality of service"),
     ("--gpus-per-node", "gpus_per_node", int, "N", "GPUs per node (default: the ranks per node "
-     "when --device cuda, else 0)"),
-    ("--cpus-per-task", "cpus_per_task", int, "N", "CPUs per rank (default: --threads-per-rank)"),
+     "when {device} is cuda, else 0)"),
+    ("--cpus-per-task", "cpus_per_task", int, "N", "CPUs per rank (default: {threads})"),
     ("--mem-gb", "mem_gb", int, "GB", "memory per node in GB (a whole number, as sbatch takes)"),
     ("--constraint", "constraint", str, "FEATURES", "node features, e.g. a100"),
     ("--poll-s", "poll_s", float, "S", "seconds between squeue checks while waiting (default "
@@ -43,22 +43,32 @@ class SlurmFlagError(ValueError):
     """A Slurm flag given wrongly: which flag, what was given, what is allowed."""
 
 
-def add_slurm_flags(parser: argparse.ArgumentParser, dry_run: bool = True) -> None:
-    """The Slurm options as a group of flags (and ``--dry-run`` where ``dry_run``)."""
+def add_slurm_flags(
+    parser: argparse.ArgumentParser, dry_run: bool = True, layout: str | None = None
+) -> None:
+    """The Slurm options as a group of flags (and ``--dry-run`` where ``dry_run``); ``layout``
+    names the command's own flags for the nodes, ranks per node and time limit, where it has
+    them (its help names no flag it does not take)."""
+    said = f"; nodes, ranks per node and the time limit are {layout}" if layout else ""
     group = parser.add_argument_group(
-        "Slurm (with --executor slurm; from a login node)",
-        "The job's resources and set-up; nodes, ranks per node and the time limit are "
-        "--nodes, --tasks-per-node and --time-min.",
+        "Slurm (with --executor slurm; from a login node)", f"The job's resources and set-up{said}."
     )
+    # The run's own flags where the command has them (added before), else the run's fields.
+    has = parser._option_string_actions
+    words = {
+        "device": "--device" if "--device" in has else "the run's device",
+        "threads": "--threads-per-rank" if "--threads-per-rank" in has else "threads_per_rank",
+    }
     for flag, dest, kind, metavar, help_ in _SCALARS:
-        group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_)
+        group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_.format(**words))
     for flag, dest, metavar, help_ in _LISTS:
         group.add_argument(flag, dest=dest, action="append", metavar=metavar, help=help_)
     if dry_run:
         group.add_argument(
             "--dry-run",
             action="store_true",
-            help="print the sbatch script that would be submitted and submit nothing",
+            help="print the sbatch script that would be submitted (scale: one per layout) and "
+            "submit nothing",
         )
 
 

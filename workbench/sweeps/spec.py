@@ -27,6 +27,7 @@ from workbench.config.names import folder_name_problem
 from workbench.config.run_config import RunConfig, init_field_names
 from workbench.errors import ConfigError, PreflightError, Problem
 from workbench.run.backends import backend
+from workbench.run.study import layout
 from workbench.sweeps.run_ids import RESERVED_FIELDS, point_run_id
 
 DEFAULT_NOTEBOOK = "notebooks/02_scaling_sweep.ipynb"
@@ -244,8 +245,7 @@ class SweepSpec:
         try:
             base = RunConfig.from_dict(
                 {
-                    **self.fixed,
-                    **values,
+                    **_laid_out({**self.fixed, **values}),
                     "sweep": self.name,
                     "output_dir": os.path.abspath(self.output_dir),
                 }
@@ -290,10 +290,24 @@ class SweepSpec:
                     )
                 )
             seen.setdefault(point.run_id, point.index)
+        problems += self._layout_problems(out)
         if problems:
             raise ConfigError(problems, what=self._what())
         object.__setattr__(self, "_points", out)  # frozen: a cache, not a field
         return list(out)
+
+    def _layout_problems(self, points: list[SweepPoint]) -> list[Problem]:
+        """What the executor cannot run of each point (several nodes on an executor of this
+        machine, say), as ``launch`` would refuse it: found before the first point runs."""
+        try:
+            back_end = backend(self.executor)
+        except PreflightError:
+            return []  # the spec's own problems name the executor
+        return [
+            Problem(f"point {p.index} ({_label(p.values)}): {pr.field}", pr.value, pr.allowed)
+            for p in points
+            for pr in back_end.config_problems(p.config)
+        ]
 
     def notebook_path(self) -> Path:
         """The notebook to execute, found as the ``notebook`` key says (FileNotFoundError
@@ -310,6 +324,19 @@ class SweepSpec:
             f"notebook={self.notebook!r} not found; looked at: "
             + ", ".join(str(c) for c in candidates[:4])
         )
+
+
+def _laid_out(fields: dict[str, Any]) -> dict[str, Any]:
+    """A point's fields with its nodes filled in as ``workbench scale`` lays them out, where it
+    gives ``world_size`` and ``tasks_per_node`` but not ``nodes``: a node is filled first
+    (``world_size`` ranks on one node up to ``tasks_per_node``), then whole nodes. A world size
+    above one node that is not a multiple of it is a ConfigError."""
+    world, per_node = fields.get("world_size"), fields.get("tasks_per_node")
+    counts = (world, per_node)
+    if "nodes" in fields or not all(type(n) is int and n >= 1 for n in counts):
+        return fields  # nothing to lay out, or RunConfig names what is wrong
+    nodes, on_one = layout(world, per_node)  # type: ignore[arg-type]
+    return {**fields, "nodes": nodes, "tasks_per_node": on_one}
 
 
 def _label(values: Mapping[str, Any]) -> str:
