@@ -102,12 +102,16 @@ def test_run_and_scale_from_the_terminal_complete_on_the_cluster(
     assert run["config"]["world_size"] == 2
     assert run["job_id"] not in before
 
-    assert main(["scale", *common, "--world-sizes", "1,2", "--sweep", "two"]) == 0
+    # One rank a node: the 2-rank point is a 2-node job (the seeds' study across nodes).
+    scale = ["scale", *common, "--world-sizes", "1,2", "--tasks-per-node", "1", "--sweep", "two"]
+    assert main(scale) == 0
     said = capsys.readouterr().out
     assert "finding:" in said and (store / "two" / "report.html").exists(), said
     assert sorted(load_runs(store, ["two"])["world_size"]) == [1, 2]
     runs = [read_json(p) for p in (store / "two").glob("*/run.json")]
     assert {(r["executor"], r["status"]) for r in runs} == {("slurm", "completed")}, runs
+    layouts = {r["config"]["world_size"]: r["config"]["nodes"] for r in runs}
+    assert layouts == {1: 1, 2: 2}, layouts
     # Submitted at once (one job array per layout), not one after another's end.
     assert max(r["submitted_at"] for r in runs) < min(r["ended_at"] for r in runs), runs
     assert len(set(all_job_ids()) - set(before)) == 3
