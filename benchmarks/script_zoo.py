@@ -47,6 +47,18 @@ from workbench.tune.measure import pair_order
 ZOO = "tests/scripts/zoo"
 OWN = re.compile(r"own_samples_per_s=([\d.]+)")
 TRAINER = re.compile(r'"train_samples_per_second": ([\d.]+)')
+#: The step columns whose presence each shape's result records.
+PHASES = (
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "comm_s",
+    "comm_exposed_s",
+    "samples",
+    "tokens",
+    "loss",
+)
 #: Where results go unless ``--json`` says (git-ignored).
 RESULTS = ROOT / "experiments" / "results" / "benchmarks"
 #: The verdict's bound on traced/bare of the script's own figure.
@@ -177,6 +189,8 @@ def traced_figures(stdout: str, steps: int, warmup: int) -> dict[str, Any]:
         "wb_steps": int(first["step"].nunique()),
         "wb_steps_per_iteration": per_iteration,
         "wb_samples": samples,
+        # which figures the workbench has for the window's steps (share of rows with a value)
+        "wb_present": {c: float(window[c].notna().mean()) for c in PHASES if c in window},
         "logs": logs,
     }
 
@@ -201,6 +215,8 @@ def measure_shape(
             "traced_own": traced["own"],
             "ratio": traced["own"] / bare["own"],
             **{k: traced[k] for k in ("wb_headline", "wb_window", "wb_steps", "wb_samples")},
+            "wb_steps_per_iteration": traced["wb_steps_per_iteration"],
+            "wb_present": traced["wb_present"],
         }
         rows.append(row)
         print(
@@ -230,6 +246,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "wb_window_over_own": ratio_stats(ratios("wb_window")),
         "wb_headline_over_own": ratio_stats(ratios("wb_headline")),
         "zero_samples": any(not (r["wb_samples"] or 0) > 0 for r in rows),
+        "wb_present": {
+            c: float(np.median([r["wb_present"].get(c, 0.0) for r in rows])) for c in PHASES
+        },
     }
 
 
@@ -267,6 +286,16 @@ def print_table(results: dict[str, dict[str, Any]], pairs: int, steps: int) -> N
         )
 
 
+def print_present(results: dict[str, dict[str, Any]]) -> None:
+    """Per shape, the share of the window's traced steps that has each figure (the comm timers
+    are sampled: one step in ``trace_comm_every_steps``)."""
+    print("figures the workbench has, share of the measured steps (median over pairs):")
+    for name, r in results.items():
+        if "wb_present" in r:
+            shares = ", ".join(f"{c} {v:.0%}" for c, v in r["wb_present"].items())
+            print(f"  {name}: {shares}")
+
+
 def _median(s: dict[str, float]) -> str:
     return f"{s['median']:.3f}" if s.get("n") else "n/a"
 
@@ -294,6 +323,7 @@ def main() -> None:
         for name in names:
             results[name] = measure_shape(name, pairs, steps, warmup, Path(folder), rng)
     print_table(results, pairs, steps)
+    print_present(results)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = a.json or str(RESULTS / f"script_zoo-{stamp}.json")
     if a.smoke and not a.json:  # a check of the harness leaves no result behind
