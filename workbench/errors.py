@@ -44,6 +44,18 @@ class PreflightError(ValueError):
         super().__init__(f"cannot launch:\n{lines}")
 
 
+class SlurmError(PreflightError):
+    """Slurm cannot take the job: sbatch reaches no controller (no configuration, a controller
+    that does not answer) or refused the job. The message is one line: sbatch's own words and
+    what to check; ``said`` holds all sbatch printed. Raised before a run folder is left
+    behind: nothing of the run exists."""
+
+    def __init__(self, message: str, said: str | None = None) -> None:
+        self.said = said
+        super().__init__([Problem("executor", "slurm", message)])
+        self.args = (message,)
+
+
 class TuneError(ValueError):
     """A tune cannot start from this run or budget; the message says why and what would do."""
 
@@ -75,6 +87,23 @@ class RunFailedError(RuntimeError):
         if log_tail:
             msg += "\n  last lines:\n    " + "\n    ".join(log_tail.rstrip().splitlines()[-10:])
         super().__init__(msg)
+
+
+class StoreFullError(OSError):
+    """No space left on the disk that holds the store: which file could not be written, the
+    disk's mount point, and what is free on it. An ``OSError`` with errno ENOSPC (or EDQUOT),
+    so ``except OSError`` still catches it."""
+
+    def __init__(self, errno_: int, path: str, mount: str, free: str, total: str) -> None:
+        self.path, self.mount, self.free, self.total = path, mount, free, total
+        self.message = (
+            f"no space left on the disk mounted at {mount} ({free} free of {total}): "
+            f"cannot write {path}"
+        )
+        super().__init__(errno_, self.message, path)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InjectedFault(RuntimeError):

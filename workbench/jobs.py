@@ -6,6 +6,8 @@ this module for plain values and executor objects, so submitit's names stay in o
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,6 +155,33 @@ def slurm_executor(folder: Path, **parameters: Any) -> Any:
     executor = submitit.SlurmExecutor(folder=folder)
     executor.update_parameters(**parameters)
     return executor
+
+
+#: What an executor's ``submit`` raises when the scheduler's submit command fails (its message:
+#: the command's output, e.g. sbatch's).
+SUBMIT_FAILED: type[Exception] = submitit.core.utils.FailedJobError
+
+
+def _quiet(executor: Any) -> Any:
+    """Around a Slurm submission: submitit prints a failed sbatch's output to stderr itself;
+    the caller reports it (in one line), so it is kept off stderr here."""
+    if isinstance(executor, submitit.SlurmExecutor):
+        return contextlib.redirect_stderr(io.StringIO())
+    return contextlib.nullcontext()
+
+
+def submit(executor: Any, task: Any) -> Any:
+    """``executor.submit(task)``; a failed submit command raises :data:`SUBMIT_FAILED` (its
+    message: the command's output)."""
+    with _quiet(executor):
+        return executor.submit(task)
+
+
+def submit_all(executor: Any, tasks: Sequence[Any]) -> list[Any]:
+    """Every task in one submission (a Slurm job array); as :func:`submit` otherwise."""
+    with _quiet(executor), executor.batch():
+        jobs = [executor.submit(task) for task in tasks]
+    return jobs
 
 
 def sbatch_text(executor: Any) -> str:

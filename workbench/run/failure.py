@@ -12,6 +12,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The live rule is the store's, so that ``workbench ls`` and a handle say the same.
+from workbench.store.run_status import all_completed as all_completed
+from workbench.store.run_status import live_status as live_status
+
 RankStates = Mapping[int, Mapping[str, Any]]
 
 #: Errors a rank sees because of another rank (its peer died, hung or closed the connection).
@@ -39,26 +43,9 @@ NEVER_STARTED = "the rank never started"
 DIED_UNREPORTED = "the rank's process ended without reporting (killed by a signal or exited)"
 
 
-def all_completed(states: RankStates, processes: int) -> bool:
-    """Whether every expected rank reported ``completed``."""
-    return len(states) == processes and all(s["status"] == "completed" for s in states.values())
-
-
 def _any(states: RankStates, *statuses: str) -> bool:
     """Whether any rank is in one of ``statuses``."""
     return any(s["status"] in statuses for s in states.values())
-
-
-def live_status(states: RankStates, processes: int) -> str:
-    """The run's status while it is not finalized: failed (a rank failed or died), preempted
-    (until the requeued attempt's ranks report running again), completed, running or pending."""
-    if _any(states, "failed", "died"):
-        return "failed"
-    if _any(states, "preempted"):
-        return "preempted"
-    if all_completed(states, processes):
-        return "completed"
-    return "running" if states else "pending"
 
 
 def final_status(states: RankStates, processes: int) -> str:
@@ -193,3 +180,19 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         # FLOPs of one training step, counted on rank 0 only (workbench.rank.flops)
         "flops": summaries.get(0, {}).get("step_flops"),
     }
+
+
+def disk_full_failure(
+    failure: Mapping[str, Any] | None, mount: str, free: str, total: str, run_path: str
+) -> dict[str, Any]:
+    """The failure record of a run whose store's disk is full when its end is recorded: the
+    full disk first (where, and what is free), then what the root-cause rank's record said (a
+    rank that could not write its record or log ended "without reporting")."""
+    record = dict(failure or {"rank": None, "traceback": None, "log_path": None, "log_tail": None})
+    said = record.get("exception")
+    record["exception"] = (
+        f"no space left on the disk mounted at {mount} ({free} free of {total}), which holds "
+        f"the run's folder {run_path}: its ranks could not write their records, traces or logs"
+        + (f"; the rank's record: {said}" if said else "")
+    )
+    return record

@@ -20,11 +20,12 @@ from workbench import schema
 from workbench.analysis.run_digests import digest_at_end
 from workbench.analysis.summary import run_summary
 from workbench.config.run_config import RunConfig
-from workbench.errors import RunFailedError
+from workbench.errors import RunFailedError, StoreFullError
 from workbench.run import processes
 from workbench.run.backends import backend
 from workbench.run.failure import (
     EXIT_TAIL_LINES,
+    disk_full_failure,
     exit_warnings,
     final_status,
     last_lines,
@@ -32,7 +33,7 @@ from workbench.run.failure import (
     rank_measurements,
     root_cause,
 )
-from workbench.store.files import read_json, read_rank_states, update_run
+from workbench.store.files import read_json, read_rank_states, release_space, update_run
 from workbench.store.load import load_traces
 
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
@@ -77,6 +78,8 @@ class RunHandle:
         self.watch = self.backend.watch(job, self.job_id, poll_s)
         self._first_failure_seen: float | None = None
         self._hung: list[int] = []
+        #: The run's end where even a freed reserve left no room to record it (a full disk).
+        self._unrecorded: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, status={self.status()!r}, path={str(self.path)!r})"
@@ -135,9 +138,11 @@ class RunHandle:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.run_id} still {status} after {timeout_s} s")
             time.sleep(poll_s)
-        final = self.status()
+        final = self.status() if self._unrecorded is None else self._unrecorded["status"]
         if final == "failed" and raise_on_failure:
             raise self.failure_error()
+        if self._unrecorded is not None:
+            warnings.warn(f"run {self.run_id} {final}; {self._unrecorded_note()}", stacklevel=2)
         return final
 
     def _grace_over(self) -> bool:
@@ -211,20 +216,61 @@ class RunHandle:
 
     def failure_error(self) -> RunFailedError:
         """The run's failure as an exception (the recorded root cause, else one found now)."""
-        f = read_json(self.path / schema.RUN_FILE).get("failure") or self._failure() or {}
+        unrecorded = self._unrecorded or {}
+        f = (
+            unrecorded.get("failure")
+            or read_json(self.path / schema.RUN_FILE).get("failure")
+            or self._failure()
+            or {}
+        )
+        exception = f.get("exception")
+        if unrecorded:
+            exception = f"{exception}; {self._unrecorded_note()}"
         return RunFailedError(
             self.run_id,
-            self.status(),
+            unrecorded.get("status") or self.status(),
             rank=f.get("rank"),
-            exception=f.get("exception"),
+            exception=exception,
             traceback=f.get("traceback"),
             log_tail=f.get("log_tail"),
             log_path=f.get("log_path"),
         )
 
     def _finalize(self, status: str | None = None, failure: dict[str, Any] | None = None) -> None:
-        """Record the run's end in run.json: its status, root cause, hosts, each rank's device,
-        crashes at exit and summary."""
+        """Record the run's end in run.json (see ``_end_fields``). On a full disk the run's
+        reserve is given back and the end recorded with the failure saying so; where even that
+        finds no room, the end stays unrecorded here (``wait`` raises with it) and the store
+        lists the run from its ranks' records."""
+        fields = self._end_fields(status, failure)
+        try:
+            update_run(self.path, **fields)
+        except StoreFullError as full:
+            release_space(self.path)
+            fields = self._disk_full_fields(fields, full)
+            try:
+                update_run(self.path, **fields)
+            except StoreFullError:
+                self._unrecorded = fields
+            return  # no digest: no room for it (its first reader builds it, or reads the rows)
+        release_space(self.path)
+        try:  # once, now that the run has ended: its reports read the digest, not the rows
+            digest_at_end(self.path)
+        except Exception as exc:  # its first reader builds it then, or reads the rows
+            warnings.warn(f"run {self.run_id}: no digest written ({exc})", stacklevel=2)
+
+    def _unrecorded_note(self) -> str:
+        """What a caller is told when the run's end could not be recorded (a full disk)."""
+        return (
+            f"its end is not recorded in {self.path / schema.RUN_FILE} (no space left even "
+            "for that): the store lists it from its ranks' records, and attach(path).wait() "
+            "records it once space is freed"
+        )
+
+    def _end_fields(
+        self, status: str | None = None, failure: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """What run.json records at the run's end: its status, root cause, hosts, each rank's
+        device, crashes at exit and summary."""
         states = self.rank_states()
         status = status or final_status(states, self.config.processes)
         fields: dict[str, Any] = {
@@ -253,11 +299,17 @@ class RunHandle:
             )
         except Exception as exc:  # a summary must never hide the run's own outcome
             fields["summary_error"] = f"{type(exc).__name__}: {exc}"
-        update_run(self.path, **fields)
-        try:  # once, now that the run has ended: its reports read the digest, not the rows
-            digest_at_end(self.path)
-        except Exception as exc:  # its first reader builds it then, or reads the rows
-            warnings.warn(f"run {self.run_id}: no digest written ({exc})", stacklevel=2)
+        return fields
+
+    def _disk_full_fields(self, fields: dict[str, Any], full: StoreFullError) -> dict[str, Any]:
+        """The end's fields when the store's disk is full: a failure says so first (the ranks
+        could write neither their records nor their logs, so their own words are missing)."""
+        fields = {**fields, "disk_full": {"mount": full.mount, "free": full.free}}
+        if fields["status"] == "failed":
+            fields["failure"] = disk_full_failure(
+                fields.get("failure"), full.mount, full.free, full.total, str(self.path)
+            )
+        return fields
 
     def result(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Wait, then return each rank's summary (index = rank); RunFailedError on failure."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import secrets
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,13 +19,20 @@ from typing import Any, Sequence
 
 from workbench import environment, schema
 from workbench.config.run_config import RunConfig
-from workbench.errors import PreflightError
+from workbench.errors import PreflightError, SlurmError
 from workbench.ports import free_port
 from workbench.run.backends import backend
 from workbench.run.backends.slurm import SLURM
 from workbench.run.handle import RunHandle, attach
 from workbench.run.preflight import preflight
-from workbench.store.files import read_json, run_dir, update_run, write_json
+from workbench.store.files import (
+    read_json,
+    release_space,
+    reserve_space,
+    run_dir,
+    update_run,
+    write_json,
+)
 
 #: How often a handle asks a scheduler about its job, unless ``poll_s`` is given.
 DEFAULT_POLL_S = 30.0
@@ -52,9 +60,21 @@ def launch(
     (world size 1, in this process, for stepping through code) or ``"slurm"`` (options:
     ``workbench.run.backends.slurm.SLURM_OPTIONS``). ``resume=True`` continues the run named
     ``config.run_name`` from its latest checkpoint, appending to its traces."""
-    config, run_path, task = _prepare(config, executor, executor_options, resume)
+    from workbench import jobs
+
+    config, run_path = _check(config, executor, executor_options, resume)
+    before = read_json(run_path / schema.RUN_FILE) if resume else None
+    task = _write(config, run_path, executor, resume)
     logs = run_path / schema.LOGS_DIR
-    job = backend(executor).executor(config, logs, executor_options).submit(task)
+    back_end = backend(executor)
+    try:
+        job = jobs.submit(back_end.executor(config, logs, executor_options), task)
+    except jobs.SUBMIT_FAILED as exc:  # the scheduler refused it: nothing of the run is left
+        refused = getattr(back_end, "refused", None)
+        if refused is None:
+            raise
+        _undo([run_path], before)
+        raise refused(str(exc)) from None
     update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     poll_s = executor_options.get("poll_s", DEFAULT_POLL_S)
     return RunHandle(run_path, config, job, executor, poll_s=poll_s)
@@ -76,18 +96,29 @@ def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[Run
     """Submit many runs to Slurm as job arrays: one array per distinct layout (nodes, ranks per
     node, time limit), one array task per run, at most ``array_parallelism`` running at once. A
     sweep of 50 points is one or a few submissions instead of 50."""
-    prepared = [_prepare(c, SLURM.name, slurm_options, resume=False) for c in configs]
+    checked = [  # every config checked (the controller asked once) before a folder is written
+        _check(c, SLURM.name, slurm_options, resume=False, probe=i == 0)
+        for i, c in enumerate(configs)
+    ]
+    prepared = [(c, path, _write(c, path, SLURM.name, False)) for c, path in checked]
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (config, _, _) in enumerate(prepared):
         groups.setdefault(_array_key(config), []).append(i)
     poll_s = slurm_options.get("poll_s", DEFAULT_POLL_S)
     handles: dict[int, RunHandle] = {}
-    for members in groups.values():
+    for n, members in enumerate(groups.values()):
         first_config, first_path, _ = prepared[members[0]]
         logs = first_path.parent / ".slurm-arrays"  # one folder per sweep for the array's logs
         options = {**slurm_options, "job_name": first_config.sweep}
-        jobs = SLURM.submit_array(first_config, logs, options, [prepared[i][2] for i in members])
-        for i, job in zip(members, jobs, strict=True):
+        try:
+            submitted = SLURM.submit_array(
+                first_config, logs, options, [prepared[i][2] for i in members]
+            )
+        except SlurmError:  # this array and those after it: no folder left behind
+            left = [i for m in list(groups.values())[n:] for i in m]
+            _undo([prepared[i][1] for i in left], None)
+            raise
+        for i, job in zip(members, submitted, strict=True):
             config, run_path, _ = prepared[i]
             update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
             handles[i] = RunHandle(run_path, config, job, SLURM.name, poll_s=poll_s)
@@ -108,15 +139,44 @@ def as_config(config: RunConfig | Mapping[str, Any]) -> RunConfig:
 
 
 def _prepare(
-    config: RunConfig, executor: str, options: dict[str, Any], resume: bool
+    config: RunConfig | Mapping[str, Any], executor: str, options: dict[str, Any], resume: bool
 ) -> tuple[RunConfig, Path, Any]:
     """Name the run, check it, write its config and pending record; the task submitit runs."""
-    from workbench.rank.task import RankTask
+    config, run_path = _check(config, executor, options, resume)
+    return config, run_path, _write(config, run_path, executor, resume)
 
+
+def _check(
+    config: RunConfig | Mapping[str, Any],
+    executor: str,
+    options: dict[str, Any],
+    resume: bool,
+    probe: bool = True,
+) -> tuple[RunConfig, Path]:
+    """The config, named, and its run folder, once preflight found nothing wrong (``probe``:
+    also ask the scheduler, where there is one, whether it can be reached)."""
     config = as_config(config)
     if config.run_name is None:
         config = config.replace(run_name=_new_run_id(config))
-    run_path = preflight(config, executor, options, resume)
+    return config, preflight(config, executor, options, resume, probe=probe)
+
+
+def _undo(run_paths: Sequence[Path], before: dict[str, Any] | None) -> None:
+    """Take back what was written for runs whose submission was refused: a new run's folder
+    goes; a resumed run's record is put back as it was (``before``)."""
+    for run_path in run_paths:
+        if before is None:
+            shutil.rmtree(run_path, ignore_errors=True)
+        else:
+            release_space(run_path)
+            write_json(run_path / schema.RUN_FILE, before)
+
+
+def _write(config: RunConfig, run_path: Path, executor: str, resume: bool) -> Any:
+    """Write the run's config and pending record (and its space reserve); the task submitit
+    runs."""
+    from workbench.rank.task import RankTask
+
     attempt = 0
     if resume:
         attempt = int(read_json(run_path / schema.RUN_FILE).get("attempt", 0)) + 1
@@ -140,6 +200,7 @@ def _prepare(
         failure=None,
         ended_at=None,
     )
+    reserve_space(run_path)  # room to record the run's end if the disk fills (handle._finalize)
     task = RankTask(
         config=config,
         run_dir=str(run_path),
@@ -150,7 +211,7 @@ def _prepare(
         # Pool workers started before this launch: they get the caller's variables with the task.
         environ=dict(os.environ) if executor == "pool" else None,
     )
-    return config, run_path, task
+    return task
 
 
 def sbatch_script(config: RunConfig, **slurm_options: Any) -> str:

@@ -45,10 +45,16 @@ def _writable_dir(path: Path) -> str | None:
 
 
 def preflight(
-    config: RunConfig, executor: str, options: dict[str, Any], resume: bool = False
+    config: RunConfig,
+    executor: str,
+    options: dict[str, Any],
+    resume: bool = False,
+    probe: bool = True,
 ) -> Path:
     """Everything that can be checked on this machine before a process starts; raises one
-    PreflightError listing every problem. Returns the run folder."""
+    PreflightError listing every problem. Then (``probe``), where the executor is a scheduler,
+    whether it can be reached from here: a SlurmError (one line: sbatch's words, what to
+    check) if not. Returns the run folder; writes nothing."""
     back_end = backend(executor)  # an unknown executor is the one problem worth reporting
     problems = back_end.check(config, options)
     if back_end.on_this_machine:  # a scheduler's nodes are not this machine
@@ -64,6 +70,11 @@ def preflight(
     problems += _folder_problems(config, run_path, resume)
     if problems:
         raise PreflightError(problems)
+    # Last: asking a scheduler that does not answer takes seconds (sbatch retries).
+    unreachable = getattr(back_end, "unreachable", None) if probe else None
+    error = unreachable() if unreachable is not None else None
+    if error is not None:
+        raise error
     return run_path
 
 

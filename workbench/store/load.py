@@ -18,6 +18,7 @@ from workbench.config.choices import COMM_HOOKS
 from workbench.store.arrow_stream import read_stream
 from workbench.store.files import read_json
 from workbench.store.jsonl import read_jsonl
+from workbench.store.run_status import stored_status
 from workbench.store.trace_files import ROW_KEYS
 
 if TYPE_CHECKING:
@@ -45,7 +46,8 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
     row: dict[str, Any] = {
         "run_id": run.get("run_id", run_path.name),
         "sweep": run.get("sweep", run_path.parent.name),
-        "status": run.get("status"),
+        # the recorded status; until the run's end is recorded, its ranks' (store.run_status)
+        "status": stored_status(run_path, run),
         "path": str(run_path),
         "submitted_at": run.get("submitted_at"),
         "ended_at": run.get("ended_at"),
@@ -114,9 +116,10 @@ def _flops_columns(run: dict[str, Any]) -> dict[str, Any]:
 def load_runs(
     output_dir: str | Path = "experiments/results", sweeps: Iterable[str] | None = None
 ) -> pd.DataFrame:
-    """One row per run: id, sweep, status, every config field (dicts flattened as ``a.b``; the
-    fault plan left out; ``derived``, the fields the config filled in, as a list), the summary
-    figures, and how communication was measured (see ``_measurement_columns``)."""
+    """One row per run: id, sweep, status (``run.json``'s; a run whose end is not recorded
+    there yet: its ranks', see ``store.run_status``), every config field (dicts flattened as
+    ``a.b``; the fault plan left out; ``derived``, the fields the config filled in, as a list),
+    the summary figures, and how communication was measured (see ``_measurement_columns``)."""
     import pandas as pd
 
     return pd.DataFrame([_flat_run_row(p) for p in iter_run_dirs(output_dir, sweeps)])

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config.run_config import RunConfig
-from workbench.errors import Problem
+from workbench.errors import Problem, SlurmError
+from workbench.run.backends import slurm_reach
 from workbench.run.backends.base import Backend, JobWatch, RankStates
 from workbench.run.failure import all_completed
 
@@ -145,6 +146,15 @@ class SlurmBackend(Backend):
                 problems.append(Problem(name, options[name], f"must be a {kind.__name__}"))
         return problems
 
+    def unreachable(self) -> SlurmError | None:
+        """Why no Slurm controller can be reached from here (sbatch's words and what to
+        check), or None; asked by preflight once everything else is in order."""
+        return slurm_reach.probe()
+
+    def refused(self, said: str) -> SlurmError:
+        """A submission sbatch refused (``said``: its output), as a one-line error."""
+        return slurm_reach.refused(said)
+
     def executor(self, config: RunConfig, folder: Path, options: Mapping[str, Any]) -> Any:
         """A SlurmExecutor with the run's layout, time limit and the user's options."""
         from workbench import jobs
@@ -190,10 +200,13 @@ class SlurmBackend(Backend):
         self, config: RunConfig, folder: Path, options: Mapping[str, Any], tasks: Sequence[Any]
     ) -> list[Any]:
         """Submit ``tasks`` as one job array with ``config``'s layout; their submitit jobs."""
+        from workbench import jobs
+
         executor = self.executor(config, folder, options)
-        with executor.batch():
-            jobs = [executor.submit(task) for task in tasks]
-        return jobs
+        try:
+            return jobs.submit_all(executor, tasks)
+        except jobs.SUBMIT_FAILED as exc:
+            raise self.refused(str(exc)) from None
 
     def watch(self, job: Any, job_id: str | None, poll_s: float = 30.0) -> JobWatch:
         """A watch on a Slurm job."""
