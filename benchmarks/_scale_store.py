@@ -1,6 +1,7 @@
 """A large sweep written in the store's own layout, for the analysis benchmarks.
 
-Runs at 1, 2, 4 ... ranks, each rank's steps in ``traces/steps-rankNNNNN.parquet`` beside the run's
+Runs at 1, 2, 4 ... ranks (on one node up to 8, then on whole nodes of 8: one scaling curve
+across them), each rank's steps in ``traces/steps-rankNNNNN.parquet`` beside the run's
 ``run.json``, as the launcher and the ranks leave them. Times are DDP-like: every rank's step ends
 when the slowest rank's compute and the transfer are done; DDP's reducer timers
 (``comm_s``, ``backward_compute_s``, ``comm_exposed_s``) are on sampled steps only (every
@@ -27,6 +28,8 @@ from workbench.store.files import write_json  # noqa: E402
 
 SWEEP = "scale"
 SLOW_RANK = 7
+#: Ranks a node (``host`` is ``node<rank // 8>``): a run of more is on whole nodes of 8.
+RANKS_PER_NODE = 8
 
 
 def _rank_table(
@@ -51,7 +54,7 @@ def _rank_table(
         "run_id": pa.array([run_id] * steps, pa.string()),
         "rank": np.full(steps, rank),
         "local_rank": np.full(steps, rank % 8),
-        "host": pa.array([f"node{rank // 8:03d}"] * steps, pa.string()),
+        "host": pa.array([f"node{rank // RANKS_PER_NODE:03d}"] * steps, pa.string()),
         "world_size": np.full(steps, ranks),
         "attempt": np.zeros(steps, dtype="int64"),
         "epoch": (step - 1) // 2000,
@@ -111,11 +114,15 @@ def write_sweep(
         if ranks == largest and ranks > 1:
             compute[min(SLOW_RANK, ranks - 1), steps // 3 :] *= slow_factor
         step_s = compute.max(axis=0) + (0.004 if ranks > 1 else 0.0)
+        # laid out as the hosts say: one node up to RANKS_PER_NODE ranks, then whole nodes
+        nodes = max(1, ranks // RANKS_PER_NODE)
         cfg = RunConfig(
             output_dir=str(root),
             sweep=SWEEP,
             run_name=run_id,
             world_size=ranks,
+            nodes=nodes,
+            tasks_per_node=RANKS_PER_NODE if nodes > 1 else None,
             per_device_batch_size=32,
             max_steps=steps,
             warmup_steps=warmup,

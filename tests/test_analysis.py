@@ -570,7 +570,8 @@ def test_predicted_vs_measured_table() -> None:
         "weak scaling from 1 run(s) at N=1"
     }
     by_model = predicted_vs_measured(runs, steps, SLOW_NET, group_by=["model"])
-    assert list(by_model.columns[:4]) == ["model", "nodes", "world_size", "network"]
+    # a point is its world size and nodes, with the link class its allreduce crossed
+    assert list(by_model.columns[:5]) == ["model", "world_size", "nodes", "link_class", "network"]
 
 
 def test_a_straggler_is_attributed_to_the_phase_that_makes_it_slow() -> None:

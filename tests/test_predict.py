@@ -222,9 +222,12 @@ def test_predict_nodes_per_node_on_the_command_line(
     assert "bound by the inter-node links" in text and "4 ranks a node" in text, text
     # the flags that do not fit together are named; nothing is read
     for bad, said in (
-        (["--nodes", "2", "--busbw", "1e6"], "--nodes needs --per-node"),
         (["--world-sizes", "8", "--nodes", "2", "--per-node", "4", "--busbw", "1e6"], "exactly"),
         (["--world-sizes", "8", "--intra-busbw", "1e9", "--busbw", "1e6"], "needs --per-node"),
     ):
         assert main(["predict", "s", "--output-dir", str(tmp_path), *bad]) == 2
         assert said in capsys.readouterr().err
+    # --nodes alone takes the layout of the sweep's runs on several nodes: these have none
+    assert main(["predict", "s", "--output-dir", str(tmp_path), "--nodes", "2", "--busbw", "1e6"])
+    err = capsys.readouterr().err
+    assert "on more than one node do not say one layout (none); give --per-node" in err, err

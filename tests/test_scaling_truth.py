@@ -543,7 +543,12 @@ def test_network_fit_refuses_a_non_positive_bandwidth() -> None:
     assert fit.model is None and "non-positive" in fit.note and fit.world_sizes == (2, 4, 8)
 
 
-def test_model_curves_split_by_nodes() -> None:
+def test_a_configs_node_counts_are_one_model_curve() -> None:
+    # One config at 1 rank, 2 ranks on one node and 4 ranks on 2 nodes: one curve, based on the
+    # 1-rank run (compute 1.0 s), each point with its link class. On a 1e6 B/s network with no
+    # exposed timer (no overlap): 1e6 bytes take 2 (N-1)/N s, 1.0 s at N=2 and 1.5 s at N=4:
+    # steps 2.0 and 2.5 s, speedups 16 / 2 / 8 = 1.0 and 32 / 2.5 / 8 = 1.6; measured 4 ranks
+    # at 2.0 s: 16/s, speedup 2.0 over the same base.
     runs, steps = study(
         [
             {"run_id": "a1", "world_size": 1},
@@ -552,9 +557,15 @@ def test_model_curves_split_by_nodes() -> None:
         ]
     )
     pvm = predicted_vs_measured(runs, steps, SLOW_NET).set_index(["nodes", "world_size"])
-    assert pvm.loc[(1, 2), "base_world_size"] == 1
-    assert pvm.loc[(2, 4), "base_world_size"] == 4  # its own base: links across nodes differ
-    assert pvm.loc[(2, 4), "measured_speedup"] == pytest.approx(1.0)
+    assert set(pvm["base_world_size"]) == {1} and set(pvm["base_run_id"]) == {"a1"}
+    assert pvm["link_class"].tolist() == ["none", "intra-node", "inter-node"]
+    assert pvm["predicted_step_s"].tolist() == pytest.approx([1.0, 2.0, 2.5])
+    assert pvm["predicted_speedup"].tolist() == pytest.approx([1.0, 1.0, 1.6])
+    assert pvm.loc[(2, 4), "measured_speedup"] == pytest.approx(2.0)
+    table = scaling_table(runs, steps)
+    assert table["link_class"].tolist() == ["none", "intra-node", "inter-node"]
+    assert set(table["base_world_size"]) == {1}
+    assert table["speedup"].tolist() == pytest.approx([1.0, 16 / 1.25 / 8, 2.0])
 
 
 def test_no_evaluations_frame_is_fine() -> None:

@@ -14,7 +14,11 @@ through the node's links::
 sustains inside one node, and across nodes with one rank per node. On one node only the first
 line remains (the ring of :func:`workbench.analysis.network.ring_allreduce_time`); with one
 rank per node only the second. The larger of the two lines *bounds* the allreduce: that link
-class is the one to buy. Pure numpy.
+class is the one to buy.
+
+A measured point's link class (:func:`point_link_class`) is what its allreduce crossed: none for
+one rank, the links within a node for ranks on one node, the links across nodes (and within
+them) for ranks on several. Pure numpy.
 """
 
 from __future__ import annotations
@@ -27,6 +31,29 @@ import numpy as np
 from workbench.analysis.network import NetworkModel, ring_allreduce_time
 
 INTRA, INTER = "intra-node", "inter-node"
+#: The link class of one rank: its allreduce moves nothing.
+NO_LINK = "none"
+
+
+def point_link_class(world_size: object, nodes: object) -> str:
+    """What the allreduce of ``world_size`` ranks on ``nodes`` nodes crosses: :data:`NO_LINK`
+    for one rank, :data:`INTRA` on one node (an unknown node count is one node, RunConfig's
+    default), :data:`INTER` on more."""
+    if int(world_size) <= 1:  # type: ignore[call-overload]
+        return NO_LINK
+    try:
+        many = float(nodes) > 1  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        many = False
+    return INTER if many else INTRA
+
+
+def nodes_for(world_size: int, per_node: int | None) -> int:
+    """Nodes of ``per_node`` ranks that ``world_size`` ranks fill (one node without
+    ``per_node``)."""
+    if per_node is None or per_node < 1:
+        return 1
+    return max(1, -(-int(world_size) // int(per_node)))
 
 
 @dataclass(frozen=True)
@@ -43,12 +70,17 @@ class ClusterNetwork(NetworkModel):
         """The cluster of ``per_node`` ranks a node, ``intra`` inside one and ``inter`` across."""
         if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
             raise ValueError(f"per_node: ranks per node, a whole number >= 1; got {per_node!r}")
+        within = (
+            "no link within a node"
+            if per_node == 1
+            else f"within a node: {intra.description or intra.name}"
+        )
+        ranks = "1 rank a node" if per_node == 1 else f"{per_node} ranks a node"
         return cls(
             name="cluster",
             bandwidth_bytes_per_s=inter.bandwidth_bytes_per_s,
             latency_s=inter.latency_s,
-            description=f"{per_node} ranks a node; within a node: "
-            f"{intra.description or intra.name}; across nodes: {inter.description or inter.name}",
+            description=f"{ranks}; {within}; across nodes: {inter.description or inter.name}",
             intra=intra,
             inter=inter,
             per_node=per_node,

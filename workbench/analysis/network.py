@@ -163,11 +163,12 @@ def _fit_runs(
     if m.empty:
         return m, "no network fit: no multi-rank run with communication times"
     if runs is not None and "nodes" in runs.columns:
-        nodes = sorted(set(runs.loc[runs["run_id"].isin(pd.unique(m["run_id"])), "nodes"]))
-        if len(nodes) > 1:
+        nodes = runs.loc[runs["run_id"].isin(pd.unique(m["run_id"])), "nodes"]
+        if len({link_class(n) for n in nodes} - {None}) > 1:
             return m, (
-                f"no network fit: the runs span {', '.join(map(str, nodes))} nodes, whose links "
-                "differ; fit the runs of one node count, or pass a network"
+                f"no network fit: the runs span {', '.join(map(str, sorted(set(nodes))))} "
+                "nodes, whose links differ (within a node, across nodes); fit the runs of one "
+                "link class, or pass a network"
             )
     if "comm_buckets" not in m.columns:
         m = m.assign(comm_buckets=1)
@@ -207,12 +208,12 @@ def fit_network(
     least-squares fit of ``comm_s = 2 (N-1)/N bytes / bandwidth + 2 (N-1) buckets latency``
     (both non-negative) over the runs needs runs at :data:`MIN_FIT_WORLD_SIZES` or more distinct
     world sizes above one (two parameters and a residual); with fewer there is no fit and the
-    note says why. With ``runs``, only runs of ``statuses`` are pooled, and runs spanning
-    several node counts are not (intra- and inter-node links differ). ``residual_s`` is the RMS
-    of measured minus fitted ``comm_s``. A latency that would come out negative is fixed at 0
-    (the note says so); a bandwidth that would come out non-positive gives no fit. Waiting for
-    stragglers and bucket queueing inflate ``comm_s`` (and DDP's sampled span also holds the
-    backward compute between buckets), so the bandwidth is a lower bound.
+    note says why. With ``runs``, only runs of ``statuses`` are pooled, and runs of both link
+    classes are not (one node and several: intra- and inter-node links differ). ``residual_s``
+    is the RMS of measured minus fitted ``comm_s``. A latency that would come out negative is
+    fixed at 0 (the note says so); a bandwidth that would come out non-positive gives no fit.
+    Waiting for stragglers and bucket queueing inflate ``comm_s`` (and DDP's sampled span also
+    holds the backward compute between buckets), so the bandwidth is a lower bound.
     """
     per_run, why = _fit_runs(steps, runs, statuses)
     if why is not None:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.cluster_network import INTRA, ClusterNetwork
+from workbench.analysis.cluster_network import INTRA, ClusterNetwork, nodes_for
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.network import NetworkModel, network_fit
 from workbench.analysis.scaling_model import predicted_vs_measured
@@ -130,7 +130,10 @@ def target_cluster(
 ) -> ClusterNetwork:
     """A cluster of ``per_node`` ranks a node: ``inter`` across nodes and ``intra`` within one,
     or, where ``intra`` is not given, the intra-node network the runs measured on their own
-    machine (their micro-benchmark or a fit to their traces)."""
+    machine (their micro-benchmark or a fit to their traces). With one rank a node no allreduce
+    runs within a node: none is needed, and ``inter`` stands in for it."""
+    if intra is None and per_node == 1:
+        intra = inter
     if intra is None:
         if runs is None or steps is None:
             raise ValueError("no intra-node network given and no runs to measure it on")
@@ -152,12 +155,33 @@ def target_cluster(
     return ClusterNetwork.of(intra, inter, per_node)
 
 
+def sweep_ranks_per_node(runs: pd.DataFrame) -> int:
+    """The ranks a node of the completed runs on more than one node (``world_size / nodes``),
+    where they agree: the layout to predict more nodes on. :class:`PredictionError` naming
+    what the runs have otherwise."""
+    done = runs if "status" not in runs.columns else runs[runs["status"] == "completed"]
+    if "nodes" not in done.columns:
+        raise PredictionError("the runs record no node count: give --per-node")
+    nodes = pd.to_numeric(done["nodes"], errors="coerce")
+    wide = done[nodes > 1]
+    layouts = zip(wide["world_size"], wide["nodes"], strict=True)
+    per_node = sorted({int(w) // int(n) for w, n in layouts})
+    if len(per_node) != 1:
+        have = f"ranks a node {', '.join(map(str, per_node))}" if per_node else "none"
+        raise PredictionError(
+            f"--per-node not given and the sweep's completed runs on more than one node do not "
+            f"say one layout ({have}); give --per-node"
+        )
+    return per_node[0]
+
+
 def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per curve: the RMS relative error of the model on its own measured world sizes other
-    than the base, with the runs' own network; NaN without such a point."""
+    """Per curve: the RMS relative error of the model on its own measured points other than the
+    base (each on the network its link class measured); NaN without such a point."""
     own = predicted_vs_measured(runs, steps, None, group_by=keys)
-    curve = [c for c in [*keys, "nodes"] if c in own.columns]
-    check = own[own["world_size"] != own["base_world_size"]].dropna(subset=["relative_error"])
+    curve = [c for c in keys if c in own.columns]
+    beyond = (own["world_size"] != own["base_world_size"]) | (own["nodes"] != own["base_nodes"])
+    check = own[beyond].dropna(subset=["relative_error"])
     if check.empty or not curve:
         return pd.DataFrame(columns=[*curve, "model_error"])
     rms = check.groupby(curve, dropna=False)["relative_error"].apply(
@@ -173,6 +197,18 @@ def _gradient_traffic(steps: pd.DataFrame | StoredSteps, run_ids: pd.Series) -> 
         return bool((p.loc[p["run_id"].isin(run_ids), "multi_rank_bytes"].fillna(0) > 0).any())
     multi = steps[steps["run_id"].isin(run_ids) & (steps["world_size"] > 1)]
     return not multi.empty and bool((multi["comm_bytes"].fillna(0) > 0).any())
+
+
+def _asked(
+    table: pd.DataFrame, sizes: list[int], network: NetworkModel, curve: list[str]
+) -> pd.DataFrame:
+    """One row per curve and asked world size: on a given cluster the point laid out on its
+    nodes; on a plain network any (its prediction does not depend on the nodes a point was
+    measured on)."""
+    rows = table[table["world_size"].isin(sizes)]
+    if isinstance(network, ClusterNetwork):
+        rows = rows[rows["nodes"] == [nodes_for(n, network.per_node) for n in rows["world_size"]]]
+    return rows.drop_duplicates([*curve, "world_size"]).reset_index(drop=True)
 
 
 def predict(
@@ -202,8 +238,8 @@ def predict(
         )
     keys = resolve_group_by(runs, group_by)
     table = predicted_vs_measured(runs, steps, network, group_by=keys, world_sizes=sizes)
-    curve = [c for c in [*keys, "nodes"] if c in table.columns]
-    rows = table[table["world_size"].isin(sizes)].copy()
+    curve = [c for c in keys if c in table.columns]
+    rows = _asked(table, sizes, network, curve)
     if rows["predicted_samples_per_s"].isna().all():
         notes = "; ".join(dict.fromkeys(str(n) for n in rows["note"]))
         raise PredictionError(f"no curve could be predicted: {notes}")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from workbench.analysis.cluster_network import point_link_class
 from workbench.analysis.completeness import mark_incomplete
 from workbench.analysis.flops import add_flops_columns
 from workbench.analysis.groups import assign_groups, group_frame, resolve_group_by
@@ -242,12 +243,18 @@ def _with_speedup(table: pd.DataFrame, keys: list[str], point: list[str]) -> pd.
 
 def points_table(per_run: pd.DataFrame, group_by: Sequence[str]) -> pd.DataFrame:
     """The scaling table of a :func:`run_table` (made with the same ``group_by``): one row per
-    group, world size and nodes, with means, stds, speedup and efficiency."""
+    group, world size and nodes (one curve per group, whatever its node counts; each point's
+    ``link_class``: ``none`` at one rank, ``intra-node`` on one node, ``inter-node`` on more),
+    with means, stds, speedup and efficiency."""
     keys = list(group_by) or ["_group"]
     if not group_by:
         per_run = per_run.assign(_group="all")
     point = keys + ["world_size"] + (["nodes"] if "nodes" in per_run.columns else [])
     table = _with_speedup(_points(per_run, point), keys, point)
+    if "nodes" in table.columns:  # what each point's allreduce crossed
+        where = zip(table["world_size"], table["nodes"], strict=True)
+        links = [point_link_class(w, n) for w, n in where]
+        table.insert(table.columns.get_loc("nodes") + 1, "link_class", links)
     return table.drop(columns="_group") if not group_by else table
 
 
@@ -262,7 +269,8 @@ def scaling_table(
 ) -> pd.DataFrame:
     """Per scaling group and world size: throughput, speedup, efficiency, epoch time, quality.
 
-    A point is ``group_by`` + ``world_size`` (+ ``nodes`` when ``runs`` has it); its runs give
+    A point is ``group_by`` + ``world_size`` (+ ``nodes`` when ``runs`` has it, and then the
+    point's ``link_class``: the node count is an axis, never a curve of its own); its runs give
     the mean (plain name), the standard deviation of the runs (``_std``, ddof 1: NaN from a
     single run) and ``runs``. ``scaling`` labels the group (weak / strong, see
     :mod:`workbench.analysis.groups`); ``per_device_batch_size`` and ``global_batch_size`` are

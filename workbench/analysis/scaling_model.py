@@ -18,12 +18,20 @@ allreduce inside a node, then across nodes). Pure pandas/numpy; no torch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.cluster_network import ClusterNetwork, allreduce_time
+from workbench.analysis.cluster_network import point_link_class
+from workbench.analysis.curve_links import (
+    POINT_COLUMNS,
+    CurveNetworks,
+    base_point,
+    bound_by,
+    curve_points,
+    ranks_per_node,
+    with_links,
+)
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.model_base import (
     CurveRows,
@@ -39,106 +47,29 @@ from workbench.analysis.network import (
     NetworkModel,
     as_network,
     fit_network,
-    link_class,
     measured_network,
     network_fit,
     ring_allreduce_time,
 )
 from workbench.analysis.scaling import run_table
+from workbench.analysis.step_model import Base, model_arrays, model_curve
+from workbench.analysis.stored import StoredSteps
 from workbench.analysis.windows import check_columns, measured_steps, measured_window
 
 __all__ = [
     "MIN_FIT_WORLD_SIZES",
+    "Base",
     "NETWORK_PRESETS",
     "NetworkFit",
     "NetworkModel",
     "fit_network",
     "measured_network",
+    "model_arrays",
+    "model_curve",
     "predict_scaling",
     "predicted_vs_measured",
     "ring_allreduce_time",
 ]
-
-
-@dataclass(frozen=True)
-class Base:
-    """What the model starts from: the base world size, its wall step time and samples per step
-    (means over its repeats), its measured exposed communication per step (0 for one rank),
-    gradient bytes and buckets, and the family (``weak`` or ``strong``)."""
-
-    world_size: int
-    step_s: float
-    samples_per_step: float
-    exposed_comm_s: float
-    gradient_bytes: float
-    buckets: int
-    scaling: str = "weak"
-    #: Seconds of backward compute per step at the base: the most communication any overlap
-    #: can hide (NaN: not measured, no bound). Scales with the per-device work like compute.
-    backward_compute_s: float = float("nan")
-    #: The communication's time as a multiple of the ring allreduce's: a comm hook's measured
-    #: time over the plain allreduce's on the same buckets (1: the plain allreduce).
-    comm_scale: float = 1.0
-
-
-def model_curve(
-    base: Base, network: NetworkModel, world_sizes: Sequence[int], overlap: float
-) -> pd.DataFrame:
-    """:func:`model_arrays` as a frame, one row per world size."""
-    return pd.DataFrame(model_arrays(base, network, world_sizes, overlap))
-
-
-def model_arrays(
-    base: Base, network: NetworkModel, world_sizes: Sequence[int], overlap: float
-) -> dict[str, np.ndarray]:
-    """The model at ``world_sizes`` from ``base``: ``world_size, compute_s, comm_s`` (ring time),
-    ``exposed_comm_s, step_s, samples_per_s, samples_per_s_per_device``, ``speedup`` (over one
-    device running compute only) and ``efficiency``. Exposed communication is ``(1 - overlap)``
-    of the ring time, but never less than the ring time less the backward compute it can hide
-    behind (``base.backward_compute_s``, scaled with compute; no bound when NaN). The base's
-    compute is its step less its
-    exposed communication; when that is not positive (nothing left to scale: the step was all
-    communication, or not measured) compute and every rate are NaN, never a division by 0."""
-    if not 0 <= overlap <= 1:
-        raise ValueError(f"overlap must be within [0, 1], got {overlap}")
-    if base.scaling not in ("weak", "strong"):
-        raise ValueError(f"scaling must be weak or strong, got {base.scaling!r}")
-    n = np.asarray(sorted({int(w) for w in world_sizes}), dtype="int64")
-    compute_b = base.step_s - base.exposed_comm_s
-    if not (np.isfinite(compute_b) and compute_b > 0):
-        compute_b = float("nan")
-    per_device = base.samples_per_step / base.world_size  # samples per device at the base
-    if base.scaling == "weak":
-        compute = np.full(len(n), compute_b)
-        samples = per_device * n
-    else:  # the global batch is fixed: each device gets base N / N of its base share
-        compute = compute_b * base.world_size / n
-        samples = np.full(len(n), base.samples_per_step)
-    comm = allreduce_time(network, base.gradient_bytes, n, base.buckets) * base.comm_scale
-    exposed = (1 - overlap) * comm
-    hideable = base.backward_compute_s * compute / compute_b if compute_b > 0 else np.nan
-    bounded = np.isfinite(hideable)
-    # no overlap hides more than the backward compute it runs behind: a long allreduce on a
-    # slow link is exposed beyond that, whatever share of a short one was hidden
-    exposed = np.where(
-        bounded, np.maximum(exposed, comm - np.where(bounded, hideable, 0.0)), exposed
-    )
-    step = compute + exposed
-    with np.errstate(divide="ignore", invalid="ignore"):
-        one_device = np.float64(base.samples_per_step) / (compute_b * base.world_size)
-        rate = np.where(step > 0, samples / np.where(step > 0, step, 1.0), np.nan)
-        speedup = rate / one_device
-    return {
-        "world_size": n,
-        "compute_s": compute,
-        "comm_s": comm,
-        "exposed_comm_s": exposed,
-        "step_s": step,
-        "samples_per_s": rate,
-        "samples_per_s_per_device": rate / n,
-        "speedup": speedup,
-        "efficiency": speedup / n,
-    }
 
 
 def _bytes_and_buckets(
@@ -214,22 +145,21 @@ def predict_scaling(
 
 
 def _curve_base(
-    steps: pd.DataFrame, curve: pd.DataFrame, overlap: float | None
+    steps: pd.DataFrame | StoredSteps, curve: pd.DataFrame, overlap: float | None
 ) -> tuple[Base | None, str, float]:
-    """The base of one curve (its per-run rows): the mean of the smallest world size's repeats;
-    bytes and buckets from the curve's multi-rank runs; the overlap (given, or calibrated from
-    the base's sampled steps, or for a 1-rank base from the curve's smallest multi-rank world
-    size). ``None`` and why when there is none."""
+    """The base of one curve (its per-run rows): the mean of the repeats at its base point (the
+    smallest world size, on the fewest nodes there); bytes and buckets from the curve's
+    multi-rank runs, whatever their nodes; the overlap (given, or calibrated from the base's
+    sampled steps, or for a 1-rank base from the curve's smallest multi-rank world size).
+    ``None`` and why when there is none."""
     scaling = curve["scaling"].iloc[0] if "scaling" in curve.columns else None
     unknown = not isinstance(scaling, str)
     if unknown:  # no batch columns in the runs: the model's classic (weak) assumption
         scaling = "weak"
     if scaling not in ("weak", "strong"):
         return None, f"scaling={scaling}: the curve mixes batches, no prediction", 0.0
-    base_n = int(curve["world_size"].min())
-    repeats = curve[curve["world_size"] == base_n]
-    cols = ["world_size", "comm_s", "comm_exposed_s", "comm_bytes", "comm_buckets"]
-    cols += ["backward_s", "backward_compute_s"]
+    base_n, base_nodes = base_point(curve)
+    repeats = curve[(curve["world_size"] == base_n) & (curve["nodes"] == base_nodes)]
     rows = CurveRows(steps, curve["run_id"], repeats["run_id"])
     if not rows.has_bytes():
         return None, "no gradient bytes: the curve has no multi-rank run, no prediction", 0.0
@@ -262,69 +192,81 @@ def _curve_base(
         scaling=scaling,
         backward_compute_s=rows.base_backward_compute(exposed_b),
     )
+    where = f"{base_nodes} nodes" if base_nodes > 1 else "1 node"
     note = f"{scaling} scaling from {len(repeats)} run(s) at N={base_n}"
+    note += f" ({where})" if (curve["nodes"] > 1).any() else ""
     if unknown:
         note += " (no batch columns: assumed weak)"
     return base, note, overlap
 
 
+PREDICTED = ("step_s", "comm_s", "samples_per_s", "speedup")
+
+
 def _predict_curve(
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | StoredSteps,
     curve: pd.DataFrame,
-    fit: NetworkFit,
+    nets: CurveNetworks,
     world_sizes: Sequence[int],
     overlap: float | None,
 ) -> pd.DataFrame:
-    """One curve's rows: its measured world sizes plus ``world_sizes``, predicted or not (why)."""
-    sizes = sorted({int(w) for w in curve["world_size"]} | {int(w) for w in world_sizes})
+    """One curve's rows: its measured points plus ``world_sizes``, each predicted on the
+    network of its link class, or not (the note says why)."""
+    per_node = nets.per_node() or ranks_per_node(curve)
+    out = curve_points(curve, world_sizes, per_node)
+    base_n, base_nodes = base_point(curve)
+    out["base_world_size"], out["base_nodes"] = base_n, base_nodes
+    at_base = (curve["world_size"] == base_n) & (curve["nodes"] == base_nodes)
+    out["base_run_id"] = ", ".join(sorted(map(str, pd.unique(curve.loc[at_base, "run_id"]))))
     base, note, overlap = _curve_base(steps, curve, overlap)
-    out = pd.DataFrame({"world_size": sizes})
-    out["base_world_size"] = int(curve["world_size"].min())
-    base_ids = curve.loc[curve["world_size"] == out["base_world_size"].iloc[0], "run_id"]
-    out["base_run_id"] = ", ".join(sorted(map(str, pd.unique(base_ids))))
-    cols = ("step_s", "comm_s", "samples_per_s", "speedup")
-    out["network"] = fit.model.name if fit.model is not None else np.nan
+    classes = list(dict.fromkeys(curve.sort_values("world_size")["link_class"]))
+    where = zip(out["link_class"], out["world_size"], out["nodes"], strict=True)
+    fits = [nets.for_point(link, classes, int(n), int(m)) for link, n, m in where]
+    out["network"] = [f.model.name if f.model is not None else np.nan for f in fits]
     out["overlap"] = overlap
-    if base is None or fit.model is None:
-        for c in cols:
-            out[f"predicted_{c}"] = np.nan
-        out["note"] = note if base is None else fit.note
+    for c in PREDICTED:
+        out[f"predicted_{c}"] = np.nan
+    base_fit = nets.for_point(point_link_class(base_n, base_nodes), classes, base_n, base_nodes)
+    if base is None or base_fit.model is None:
+        out["note"] = note if base is None else base_fit.note
         return out
-    pred = model_curve(base, fit.model, sizes, overlap)
-    base_thr = pred.loc[pred["world_size"] == base.world_size, "samples_per_s"].iloc[0]
-    out["predicted_step_s"] = pred["step_s"].to_numpy()
-    out["predicted_comm_s"] = pred["exposed_comm_s"].to_numpy()
-    out["predicted_samples_per_s"] = pred["samples_per_s"].to_numpy()
-    out["predicted_speedup"] = (pred["samples_per_s"] / base_thr).to_numpy()
-    if isinstance(fit.model, ClusterNetwork):
-        out["bound_by"] = fit.model.bound_by(base.gradient_bytes, sizes, base.buckets)
-    out["note"] = note
+    out["note"] = [note if f.model is not None else f.note for f in fits]
+    base_thr = model_arrays(base, base_fit.model, [base_n], overlap)["samples_per_s"][0]
+    for i, fit in enumerate(fits):
+        if fit.model is None:
+            continue
+        n = int(out.at[i, "world_size"])
+        pred = model_arrays(base, fit.model, [n], overlap)
+        out.loc[i, "predicted_step_s"] = pred["step_s"][0]
+        out.loc[i, "predicted_comm_s"] = pred["exposed_comm_s"][0]
+        out.loc[i, "predicted_samples_per_s"] = pred["samples_per_s"][0]
+        out.loc[i, "predicted_speedup"] = pred["samples_per_s"][0] / base_thr
+    if nets.per_node() is not None:  # a given cluster: the link class bounding each point
+        out["bound_by"] = [
+            bound_by(f.model, base.gradient_bytes, n, base.buckets) if f.model else np.nan
+            for f, n in zip(fits, out["world_size"], strict=True)
+        ]
     return out
 
 
-def _measured(curve: pd.DataFrame, sizes: pd.Series) -> pd.DataFrame:
-    """The curve's measurements at ``sizes`` (means over repeats, NaN where not measured), the
-    speedup over its base (mean throughputs, as in the scaling table)."""
-    means = curve.groupby("world_size")[["train_step_s", "samples_per_s"]].mean()
+def _measured(curve: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """The curve's measurements at ``points`` (means over the repeats of each world size and
+    node count, NaN where not measured), the speedup over its base point (mean throughputs, as
+    in the scaling table)."""
+    point = ["world_size", "nodes"]
+    means = curve.groupby(point)[["train_step_s", "samples_per_s"]].mean()
     means = means.rename(columns={"train_step_s": "step_s"})
-    out = means.reindex(sizes.to_numpy()).add_prefix("measured_")
+    out = means.reindex(pd.MultiIndex.from_frame(points[point])).add_prefix("measured_")
     out["measured_speedup"] = out["measured_samples_per_s"] / means["samples_per_s"].iloc[0]
     return out.reset_index(drop=True)
 
 
-def _curve_network(
+def _given(
     network: str | NetworkModel | NetworkFit | None,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | StoredSteps,
     runs: pd.DataFrame,
-    curve: pd.DataFrame,
-) -> NetworkFit:
-    """The network of one curve: ``network`` as given, or measured on the runs of the curve's
-    link class (intra-node when its runs fit on one node, inter-node otherwise): the links
-    differ by an order of magnitude, a median over both describes neither."""
-    if network is not None:
-        return network_fit(network, steps, runs)
-    nodes = curve["nodes"].max() if "nodes" in curve.columns else None
-    return network_fit(None, steps, runs, link=link_class(nodes))
+) -> NetworkFit | None:
+    return None if network is None else network_fit(network, steps, runs)  # type: ignore[arg-type]
 
 
 def predicted_vs_measured(
@@ -335,42 +277,50 @@ def predicted_vs_measured(
     world_sizes: Sequence[int] = (),
     overlap: float | None = None,
 ) -> pd.DataFrame:
-    """Per curve (scaling group and node count): the model fed by the curve's base next to the
-    measurements.
+    """Per curve (scaling group: the node count is an axis, never a curve of its own) and
+    point (``world_size``, ``nodes``, its ``link_class``): the model fed by the curve's base
+    next to the measurements.
 
-    Only completed runs are used. The base is the curve's smallest world size, the mean of its
-    repeats: the step time at which its samples per step give the repeats' mean throughput, so
-    that prediction and measurement agree at the base (``relative_error`` 0) and the speedups
-    share the scaling table's base. Weak and strong curves are modelled as such (see
-    :func:`model_curve`); a ``mixed`` curve gets no prediction. ``network``: a preset name, a
-    :class:`NetworkModel`, a :class:`NetworkFit`, or ``None`` to measure one per curve on the
-    runs of its link class (intra-node for one node, inter-node otherwise; see
-    :func:`network_fit`). ``overlap``: ``None`` calibrates it per curve from its sampled steps
-    (``1 - exposed / span``; the ``overlap`` column says what was used). Rows cover the curve's
-    measured world sizes plus ``world_sizes`` (extrapolations, NaN measured columns). Measured
-    and predicted share one time basis: wall step time over the measured window, and
-    throughput from it. Speedups are over the curve's base, both measured and predicted.
-    ``relative_error = predicted_samples_per_s / measured_samples_per_s - 1``. ``network``
-    names the model (NaN without one) and ``note`` says how the curve was modelled, or why it
-    was not. Pass the ``group_by`` list on to the figure.
+    Only completed runs are used. The base is the curve's smallest world size on the fewest
+    nodes there (``base_world_size``, ``base_nodes``), the mean of its repeats: the step time at
+    which its samples per step give the repeats' mean throughput, so that prediction and
+    measurement agree at the base (``relative_error`` 0) and the speedups share the scaling
+    table's base. Gradient bytes and the overlap come from the curve's multi-rank runs, whatever
+    their nodes. Weak and strong curves are modelled as such (see :func:`model_curve`); a
+    ``mixed`` curve gets no prediction. ``network``: a preset name, a :class:`NetworkModel` (a
+    :class:`~workbench.analysis.cluster_network.ClusterNetwork` too), a :class:`NetworkFit`:
+    every point on it; or ``None``: each point on the network of its link class, measured on
+    the study's runs that crossed that class (within a node: runs on one node; across nodes:
+    runs on several; see :mod:`workbench.analysis.curve_links`). ``overlap``: ``None``
+    calibrates it per curve from its sampled steps (``1 - exposed / span``; the ``overlap``
+    column says what was used). Rows cover the curve's measured points plus ``world_sizes``
+    not measured (extrapolations, NaN measured columns, laid out on nodes of the curve's ranks
+    per node, or the given cluster's). Measured and predicted share one time basis: wall step
+    time over the measured window, and throughput from it. Speedups are over the curve's base,
+    both measured and predicted. ``relative_error = predicted_samples_per_s /
+    measured_samples_per_s - 1``. ``network`` names each point's model (NaN without one) and
+    ``note`` says how the curve was modelled, or why a point was not. Pass the ``group_by``
+    list on to the figure.
     """
     keys = resolve_group_by(runs, group_by)
-    per_run = run_table(runs, steps, group_by=keys)
-    curve_keys = [*keys, *(["nodes"] if "nodes" in per_run.columns else [])] or ["_group"]
-    if curve_keys == ["_group"]:
+    per_run = with_links(run_table(runs, steps, group_by=keys))
+    curve_keys = keys or ["_group"]
+    if not keys:
         per_run["_group"] = "all"
+    nets = CurveNetworks(_given(network, steps, runs), runs, steps)
     parts = []
     for key, curve in per_run.groupby(curve_keys, dropna=False, sort=True):
-        fit = _curve_network(network, steps, runs, curve)
-        part = _predict_curve(steps, curve, fit, world_sizes, overlap)
-        part = pd.concat([part, _measured(curve, part["world_size"])], axis=1)
+        part = _predict_curve(steps, curve, nets, world_sizes, overlap)
+        part = pd.concat([part, _measured(curve, part)], axis=1)
         key = key if isinstance(key, tuple) else (key,)
         for k, v in reversed(list(zip(curve_keys, key, strict=True))):
             part.insert(0, k, v)
         parts.append(part)
     if not parts:  # no completed run with measured steps
-        return pd.DataFrame(columns=[*keys, "world_size", "predicted_speedup", "measured_speedup"])
+        return pd.DataFrame(
+            columns=[*keys, "world_size", *POINT_COLUMNS, "predicted_speedup", "measured_speedup"]
+        )
     out = pd.concat(parts, ignore_index=True)
     out["relative_error"] = out["predicted_samples_per_s"] / out["measured_samples_per_s"] - 1
-    out.insert(len(curve_keys) + 1, "network", out.pop("network"))
-    return out.drop(columns="_group") if curve_keys == ["_group"] else out
+    out.insert(len(curve_keys) + 3, "network", out.pop("network"))
+    return out.drop(columns="_group") if not keys else out

@@ -22,7 +22,9 @@ def add_predict(sub: Any) -> None:
         "(compute and exposed communication), speedup and efficiency at the given world sizes "
         "on the given network; low and high bound the throughput by the model's own error on "
         "the sweep's measured world sizes. It needs a multi-rank run (its gradient bytes and "
-        "its overlap).",
+        "its overlap). A config's runs on one node and on several are one curve: compute "
+        "from its smallest run, each link class (within a node, across nodes) from the runs "
+        "that crossed it.",
         epilog=examples("predict"),
         formatter_class=Formatter,
     )
@@ -36,7 +38,7 @@ def add_predict(sub: Any) -> None:
         "--nodes",
         type=world_sizes,
         metavar="N,N,...",
-        help="comma-separated node counts, e.g. 2,8: world size = nodes x --per-node",
+        help="comma-separated node counts, e.g. 4,8: world size = nodes x --per-node",
     )
     where.add_argument(
         "--per-node",
@@ -44,7 +46,8 @@ def add_predict(sub: Any) -> None:
         metavar="P",
         help="ranks (GPUs) a node: the network then has two link classes, within a node "
         "(--intra-busbw or --intra-bandwidth; default: as the sweep's runs measured it on "
-        "their machine) and across nodes (--busbw or --bandwidth)",
+        "their machine; none with 1) and across nodes (--busbw or --bandwidth); with --nodes, "
+        "default: the ranks a node of the sweep's runs on more than one node",
     )
     net = parser.add_argument_group(
         "the network, across nodes where --per-node is given (one of)"
@@ -98,18 +101,20 @@ def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:
     )
 
 
-def _world_sizes(args: argparse.Namespace) -> list[int]:
-    """The world sizes asked for: ``--world-sizes``, or ``--nodes`` x ``--per-node``; a
-    ValueError naming the flags where they do not fit together."""
+def _check_where(args: argparse.Namespace) -> None:
+    """A ValueError naming the flags of where to predict that do not fit together."""
     if (args.world_sizes is None) == (args.nodes is None):
-        raise ValueError("give --world-sizes, or --nodes with --per-node (exactly one of them)")
+        raise ValueError("give --world-sizes, or --nodes (exactly one of them)")
     if args.per_node is not None and args.per_node < 1:
         raise ValueError(f"--per-node {args.per_node}: ranks a node, 1 or more")
-    if args.per_node is None and (args.nodes or args.intra_busbw or args.intra_bandwidth):
-        given = "--nodes" if args.nodes else "--intra-busbw/--intra-bandwidth"
-        raise ValueError(f"{given} needs --per-node (how many ranks share a node)")
-    if args.nodes is not None:
-        return [n * args.per_node for n in args.nodes]
+    if args.per_node is None and (args.intra_busbw or args.intra_bandwidth):
+        raise ValueError("--intra-busbw/--intra-bandwidth needs --per-node (ranks a node)")
+
+
+def _world_sizes(args: argparse.Namespace, per_node: int | None) -> list[int]:
+    """The world sizes asked for: ``--world-sizes``, or ``--nodes`` x ranks a node."""
+    if args.nodes is not None and per_node is not None:
+        return [n * per_node for n in args.nodes]
     return list(args.world_sizes)
 
 
@@ -123,20 +128,28 @@ def _clean(value: Any) -> Any:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from workbench.analysis.predict import PredictionError, predict, target_cluster
+    from workbench.analysis.predict import (
+        PredictionError,
+        predict,
+        sweep_ranks_per_node,
+        target_cluster,
+    )
     from workbench.ui.what_if import prediction_lines
 
     try:
-        sizes = _world_sizes(args)
+        _check_where(args)
         network = _network(args.busbw, args.bandwidth, args.latency)
         intra = None
         if args.intra_busbw or args.intra_bandwidth:
             intra = _network(args.intra_busbw, args.intra_bandwidth, args.intra_latency)
         runs, steps = _load(args.sweep, args.output_dir)
         with steps:
-            if args.per_node:
-                network = target_cluster(network, args.per_node, intra, runs, steps)
-            table = predict(runs, steps, sizes, network)
+            per_node = args.per_node
+            if per_node is None and args.nodes is not None:
+                per_node = sweep_ranks_per_node(runs)
+            if per_node:
+                network = target_cluster(network, per_node, intra, runs, steps)
+            table = predict(runs, steps, _world_sizes(args, per_node), network)
     except PredictionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -18,10 +18,10 @@ import plotly.graph_objects as go
 
 from workbench.analysis.breakdown import eval_breakdown, phase_breakdown
 from workbench.analysis.comm import communication
+from workbench.analysis.curve_links import CurveNetworks, networks_text
 from workbench.analysis.groups import resolve_group_by
 from workbench.analysis.memory import memory_by_rank
-from workbench.analysis.network import NetworkFit, NetworkModel
-from workbench.analysis.network import network_fit as resolve_network
+from workbench.analysis.network import NetworkModel, network_fit
 from workbench.analysis.scaling import scaling_table
 from workbench.analysis.scaling_model import predicted_vs_measured
 from workbench.analysis.stored import StoredSteps, is_stored
@@ -63,10 +63,11 @@ class FigureContext:
         return memory_by_rank(self.steps)
 
     @cached_property
-    def network_fit(self) -> NetworkFit:
-        """``network`` as given, or one fitted to the completed multi-rank runs' traces (its
-        ``model`` is ``None`` when none can be, and its ``note`` says why)."""
-        return resolve_network(self.network, self.steps, self.runs)
+    def networks(self) -> CurveNetworks:
+        """``network`` as given, or one per link class measured on the completed runs that
+        crossed it (within a node, across nodes), as the scaling model uses them."""
+        given = None if self.network is None else network_fit(self.network, self.steps, self.runs)
+        return CurveNetworks(given, self.runs, self.steps)
 
     @cached_property
     def predicted(self) -> pd.DataFrame:
@@ -74,9 +75,10 @@ class FigureContext:
         ``note``); empty without a table."""
         if not len(self.table):
             return pd.DataFrame()
-        # the network as given, else measured per curve on its own link class (intra-node,
-        # inter-node): one fit over both would describe neither
-        return predicted_vs_measured(self.runs, self.steps, self.network, group_by=self.group_by)
+        # the network as given, else measured per link class (intra-node, inter-node) on the
+        # runs that crossed it: one fit over both would describe neither
+        network = self.networks.given
+        return predicted_vs_measured(self.runs, self.steps, network, group_by=self.group_by)
 
 
 def figure_context(
@@ -206,8 +208,8 @@ class FigureSpec:
 
 
 def _predicted(c: FigureContext) -> go.Figure:
-    net = c.network_fit.model
-    name = (net.description or net.name) if net is not None else ""
+    links = c.predicted["link_class"] if "link_class" in c.predicted.columns else ()
+    name = networks_text(c.networks, list(dict.fromkeys(links)))
     return plots.predicted_vs_measured_figure(c.predicted, group_by=c.group_by, network=name)
 
 

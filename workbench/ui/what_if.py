@@ -74,11 +74,16 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def measured_busbw(runs: pd.DataFrame) -> str | None:
-    """The runs' own allreduce bus bandwidth (the median over their network benchmarks), as
-    the control's starting value: the first question is more ranks on the same network."""
+    """The runs' own allreduce bus bandwidth (the median over their network benchmarks; those
+    of the runs across nodes where some crossed nodes), as the control's starting value: the
+    first question is more ranks, or more nodes, on the same network."""
     if "network_busbw_bytes_per_s" not in runs.columns:
         return None
-    values = pd.to_numeric(runs["network_busbw_bytes_per_s"], errors="coerce").dropna()
+    values = pd.to_numeric(runs["network_busbw_bytes_per_s"], errors="coerce")
+    if "nodes" in runs.columns:
+        across = values[pd.to_numeric(runs["nodes"], errors="coerce") > 1].dropna()
+        values = across if len(across) else values
+    values = values.dropna()
     return bytes_rate(float(values.median())) if len(values) else None
 
 

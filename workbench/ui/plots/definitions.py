@@ -37,7 +37,8 @@ THROUGHPUT = (
 )
 SPEEDUP = (
     "speedup = mean training throughput at N / mean training throughput at the group's "
-    "smallest world size (evaluations and checkpoints left out of both)."
+    "smallest world size, on the fewest nodes there (evaluations and checkpoints left out of "
+    "both). One line per group, whatever its node counts; a diamond: the point crossed nodes."
 )
 EFFICIENCY = "Labels: efficiency = speedup / (N / base N)."
 SPEEDUP_SPREAD = (
@@ -111,8 +112,9 @@ PREDICTED = (
     "but at least the ring time less the backward compute it can hide behind; compute is the "
     "base's training step time less its measured exposed communication (DDP's timer on sampled "
     "steps), overlap = 1 - exposed / span from the same steps; weak curves keep compute, strong "
-    "curves divide it by N / base N. The network is measured per link class (one node, "
-    "across nodes)."
+    "curves divide it by N / base N. One curve per config, whatever its node counts: each "
+    "point is predicted on the network of its link class (one node, across nodes; a diamond "
+    "crossed nodes), measured on the runs that crossed it."
 )
 
 

@@ -23,10 +23,12 @@ from workbench.ui.plots.style import (
     error_bars,
     group_line,
     groups,
+    link_markers,
     metric_title,
     note_shortened,
     short_name,
     subtitle,
+    where_text,
     wrap,
 )
 
@@ -106,11 +108,14 @@ def speedup_figure(table: pd.DataFrame, group_by: Sequence[str] | None = None) -
                 mode="lines+markers+text" if len(rows) > 1 else "markers+text",
                 text=[units.percent(e) for e in rows["efficiency"]],
                 textposition="top center",
-                customdata=rows["efficiency"] * 100,
+                customdata=np.column_stack(
+                    [(rows["efficiency"] * 100).to_numpy(dtype="float64"), where_text(rows)]
+                ),
                 name=short_name(label),
                 line={"color": color},
-                hovertemplate=f"{label}<br>%{{x}} devices<br>speedup %{{y:.3g}}x<br>"
-                "efficiency %{customdata:.1f} %<extra></extra>",
+                marker=link_markers(rows),
+                hovertemplate=f"{label}<br>%{{x}} devices (%{{customdata[1]}})<br>speedup "
+                "%{y:.3g}x<br>efficiency %{customdata[0]:.1f} %<extra></extra>",
             )
         )
     for base in sorted(pd.unique(table["base_world_size"])):
@@ -187,8 +192,10 @@ def _no_prediction_title(pvm: pd.DataFrame) -> tuple[str, str]:
 def predicted_vs_measured_figure(
     pvm: pd.DataFrame, group_by: Sequence[str] | None = None, network: str = ""
 ) -> go.Figure:
-    """Measured speedup (markers) and the ring-allreduce model's prediction (dashed) per group;
-    a curve without a prediction shows its measurements, and the title says why (``note``)."""
+    """Measured speedup (markers) and the ring-allreduce model's prediction (dashed) per group,
+    one curve whatever the node counts (a diamond: the point crossed nodes; the hover says how
+    many); a curve without a prediction shows its measurements, and the title says why
+    (``note``)."""
     check_columns(pvm, ["world_size", "predicted_speedup", "measured_speedup"], "table")
     fig = go.Figure()
     model = f"predicted ({network})" if network else "predicted"
@@ -200,10 +207,12 @@ def predicted_vs_measured_figure(
                 x=measured["world_size"],
                 y=measured["measured_speedup"],
                 mode="markers",
-                marker={"color": color, "size": 10},
+                marker=link_markers(measured, color=color, size=10),
+                customdata=where_text(measured),
                 name=f"{short}, measured",
                 legendgroup=label,
-                hovertemplate=f"{label}<br>%{{x}} devices<br>measured %{{y:.3g}}x<extra></extra>",
+                hovertemplate=f"{label}<br>%{{x}} devices (%{{customdata}})<br>measured "
+                "%{y:.3g}x<extra></extra>",
             )
         )
         predicted = rows[rows["predicted_speedup"].notna()]
@@ -215,9 +224,11 @@ def predicted_vs_measured_figure(
                 y=predicted["predicted_speedup"],
                 mode="lines",
                 line={"color": color, "dash": "dash"},
+                customdata=where_text(predicted),
                 name=f"{short}, predicted",
                 legendgroup=label,
-                hovertemplate=f"{label}<br>%{{x}} devices<br>{model} %{{y:.3g}}x<extra></extra>",
+                hovertemplate=f"{label}<br>%{{x}} devices (%{{customdata}})<br>{model} "
+                "%{y:.3g}x<extra></extra>",
             )
         )
     title, why = _no_prediction_title(pvm)

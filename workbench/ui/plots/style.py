@@ -108,6 +108,33 @@ def groups(
         yield label, COLORS[i % len(COLORS)], rows
 
 
+#: A point's marker by the link class its allreduce crossed (the scaling table's
+#: ``link_class``): across nodes stands out from one node.
+LINK_SYMBOLS = {"none": "circle", "intra-node": "circle", "inter-node": "diamond"}
+
+
+def where_text(rows: pd.DataFrame) -> list[str]:
+    """Per point, where it ran: ``2 nodes, inter-node`` (``1 node, intra-node``; one rank:
+    ``1 node``); empty without a ``nodes`` column."""
+    if "nodes" not in rows.columns:
+        return [""] * len(rows)
+    links = rows["link_class"] if "link_class" in rows.columns else pd.Series("", rows.index)
+    out = []
+    for nodes, link in zip(rows["nodes"], links, strict=True):
+        n = pd.to_numeric(nodes, errors="coerce")
+        text = f"{int(n)} node{'s' if n != 1 else ''}" if np.isfinite(n) else "nodes unknown"
+        out.append(text + (f", {link}" if isinstance(link, str) and link != "none" else ""))
+    return out
+
+
+def link_markers(rows: pd.DataFrame, **marker: object) -> dict[str, object]:
+    """``marker`` with a symbol per point by its link class (:data:`LINK_SYMBOLS`), where the
+    rows have one."""
+    if "link_class" in rows.columns:
+        marker["symbol"] = [LINK_SYMBOLS.get(str(v), "circle") for v in rows["link_class"]]
+    return marker
+
+
 def error_bars(rows: pd.DataFrame, col: str) -> dict[str, object] | None:
     """Error bars from ``<col>_std`` where it is finite and the point has repeats (``runs`` >= 2
     where the table says): none at all when no point has one, and NaN (no bar, never a bar of
@@ -205,7 +232,8 @@ def devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:
 def group_line(
     rows: pd.DataFrame, y: str, label: str, color: str, hover: str, showlegend: bool = True
 ) -> go.Scatter:
-    """One configuration group's line against devices, with its spread as error bars."""
+    """One configuration group's line against devices, with its spread as error bars (a
+    diamond: the point crossed nodes)."""
     return go.Scatter(
         x=rows["world_size"],
         y=rows[y],
@@ -215,6 +243,7 @@ def group_line(
         legendgroup=label,
         showlegend=showlegend,
         line={"color": color},
+        marker=link_markers(rows),
         hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
     )
 
