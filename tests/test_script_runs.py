@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from workbench import RunConfig, launch, warm_pool
-from workbench.errors import RunFailedError
+from workbench.errors import PreflightError, RunFailedError
 from workbench.run import handle as run_handle
 from workbench.store.files import read_json
 from workbench.ui.report import report_from_store
@@ -238,9 +238,23 @@ def test_a_rank_that_never_joins_is_named_within_the_collective_timeout(
     assert err.elapsed_s < 8 + 60  # type: ignore[attr-defined]
 
 
-def test_spawning_its_own_processes_is_said_plainly(tmp_path: Path) -> None:
-    err = _failure(_config(tmp_path, 2, "--spawn"))
-    assert "torch.multiprocessing.spawn()" in err.exception and PLANTED in err.exception
+def test_spawning_other_than_the_ranks_per_node_names_both_counts(tmp_path: Path) -> None:
+    """``mp.spawn(print, nprocs=2)`` in a 1-rank run: refused before any process starts where
+    the launcher's preflight reads the count (``spawn_check``), else at the call, by the rank,
+    before any process group; both name the two counts. At 2 ranks the same script runs
+    (``test_script_zoo.py``: the tutorial's ``mp.spawn`` script at 1 and 2 ranks)."""
+    config = _config(tmp_path, 1, "--spawn", "--steps", "2")
+    try:
+        handle = launch(config)
+    except PreflightError as exc:
+        said = str(exc)
+    else:
+        with pytest.raises(RunFailedError) as err:
+            handle.wait(timeout_s=180)
+        wait_until_no_job_processes(handle.path)
+        said = err.value.exception
+        assert PLANTED in said and "(rank 0)" in said
+    assert "nprocs=2" in said and "1 rank(s) per node" in said, said
 
 
 def test_training_on_several_ranks_without_a_process_group_is_an_error(tmp_path: Path) -> None:

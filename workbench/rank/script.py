@@ -174,6 +174,9 @@ def run_script_rank(
             ddp_kwargs=script_ddp_kwargs(config),
             on_ddp=script_comm_hook(config),
             at_end=network_at_buckets(config, env.world_size),
+            local_rank=env.local_rank,
+            local_world_size=env.local_world_size,
+            rendezvous=(env.master_addr, env.master_port),
         ).install()
         try:
             with as_main_program(config, cwd):

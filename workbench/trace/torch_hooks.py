@@ -2,26 +2,26 @@
 
 ``ScriptHooks.install()`` runs in a rank before the user's script. From then on:
 
-- every ``DistributedDataParallel`` the script builds has its forward timed (through a patch
-  of the class's ``forward``, not module hooks: a training forward's start and end, the batch's
-  sample and token counts, the loss where the model returns one) and, for the first one built
-  (the *primary*), DDP's own communication timer (``comm_timing.DDPCommSampler``: backward
-  compute, communication span, exposed communication, gradient bytes and buckets);
+- the model's training forwards are timed, and the batch of the root's counted
+  (``forward_hooks``: DDP, FSDP2, compiled or plain, whatever wraps it); the first
+  ``DistributedDataParallel`` built (the *primary*) also gets DDP's own communication timer
+  (``comm_timing.DDPCommSampler``: backward compute, communication span, exposed
+  communication, gradient bytes and buckets);
 - ``torch.autograd.backward`` (what ``loss.backward()`` calls) is timed, and its root kept as
   the loss where the model returned none (unscaled, where a ``GradScaler`` scaled it);
 - every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed (and
-  its batch counted, until the primary DDP's forward counts them);
+  its batch counted, until the root's forward counts them);
 - torch's global optimizer step hooks end a step: a step is everything from the first event
   after the previous step to its last optimizer step (several optimizers stepped back to back
   are one step; ``step_events`` says which phase each interval is);
-- each of these is an append or two to a log (``step_log.StepLog``: the event's kind and
-  time, what the step consumed); the steps are found in it, and their rows built, when the
-  tracer's flush is due (checked after each optimizer step), every step of it at once;
-- the script's ``init_process_group`` (a timeout, the clocks' zero), ``destroy_process_group``
-  and ``torch.multiprocessing``'s spawning are patched too (``script_group``);
-- the objects alive when the hooks are installed (torch's, the rank's) are frozen out of the
-  garbage collector's passes (``gc.freeze``) until ``close()``: the log's entries would
-  otherwise trigger full passes over them, about 10 us a step.
+- each of these is an append or two to a log (``step_log.StepLog``); the steps are found in
+  it, and their rows built, when the tracer's flush is due (checked after each optimizer
+  step), every step of it at once;
+- the script's ``init_process_group``, ``destroy_process_group`` and
+  ``torch.multiprocessing``'s spawning are patched too (``script_group``);
+- the objects alive when the hooks are installed are frozen out of the garbage collector's
+  passes (``gc.freeze``) until ``close()``: the log's entries would otherwise trigger full
+  passes over them, about 10 us a step.
 
 The run's DDP settings (``ddp_kwargs``: ``bucket_cap_mb``, ``gradient_as_bucket_view``,
 ``static_graph`` where the run gives them) are passed to every ``DistributedDataParallel`` the
@@ -29,12 +29,11 @@ script builds, over the script's own arguments, and ``on_ddp`` (the run's comm h
 on each: what ``workbench tune`` tries reaches the script's DDP with no change to the script.
 
 Stated behaviours: gradient accumulation (several forwards and backwards per optimizer step)
-sums the micro-batches' samples and phases into one step; a model without DDP (one process)
-gets steps from its optimizer, its forward from the end of the fetch to the backward; with
-several DDP modules every training forward is timed, but samples, loss and communication come
-from the primary; a script that never steps an optimizer records no steps (said in the rank's
-``measurement_warnings``); evaluation forwards (no gradients, or a module in eval mode) are not
-steps, and fetches under ``torch.no_grad()`` are not data time.
+sums the micro-batches' samples and phases into one step; with several models every training
+forward is timed, but samples and loss come from the root and communication from the primary;
+a step whose samples nothing counted, or a script that never steps an optimizer, is said in the
+rank's ``measurement_warnings``; evaluation forwards (no gradients, or a module in eval mode)
+are not steps, and fetches under ``torch.no_grad()`` are not data time.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -56,15 +56,14 @@ from torch.utils.data import dataloader
 
 import workbench.trace as trace_api
 from workbench.errors import ScriptError
-from workbench.trace import script_group
+from workbench.trace import forward_hooks, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
-from workbench.trace.step_counts import batch_shape, output_loss
+from workbench.trace.step_counts import batch_shape
 from workbench.trace.step_events import (
     BACKWARD,
     BACKWARD_END,
     FETCH,
     FETCH_END,
-    FORWARD,
     OPTIMIZER,
     OPTIMIZER_END,
 )
@@ -72,10 +71,8 @@ from workbench.trace.step_log import (
     BACKWARD_LOSS,
     COMM,
     FETCH_BATCH,
-    FORWARD_BATCH,
     LR,
     MEMORY,
-    MODEL_LOSS,
     NO_COMM,
     StepLog,
 )
@@ -106,6 +103,9 @@ class ScriptHooks:
         ddp_kwargs: Mapping[str, Any] | None = None,
         on_ddp: Callable[[DistributedDataParallel], None] | None = None,
         at_end: Callable[[DistributedDataParallel], Any] | None = None,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        rendezvous: tuple[str, int] | None = None,
     ) -> None:
         self.tracer = tracer
         # DDP settings the run gives (tune's candidates), over the script's own arguments
@@ -118,6 +118,8 @@ class ScriptHooks:
         self.at_end = at_end
         self.measured: Any = None
         self.script, self.rank, self.world_size = script, rank, world_size
+        # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
+        # init_process_group meets there whatever it set (``script_group``)
         self.warmup_steps = warmup_steps
         self.comm_every_steps = comm_every_steps
         self.collective_timeout_s = collective_timeout_s
@@ -127,7 +129,15 @@ class ScriptHooks:
         self.sampler: DDPCommSampler | None = None
         self.ddp_modules = 0
         self.synced_forwards = 0
-        self.forward_counts = False  # the primary DDP's forward has counted a batch
+        self.forward_counts = False  # the root's forward has counted a batch
+        #: The module whose outermost training forwards count a step's samples (the first
+        #: watched one so called: ``forward_hooks``), and how deep in watched calls we are.
+        self.root: Any = None
+        self.depth = 0
+        self.plain_logged: list[bool] = []  # per open plain-module forward: was it logged
+        self.uncounted = self.counted = 0  # steps whose samples nothing counted, and others
+        self.rendezvous = rendezvous
+        self.local_rank, self.local_world_size = local_rank, local_world_size
         self.joined_group = False
         self.warnings: list[str] = []
         self._backward_depth = 0
@@ -158,6 +168,9 @@ class ScriptHooks:
             return
         columns, memory = taken
         n = len(memory)
+        uncounted = int(np.ma.count_masked(columns["samples"]))
+        self.uncounted += uncounted
+        self.counted += n - uncounted
         first = self.steps + 1
         self.steps += n
         numbers = list(range(first, first + n))
@@ -171,7 +184,7 @@ class ScriptHooks:
         self.log.note(samples, tokens, loss)
 
     # -- DDP
-    def _ddp_built(self, ddp: DistributedDataParallel) -> None:
+    def ddp_built(self, ddp: DistributedDataParallel) -> None:
         self.ddp_modules += 1
         ddp.__dict__[_TRACED] = True  # not nn.Module's __setattr__: no parameter, no buffer
         if self.primary is not None:
@@ -182,39 +195,6 @@ class ScriptHooks:
         )
         self.sampler = DDPCommSampler(ddp, self.comm_every_steps, gradient_bytes)
         self.warnings.extend(self.sampler.warnings)
-
-    def _forward(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """DDP's ``forward`` for every module, timed for those built under the hooks: a patch
-        of the class, not module hooks, which send every call of the module down
-        ``nn.Module``'s slow path (+8 us a forward on a 2-core host). A forward's end is no
-        event: the time after it (the loss) is forward time too, up to the next event."""
-        hooks, log = self, self.log
-        kinds, times, extras = log.kinds, log.times, log.extras
-        is_grad_enabled, clock = torch.is_grad_enabled, _clock
-
-        def forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
-            if _TRACED not in ddp.__dict__:  # built before the hooks
-                return original(ddp, *args, **kwargs)
-            if not (ddp.training and is_grad_enabled()):
-                log.drop_fetches()  # an evaluation forward
-                return original(ddp, *args, **kwargs)
-            kinds.append(FORWARD)
-            times.append(clock())
-            if hooks.primary is None or ddp is not hooks.primary:
-                return original(ddp, *args, **kwargs)
-            if ddp.require_backward_grad_sync:
-                hooks.synced_forwards += 1
-            shape = batch_shape(args if args else kwargs)
-            if shape is not None:
-                extras.append((len(kinds), FORWARD_BATCH, shape))
-                hooks.forward_counts = True
-            output = original(ddp, *args, **kwargs)
-            loss = output_loss(output)
-            if loss is not None:
-                extras.append((len(kinds), MODEL_LOSS, loss.detach()))
-            return output
-
-        return forward
 
     # -- optimizer, backward, fetches
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -264,7 +244,8 @@ class ScriptHooks:
         clock, tensor = _clock, torch.Tensor
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if hooks._backward_depth:  # a backward inside a backward (reentrant checkpointing)
+            # compiled code, or a backward inside a backward (reentrant checkpointing)
+            if forward_hooks.is_compiling() or hooks._backward_depth:
                 return original(tensors, *args, **kwargs)
             kinds.append(BACKWARD)
             times.append(clock())
@@ -336,35 +317,18 @@ class ScriptHooks:
         setattr(owner, name, replacement)
         self._undo.append(lambda: setattr(owner, name, original))
 
+    def on_remove(self, undo: Callable[[], None]) -> None:
+        """Call ``undo`` when the hooks are removed (before what was put in place earlier)."""
+        self._undo.append(undo)
+
     def install(self) -> ScriptHooks:
         """Put every hook and patch in place (see the module docstring); returns self."""
-        import torch.multiprocessing as mp
-        from torch.distributed import distributed_c10d
-
-        hooks = self
-        ddp_init = DistributedDataParallel.__init__
-
-        def __init__(ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
-            ddp_init(ddp, *args, **{**kwargs, **hooks.ddp_kwargs})
-            if hooks.on_ddp is not None:
-                hooks.on_ddp(ddp)
-            hooks._ddp_built(ddp)
-
-        self._patch(DistributedDataParallel, "__init__", __init__)
-        forward = self._forward(DistributedDataParallel.forward)
-        self._patch(DistributedDataParallel, "forward", forward)
+        forward_hooks.install(self, self._patch, _TRACED)
         self._patch(torch.autograd, "backward", self._backward(torch.autograd.backward))
         iterator = dataloader._BaseDataLoaderIter
         self._patch(iterator, "__next__", self._fetch(iterator.__next__))
         self._patch(torch.amp.GradScaler, "scale", self._scale(torch.amp.GradScaler.scale))
-        init = script_group.init_process_group(self, distributed_c10d.init_process_group)
-        self._patch(distributed_c10d, "init_process_group", init)
-        self._patch(dist, "init_process_group", init)
-        destroy = script_group.destroy_process_group(self, distributed_c10d.destroy_process_group)
-        self._patch(distributed_c10d, "destroy_process_group", destroy)
-        self._patch(dist, "destroy_process_group", destroy)
-        for name in ("spawn", "start_processes"):
-            self._patch(mp, name, script_group.refuse_spawn(self.script, self.rank, name))
+        script_group.install(self, self._patch)
         pre = register_optimizer_step_pre_hook(self._optimizer_pre)
         post = register_optimizer_step_post_hook(self._optimizer_post)
         self._undo += [pre.remove, post.remove]
@@ -373,7 +337,8 @@ class ScriptHooks:
         # The heap so far (torch's ~300 k import-time objects) out of the collector's sight:
         # the full collections that the log's survivors trigger would scan it every
         # few thousand steps, about 10 us a step on a 2-core host. Those objects live as long
-        # as the process anyway; what the script allocates is collected as before.
+        # as the process anyway; what the script allocates is collected as before (and is
+        # all that ``forward_hooks.outermost`` looks through).
         gc.freeze()
         self._undo.append(gc.unfreeze)
         return self
@@ -384,12 +349,23 @@ class ScriptHooks:
         while self._undo:
             self._undo.pop()()
 
+    def _uncounted_text(self) -> str:
+        return (
+            f"{self.script} on rank {self.rank}: the samples of its {self.steps} steps were "
+            "not counted (no DataLoader batch, and no training forward "
+            "of a DDP, FSDP, compiled module or of the module its optimizer steps, with a "
+            "tensor first): its throughput is unknown, not 0. Tell it with one line in the "
+            "training loop: workbench.trace.note(samples=BATCH_SIZE)"
+        )
+
     def close(self) -> None:
         """Write the last step, remove every hook and patch (in reverse order)."""
         try:
             self.flush(final=True)
         finally:
             self.remove()
+        if self.uncounted and not self.counted:  # else: steps that consumed nothing new
+            self.warnings.append(warn(self._uncounted_text()))
         if not self.steps:
             self.warnings.append(
                 warn(
