@@ -192,3 +192,22 @@ def test_an_end_with_no_room_at_all_is_named_listed_failed_and_recorded_once_spa
     assert attach(run_path).wait(raise_on_failure=False) == "failed"
     run = read_json(run_path / "run.json")
     assert run["status"] == "failed" and run["ended_at"] is not None
+
+
+def test_ls_tells_a_run_whose_ranks_are_gone_from_one_that_waits(tmp_path: Path) -> None:
+    """Until a run's end is recorded, the store lists it by its ranks' records: pending before
+    any rank reported, running while a rank's process is alive (this one's), failed once a rank
+    that said running is gone from this machine without reporting."""
+    config = base_config(tmp_path, world_size=2, sweep="live").to_dict()
+    ranks = {"queued": [], "alive": [os.getpid(), os.getpid()], "gone": [os.getpid(), _dead_pid()]}
+    for name, pids in ranks.items():
+        run_path = tmp_path / "live" / name
+        write_json(
+            run_path / "run.json",
+            {"run_id": name, "status": "pending", "config": config, "ended_at": None},
+        )
+        for rank, pid in enumerate(pids):
+            state = {"rank": rank, "host": socket.gethostname(), "pid": pid, "status": "running"}
+            write_json(run_path / "ranks" / f"rank-{rank:05d}.json", state)
+    listed = load_runs(tmp_path).set_index("run_id").status.to_dict()
+    assert listed == {"queued": "pending", "alive": "running", "gone": "failed"}, listed
