@@ -20,7 +20,8 @@ training samples/s (the scaling table of its stored sweep): ``error = predicted 
 of the bytes alone). The goal, bandwidth-bound: median |error| <= 5 %, worst <= 10 %. Needs
 root, tc, nsenter, Slurm and munge.
 
-Usage: ``python benchmarks/cluster_prediction.py [--smoke] [--ddp-always] [--out F]``;
+Usage: ``python benchmarks/cluster_prediction.py [--smoke] [--regime R] [--ddp-always]
+[--out F]``;
 ``--from-store FOLDER`` predicts and compares again the store a run left (no cluster).
 """
 
@@ -160,9 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         help="no cluster, no runs: predict and compare the store a previous run left (its "
         "folder's store/)",
     )
+    parser.add_argument(
+        "--regime", action="append", choices=list(REGIMES), help="only this one (repeatable)"
+    )
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     plan = SMOKE if args.smoke else FULL
+    if args.regime:
+        plan = {**plan, "regimes": args.regime}
     if args.from_store:
         folder = Path(args.from_store)
         table = held_out(folder / "emu", folder / "store", plan)
