@@ -70,11 +70,11 @@ def launch(
     try:
         job = jobs.submit(back_end.executor(config, logs, executor_options), task)
     except jobs.SUBMIT_FAILED as exc:  # the scheduler refused it: nothing of the run is left
-        refused = getattr(back_end, "refused", None)
-        if refused is None:
+        error = back_end.refused(str(exc))
+        if error is None:
             raise
         _undo([run_path], before)
-        raise refused(str(exc)) from None
+        raise error from None
     update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     poll_s = executor_options.get("poll_s", DEFAULT_POLL_S)
     return RunHandle(run_path, config, job, executor, poll_s=poll_s)

@@ -71,8 +71,7 @@ def preflight(
     if problems:
         raise PreflightError(problems)
     # Last: asking a scheduler that does not answer takes seconds (sbatch retries).
-    unreachable = getattr(back_end, "unreachable", None) if probe else None
-    error = unreachable() if unreachable is not None else None
+    error = back_end.unreachable() if probe else None
     if error is not None:
         raise error
     return run_path

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workbench.config.run_config import RunConfig
-from workbench.errors import Problem
+from workbench.errors import PreflightError, Problem
 
 RankStates = Mapping[int, Mapping[str, Any]]
 
@@ -94,6 +94,16 @@ class Backend(ABC):
     def config_problems(self, config: RunConfig) -> list[Problem]:
         """What this back end cannot run in ``config`` (a layout, say); none by default."""
         return []
+
+    def unreachable(self) -> PreflightError | None:
+        """Why the scheduler behind this back end cannot be reached from here, asked last by
+        preflight; None (the default) when it can, or when there is none to ask."""
+        return None
+
+    def refused(self, said: str) -> PreflightError | None:
+        """A submission the scheduler refused (``said``: its words) as one clear error; None
+        (the default) lets the submitter's own exception through."""
+        return None
 
     def check(self, config: RunConfig, options: Mapping[str, Any]) -> list[Problem]:
         """Every problem with these options and this config for this back end."""
