@@ -201,17 +201,14 @@ def study_sizes(args: argparse.Namespace) -> tuple[list[int], int | None]:
 def _print_layouts(configs: list[Any], options: dict[str, Any]) -> None:
     """The dry run of ``scale``: each layout's sbatch script, as ``launch_array`` submits it (one
     job array per layout, named after the sweep)."""
-    from workbench.run.launch import sbatch_script
+    from workbench.run.launch import array_sbatch_scripts
     from workbench.run.study import layout_text
 
-    layouts: dict[tuple[int, int | None], list[Any]] = {}
-    for one in configs:
-        layouts.setdefault((one.nodes, one.tasks_per_node), []).append(one)
-    for (nodes, per_node), members in layouts.items():
+    for members, script in array_sbatch_scripts(configs, **options):
         sizes = ", ".join(str(c.world_size) for c in members)
         job = "one job" if len(members) == 1 else f"one job array of {len(members)} runs"
-        print(f"# {layout_text(sizes, nodes, per_node)}: {job}")
-        print(sbatch_script(members[0], **{**options, "job_name": members[0].sweep}))
+        print(f"# {layout_text(sizes, members[0].nodes, members[0].tasks_per_node)}: {job}")
+        print(script)
 
 
 def _submit(

@@ -214,6 +214,27 @@ def _write(config: RunConfig, run_path: Path, executor: str, resume: bool) -> An
     return task
 
 
+def array_sbatch_scripts(
+    configs: Sequence[RunConfig], **slurm_options: Any
+) -> list[tuple[list[RunConfig], str]]:
+    """What :func:`launch_array` would submit (a dry run: nothing is written or submitted): per
+    job array, in the order submitted, its runs and its sbatch script, with the sweep's name and
+    the array's log folder (an array of several runs adds submitit's ``--array`` line)."""
+    problems = SLURM.option_problems(slurm_options)
+    if problems:
+        raise PreflightError(problems)
+    groups: dict[tuple[Any, ...], list[RunConfig]] = {}
+    for config in configs:
+        groups.setdefault(_array_key(config), []).append(config)
+    scripts = []
+    for members in groups.values():
+        first = members[0]
+        logs = run_dir(first.output_dir, first.sweep, "x").parent / ".slurm-arrays"
+        options = {**slurm_options, "job_name": first.sweep}
+        scripts.append((members, SLURM.sbatch_script(first, logs, options)))
+    return scripts
+
+
 def sbatch_script(config: RunConfig, **slurm_options: Any) -> str:
     """The sbatch script ``launch(config, executor="slurm", **slurm_options)`` would submit (a dry
     run: nothing is written or submitted)."""
