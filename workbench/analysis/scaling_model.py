@@ -12,7 +12,10 @@ curve keeps the global batch, so the per-device batch, and with it ``compute_s``
 ``base N / N``. Gradient bytes and bucket count come from the traces (``comm_bytes``,
 ``comm_buckets``); the network from :data:`NETWORK_PRESETS` or :func:`fit_network`, or a
 cluster of two link classes (:class:`workbench.analysis.cluster_network.ClusterNetwork`: the
-allreduce inside a node, then across nodes). Pure pandas/numpy; no torch.
+allreduce inside a node, then across nodes). A curve is a config whatever its node counts: its
+points are ``(world_size, nodes)``, each predicted on the network of the link class it crossed
+(:mod:`workbench.analysis.curve_links`). The arithmetic from a base and a network is
+:mod:`workbench.analysis.step_model`. Pure pandas/numpy; no torch.
 """
 
 from __future__ import annotations
