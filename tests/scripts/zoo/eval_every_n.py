@@ -6,9 +6,10 @@ over ranks with ``all_reduce``, then back to training.
 
 It imports nothing of the workbench. At the end rank 0 prints its own throughput in one line:
 ``own_samples_per_s=...``: the training samples of every rank in the steps after the first
-``--warmup`` ones, over rank 0's ``time.perf_counter`` from the end of the last warm-up step's
-optimizer step to the end of the last step's, the evaluations in between included (an
-evaluation after the last step is not); ``eval_s=`` is rank 0's time in those evaluations, so
+``--warmup`` ones, over rank 0's ``time.perf_counter`` from the end of the last warm-up step
+(its evaluation, if one falls there, included) to the end of the last step's optimizer step: the
+evaluations in between are in, one after the last step is not (a window from one step's start
+to another's end, as a tracer of steps sees it); ``eval_s=`` is rank 0's time in them, so
 ``samples / (seconds - eval_s)`` is training alone. No barrier: DDP's allreduce keeps the ranks
 within a step.
 """
@@ -97,9 +98,7 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         step += 1
-        if step == args.warmup:
-            started = time.perf_counter()
-        elif step > args.warmup:
+        if step > args.warmup:
             samples += len(x) * world_size
         if step == args.steps:
             elapsed = time.perf_counter() - started
@@ -110,6 +109,8 @@ def main() -> None:
                 eval_s += time.perf_counter() - began
             if rank == 0:
                 print(f"step {step}: eval loss {eval_loss:.4f}, accuracy {accuracy:.1%}")
+        if step == args.warmup:  # after its evaluation, if one falls there
+            started = time.perf_counter()
         if step == args.steps:
             break
     if rank == 0:
