@@ -5,8 +5,11 @@ tables from real runs are checked in tests/test_cli.py."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pandas as pd
+import pytest
 
 from workbench.analysis.units import number
 from workbench.cli.tables import per_rank_text, runs_text
@@ -86,3 +89,23 @@ def test_runs_table_formats_rates_losses_and_accuracy() -> None:
         "s", "mlp-w2-b", "failed", "mlp", "2", "16", "fp32", "48.2/s", "1.35", "-",
     ]  # fmt: skip
     assert not EXPONENT.search("\n".join(lines))
+
+
+
+@pytest.mark.slow
+@pytest.mark.waits
+def test_a_run_with_no_steps_prints_empty_tables_and_no_rate(tmp_path) -> None:
+    """A script that steps no optimizer, named as folders cannot be (a leading ``_``, a space):
+    its run id is made a folder name, its tables print with no rows, its rates are n/a (never
+    0), and the command ends without a traceback (the terminal, as a user types it)."""
+    script = tmp_path / "_no steps.py"
+    script.write_text("print('trained nothing')\n")
+    argv = [sys.executable, "-m", "workbench.cli", "run", "--script", str(script)]
+    argv += ["--executor", "debug", "--no-progress", "--output-dir", str(tmp_path / "store")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    (run,) = (tmp_path / "store" / "default").iterdir()
+    assert run.name.startswith("no-steps-w1-"), run.name
+    said = done.stdout
+    assert "throughput: n/a samples/s" in said and " 0 samples/s" not in said, said
+    assert "rank  data  forward" in said, said

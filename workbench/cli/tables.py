@@ -59,7 +59,7 @@ def text_table(
 ) -> str:
     """Columns two spaces apart: those numbered in ``left`` aligned left (names), the others
     right (numbers)."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         parts = [

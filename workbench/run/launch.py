@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import secrets
 import shutil
 import time
@@ -41,9 +42,11 @@ __all__ = ["attach", "launch", "launch_array", "preflight", "sbatch_script"]
 
 
 def _new_run_id(config: RunConfig) -> str:
-    """A fresh run id: model, world size, time stamp and a random suffix."""
+    """A fresh run id: model (or script) name, world size, time stamp and a random suffix; the
+    name made a folder name (``_train.py`` or ``my train.py`` would not be one as they are)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{config.model.split(':')[-1]}-w{config.world_size}-{stamp}-{secrets.token_hex(2)}"
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "-", config.model.split(":")[-1]).lstrip("_.+-") or "run"
+    return f"{name}-w{config.world_size}-{stamp}-{secrets.token_hex(2)}"
 
 
 def launch(

@@ -21,6 +21,7 @@ SCALING_COLUMNS = (
     "global_batch_size",
     "world_size",
     "nodes",
+    "link_class",
     "runs",
     "samples_per_s",
     "samples_per_s_std",
@@ -132,7 +133,10 @@ def fit_error_note(predicted: pd.DataFrame) -> str:
     by construction), or that there is no such point to state one on."""
     if "relative_error" not in predicted.columns:
         return "The model's error: not known (no prediction)."
-    beyond = predicted[predicted["world_size"] != predicted["base_world_size"]]
+    at_base = predicted["world_size"] == predicted["base_world_size"]
+    if {"nodes", "base_nodes"} <= set(predicted.columns):  # the base is a layout, not a size
+        at_base &= predicted["nodes"] == predicted["base_nodes"]
+    beyond = predicted[~at_base]
     errors = pd.to_numeric(beyond["relative_error"], errors="coerce").dropna()
     if errors.empty:
         return (
