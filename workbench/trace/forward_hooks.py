@@ -162,18 +162,22 @@ def _pre_hook(hooks: Any, module: nn.Module, args: Any, kwargs: Any) -> None:
     """A watched plain module's forward pre-hook (put first, before the script's own)."""
     if is_compiling():
         return
-    depth = hooks.depth
-    hooks.depth = depth + 1
-    if not depth:
-        hooks.plain_logged.append(forward_starts(hooks, module, args, kwargs))
+    logged = not hooks.depth and forward_starts(hooks, module, args, kwargs)
+    hooks.plain_open.append((module, logged))
+    hooks.depth += 1
 
 
 def _post_hook(hooks: Any, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-    """Its forward hook (called even when the forward raises)."""
+    """Its forward hook (called even when the forward raises); one whose pre-hook did not run
+    (dynamo traced it, and not this one) changes nothing."""
     if is_compiling():
         return
+    opened = hooks.plain_open
+    if not opened or opened[-1][0] is not module:
+        return
+    logged = opened.pop()[1]
     hooks.depth -= 1
-    if not hooks.depth and hooks.plain_logged.pop():
+    if logged:
         forward_ends(hooks, module, output)
 
 

@@ -134,7 +134,8 @@ class ScriptHooks:
         #: watched one so called: ``forward_hooks``), and how deep in watched calls we are.
         self.root: Any = None
         self.depth = 0
-        self.plain_logged: list[bool] = []  # per open plain-module forward: was it logged
+        #: the plain modules' forwards under way: (module, whether it was logged)
+        self.plain_open: list[tuple[Any, bool]] = []
         self.uncounted = self.counted = 0  # steps whose samples nothing counted, and others
         self.rendezvous = rendezvous
         self.local_rank, self.local_world_size = local_rank, local_world_size
