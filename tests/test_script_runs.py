@@ -270,7 +270,8 @@ def test_one_process_without_ddp_gets_its_steps_from_the_optimizer(tmp_path: Pat
     steps = handle.traces()
     assert steps["step"].tolist() == list(range(1, 13)) and (steps["samples"] == 16).all()
     assert steps["comm_s"].isna().all() and steps["comm_bytes"].isna().all()
-    # from the end of the fetch to the backward, against the script's own clock
+    # from the model's forward (the hooks' pre-hook, before the script's own) to the backward,
+    # against the script's own clock
     clock = _clock(tmp_path / "clock", 0)
     forward_ms, own_ms = _against_the_clock(steps.iloc[2:], clock, "forward_s", "forward")
     print(f"forward {forward_ms:.2f} ms (its own clock {own_ms:.2f})")
