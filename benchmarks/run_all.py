@@ -2,8 +2,9 @@
 figures against their targets.
 
 Usage: ``python benchmarks/run_all.py [--quick | --smoke] [--only
-tracing,fidelity,latency,analysis,memory] [--out results.json]``. ``--quick`` runs every benchmark
-at its ``--smoke`` size (a minute or two): the figures it prints are not resolvable to 1 %.
+tracing,fidelity,latency,analysis,memory,zoo] [--out results.json]``. ``--quick`` runs every
+benchmark at its ``--smoke`` size (a minute or two): the figures it prints are not resolvable to
+1 %.
 ``--smoke`` checks this runner in seconds: the same, over ``memory`` alone unless ``--only`` names
 others (each benchmark's own ``--smoke`` is tested on its own). The exit status is 1 when a
 benchmark failed. Each benchmark also runs alone: ``python benchmarks/<name>.py --help``.
@@ -31,6 +32,7 @@ BENCHMARKS = {
     "latency": ("launch_latency.py", []),
     "analysis": ("analysis_scale.py", []),
     "memory": ("tracer_memory.py", []),
+    "zoo": ("script_zoo.py", []),
 }
 #: What ``--smoke`` runs unless ``--only`` is given: the cheapest benchmark, to check the runner.
 SMOKE_ONLY = "memory"
