@@ -17,6 +17,7 @@ from workbench.config.run_config import RunConfig
 from workbench.environment import cuda_device_count
 from workbench.errors import PreflightError, Problem
 from workbench.ports import port_free
+from workbench.rank.spawn_check import spawn_problems
 from workbench.run.backends import backend
 from workbench.store.files import run_dir
 
@@ -198,6 +199,9 @@ def _script_problems(config: RunConfig) -> list[Problem]:
             compile(path.read_bytes(), str(path), "exec")
         except (SyntaxError, ValueError) as exc:
             return [Problem("script", config.script, f"does not compile: {exc}")]
+        spawns = spawn_problems(config.script, int(config.world_size or 1), config.nodes)
+        if spawns:  # its own process count, written in it, is not the ranks a node
+            return [Problem("world_size", config.world_size, p) for p in spawns]
     if config.script_module is not None:
         import importlib.util
         import sys
