@@ -67,10 +67,10 @@ def run_workbench(
     train_samples: int,
     **options: Any,
 ) -> dict[str, Any]:
-    """``launch()`` then ``wait()``; throughput from ``analysis.summary.run_summary``.
+    """``launch()`` then ``wait()``; throughput from ``analysis.throughput.summary.run_summary``.
     ``options``: ``device``, ``model_size``, ``precision`` (see :func:`workbench_config`)."""
     from workbench import launch
-    from workbench.analysis.summary import run_summary
+    from workbench.analysis.throughput.summary import run_summary
     from workbench.store.load import load_traces
 
     with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:

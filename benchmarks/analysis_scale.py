@@ -68,17 +68,17 @@ out["rows"] = sum(pq.read_table(f).num_rows for f in files)
 out["files"] = len(files)
 """,
     "stragglers (engine)": """
-from workbench.analysis.slow_ranks import stragglers_in_store
+from workbench.analysis.stragglers.slow_ranks import stragglers_in_store
 found = stragglers_in_store(dirs)
 out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
 """,
     "window (engine)": """
-from workbench.analysis.windows import measured_window_in_store
+from workbench.analysis.measured.windows import measured_window_in_store
 window = measured_window_in_store(dirs)
 out["samples_per_s"] = window[["run_id", "samples_per_s"]].values.tolist()
 """,
     "stragglers (frames)": """
-from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.stragglers.slow_ranks import stragglers
 from workbench.store.load import load_traces
 found = stragglers(load_traces(dirs))
 out["found"] = found[["run_id", "rank", "ratio"]].values.tolist()
@@ -117,8 +117,8 @@ out["straggler_named"] = {expect!r} in html.read_text()
 out["from_digests"] = "read from their digests" in html.read_text()
 """,
     "report, from the rows": """
-from workbench.analysis.slow_ranks import stragglers_in_store
-from workbench.analysis.stored import StoredSteps
+from workbench.analysis.stragglers.slow_ranks import stragglers_in_store
+from workbench.analysis.measured.stored import StoredSteps
 from workbench.store.load import load_runs, load_traces
 from workbench.ui.report import write_report
 runs = load_runs(root, [{sweep!r}])

@@ -34,9 +34,9 @@ if str(ROOT) not in sys.path:
 import pandas as pd
 
 from workbench.analysis import run_table
-from workbench.analysis.network import NetworkModel, ring_allreduce_time
-from workbench.analysis.scaling_model import predict_scaling
-from workbench.analysis.windows import measured_steps, measured_window, sampled_comm
+from workbench.analysis.measured.windows import measured_steps, measured_window, sampled_comm
+from workbench.analysis.model.network import NetworkModel, ring_allreduce_time
+from workbench.analysis.model.scaling_model import predict_scaling
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 
 #: Link rates (Mbit/s): the fit one (the model's base), then the held-out ones.

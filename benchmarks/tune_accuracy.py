@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--only", help="the candidates whose label holds this text (all: none)")
     a = parser.parse_args(argv)
-    from workbench.analysis.tune_plan import candidates_for, predicted_gain
+    from workbench.analysis.advice.tune_plan import candidates_for, predicted_gain
     from workbench.config.run_config import RunConfig
     from workbench.run.backends.pool import warm_pool
     from workbench.tune import tune
@@ -132,8 +132,8 @@ def _folded(path: Path, inputs: Any, batch_cost: dict[str, Any]) -> Any:
     import dataclasses
     import json
 
-    from workbench.analysis.batch_cost import BatchCost
-    from workbench.analysis.network import NetworkModel
+    from workbench.analysis.model.batch_cost import BatchCost
+    from workbench.analysis.model.network import NetworkModel
 
     busbw = (json.loads((path / "run.json").read_text()).get("network") or {}).get(
         "busbw_bytes_per_s"

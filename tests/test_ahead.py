@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workbench.analysis.ahead import built_ahead
+from workbench.analysis.stragglers.ahead import built_ahead
 
 
 def test_items_come_in_order_each_built_once() -> None:

@@ -19,9 +19,8 @@ from workbench.analysis import (
     scaling_table,
     stragglers,
 )
-from workbench.analysis.others_median import median_of_others, others_median, row_stats
-from workbench.analysis.rank_cells import RowSparse
-from workbench.analysis.scaling_model import (
+from workbench.analysis.measured.rank_cells import RowSparse
+from workbench.analysis.model.scaling_model import (
     NETWORK_PRESETS,
     NetworkModel,
     fit_network,
@@ -30,7 +29,8 @@ from workbench.analysis.scaling_model import (
     predicted_vs_measured,
     ring_allreduce_time,
 )
-from workbench.analysis.summary import per_rank_table, run_summary
+from workbench.analysis.stragglers.others_median import median_of_others, others_median, row_stats
+from workbench.analysis.throughput.summary import per_rank_table, run_summary
 
 from .frames import ddp_steps, make_evals, make_runs, make_steps, scaling_sweep
 

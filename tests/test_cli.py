@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from workbench.analysis.windows import measured_steps
+from workbench.analysis.measured.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.study import scaling_configs
 

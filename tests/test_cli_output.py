@@ -11,7 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
-from workbench.analysis.units import number
+from workbench.analysis.measured.units import number
 from workbench.cli.tables import per_rank_text, runs_text
 
 EXPONENT = re.compile(r"e[+-]\d\d")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from workbench.analysis import run_table, scaling_table
-from workbench.analysis.completeness import incomplete_traces
+from workbench.analysis.throughput.completeness import incomplete_traces
 
 from .frames import make_runs, make_steps, scaling_sweep
 
@@ -85,7 +85,7 @@ def test_the_report_and_the_dashboard_table_say_which_run_is_incomplete(tmp_path
 
 
 def test_the_run_summary_leaves_out_the_throughput_of_an_incomplete_run() -> None:
-    from workbench.analysis.summary import run_summary
+    from workbench.analysis.throughput.summary import run_summary
 
     steps = make_steps("r", world_size=2)  # 8 measured steps of 1 s, 8 samples per rank
     whole = run_summary(steps, pd.DataFrame(), writers=2)

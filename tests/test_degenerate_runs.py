@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench import analysis
-from workbench.analysis.finding import findings
-from workbench.analysis.network import NetworkModel
-from workbench.analysis.scaling_model import predicted_vs_measured
-from workbench.analysis.summary import per_rank_table, run_summary
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.model.network import NetworkModel
+from workbench.analysis.model.scaling_model import predicted_vs_measured
+from workbench.analysis.throughput.summary import per_rank_table, run_summary
 from workbench.schema import EVAL_COLUMNS
 from workbench.ui.report import write_report
 

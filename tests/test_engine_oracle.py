@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from tests.frames import make_evals, make_steps
 from tests.oracle.slow_ranks import stragglers as oracle_stragglers
 from workbench import schema
-from workbench.analysis import slow_ranks
-from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
-from workbench.analysis.stored import StoredSteps
-from workbench.analysis.windows import measured_window, measured_window_in_store
+from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.measured.windows import measured_window, measured_window_in_store
+from workbench.analysis.stragglers import slow_ranks
+from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.store.load import load_traces
 
 

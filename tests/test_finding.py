@@ -8,11 +8,11 @@ import math
 import pandas as pd
 from plotly.io.json import to_json_plotly
 
-from workbench.analysis.comm import communication
-from workbench.analysis.finding import findings
-from workbench.analysis.groups import resolve_group_by
-from workbench.analysis.ranked_advice import median_interval
-from workbench.analysis.units import gib, percent, rate, ratio, seconds
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.advice.ranked_advice import median_interval
+from workbench.analysis.measured.units import gib, percent, rate, ratio, seconds
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.groups import resolve_group_by
 from workbench.ui.catalogue import CATALOGUE
 from workbench.ui.dashboard import finding_html
 from workbench.ui.plots.style import wrap

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from workbench.analysis import communication, run_table
-from workbench.analysis.finding import findings
-from workbench.analysis.losses import efficiency_loss, run_parts
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.advice.losses import efficiency_loss, run_parts
 
 from .frames import make_runs, make_steps
 

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.analysis.flops import add_flops_columns, dense_peak
-from workbench.analysis.scaling import scaling_table
+from workbench.analysis.measured.flops import add_flops_columns, dense_peak
+from workbench.analysis.throughput.scaling import scaling_table
 from workbench.rank.flops import count_flops
 from workbench.rank.models import build_model
 from workbench.run.launch import launch

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.analysis.flops import add_flops_columns
+from workbench.analysis.measured.flops import add_flops_columns
 from workbench.rank.network import bucket_sizes
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from workbench.analysis import communication
-from workbench.analysis.network import benchmarked_network, network_fit, ring_allreduce_time
-from workbench.analysis.scaling_model import predicted_vs_measured
+from workbench.analysis.model.network import benchmarked_network, network_fit, ring_allreduce_time
+from workbench.analysis.model.scaling_model import predicted_vs_measured
 
 from .frames import make_runs, make_steps, scaling_sweep
 

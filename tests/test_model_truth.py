@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis.network import NetworkModel, ring_allreduce_time
-from workbench.analysis.scaling_model import (
+from workbench.analysis.model.network import NetworkModel, ring_allreduce_time
+from workbench.analysis.model.scaling_model import (
     Base,
     model_curve,
     predict_scaling,

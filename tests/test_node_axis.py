@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis.finding import findings
-from workbench.analysis.predict import predict, target_cluster, target_network
-from workbench.analysis.scaling import scaling_table
-from workbench.analysis.scaling_model import predicted_vs_measured
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.model.predict import predict, target_cluster, target_network
+from workbench.analysis.model.scaling_model import predicted_vs_measured
+from workbench.analysis.throughput.scaling import scaling_table
 from workbench.cli import main
 from workbench.store.load import load_runs, load_traces
 

@@ -14,7 +14,7 @@ from workbench.analysis import (
     phase_breakdown,
     scaling_table,
 )
-from workbench.analysis.scaling_model import NetworkModel, predicted_vs_measured
+from workbench.analysis.model.scaling_model import NetworkModel, predicted_vs_measured
 from workbench.ui import plots
 
 from .frames import ddp_steps, make_runs, make_steps, scaling_sweep

@@ -1,5 +1,5 @@
-"""``workbench predict`` and :func:`workbench.analysis.predict.predict`: a sweep's throughput at
-other world sizes on a given network, worked out by hand; a clear error without a multi-rank
+"""``workbench predict`` and :func:`workbench.analysis.model.predict.predict`: a sweep's throughput
+at other world sizes on a given network, worked out by hand; a clear error without a multi-rank
 run."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis.cluster_network import ClusterNetwork, allreduce_time
-from workbench.analysis.network import NetworkModel, ring_allreduce_time
-from workbench.analysis.predict import (
+from workbench.analysis.model.cluster_network import ClusterNetwork, allreduce_time
+from workbench.analysis.model.network import NetworkModel, ring_allreduce_time
+from workbench.analysis.model.predict import (
     parse_rate,
     parse_seconds,
     predict,

@@ -9,7 +9,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.analysis.rank_cells import rank_cells, scattered_cells
+from workbench.analysis.measured.rank_cells import rank_cells, scattered_cells
 
 
 @st.composite

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 
 from tests.frames import ddp_steps, make_evals, write_run, write_scaling_sweep
-from workbench.analysis import slow_ranks
-from workbench.analysis.rank_cells import scattered_cells
-from workbench.analysis.slow_ranks import stragglers_in_store
-from workbench.analysis.stored import StoredSteps
+from workbench.analysis.measured.rank_cells import scattered_cells
+from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.stragglers import slow_ranks
+from workbench.analysis.stragglers.slow_ranks import stragglers_in_store
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.report import report_from_store, write_report
 

@@ -17,8 +17,8 @@ import pytest
 
 from workbench import schema
 from workbench.analysis import run_digests
+from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.run_digests import digest_at_end, open_steps
-from workbench.analysis.stored import StoredSteps
 from workbench.run.launch import launch
 from workbench.store.files import update_run
 from workbench.store.load import load_runs, load_traces

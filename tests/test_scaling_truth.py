@@ -20,7 +20,7 @@ from workbench.analysis import (
     run_table,
     scaling_table,
 )
-from workbench.analysis.scaling_model import (
+from workbench.analysis.model.scaling_model import (
     NetworkModel,
     fit_network,
     predict_scaling,

@@ -1,6 +1,6 @@
-"""Step rows left in the store (:class:`workbench.analysis.stored.StoredSteps`, aggregated in
-DuckDB) against the pandas frame of the same rows (``load_traces``): every report entry point that
-accepts ``StoredSteps`` in place of ``steps`` must give the same result.
+"""Step rows left in the store (:class:`workbench.analysis.measured.stored.StoredSteps`, aggregated
+in DuckDB) against the pandas frame of the same rows (``load_traces``): every report entry point
+that accepts ``StoredSteps`` in place of ``steps`` must give the same result.
 
 Compared: the measured window and the evaluation rows, the run and scaling tables, the phase
 breakdown (with the evaluations and without), communication, memory, the network fit, the
@@ -35,19 +35,19 @@ from hypothesis import strategies as st
 from tests.frames import make_evals, make_runs, make_steps, room_for_evals
 from tests.test_engine_oracle import _write, stores
 from workbench import schema
-from workbench.analysis.breakdown import phase_breakdown
-from workbench.analysis.comm import communication
-from workbench.analysis.finding import findings
-from workbench.analysis.losses import run_parts
-from workbench.analysis.memory import memory_by_rank
-from workbench.analysis.network import fit_network
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.advice.losses import run_parts
+from workbench.analysis.advice.tune_measure import model_inputs, run_diagnosis
+from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.measured.windows import eval_rows, measured_window
+from workbench.analysis.model.network import fit_network
+from workbench.analysis.model.scaling_model import predicted_vs_measured
 from workbench.analysis.run_digests import build_run_digests, open_steps
-from workbench.analysis.scaling import run_table, scaling_table
-from workbench.analysis.scaling_model import predicted_vs_measured
-from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
-from workbench.analysis.stored import StoredSteps
-from workbench.analysis.tune_measure import model_inputs, run_diagnosis
-from workbench.analysis.windows import eval_rows, measured_window
+from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.throughput.breakdown import phase_breakdown
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.memory import memory_by_rank
+from workbench.analysis.throughput.scaling import run_table, scaling_table
 from workbench.store.files import update_run
 from workbench.store.load import load_traces
 from workbench.store.run_digest import DIGEST_DIR

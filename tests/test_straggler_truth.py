@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from workbench.analysis import stragglers
-from workbench.analysis.finding import findings
+from workbench.analysis.advice.finding import findings
 
 from .frames import make_runs, make_steps
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench.analysis import scaling_table
-from workbench.analysis.finding import findings
+from workbench.analysis.advice.finding import findings
 
 from .frames import make_evals, make_runs, make_steps, room_for_evals
 

@@ -17,11 +17,8 @@ import pytest
 
 from tests.frames import make_runs, make_steps
 from workbench import schema
-from workbench.analysis.batch_cost import fit_batch_cost
-from workbench.analysis.finding import findings
-from workbench.analysis.network import NetworkModel
-from workbench.analysis.scaling_model import Base
-from workbench.analysis.tune_measure import (
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.advice.tune_measure import (
     _hook_times,
     model_inputs,
     paired_gain,
@@ -29,7 +26,7 @@ from workbench.analysis.tune_measure import (
     t975,
     verdict,
 )
-from workbench.analysis.tune_plan import (
+from workbench.analysis.advice.tune_plan import (
     HOOK_COST,
     NOISE,
     ModelInputs,
@@ -39,6 +36,9 @@ from workbench.analysis.tune_plan import (
     predicted_gain,
     verified,
 )
+from workbench.analysis.model.batch_cost import fit_batch_cost
+from workbench.analysis.model.network import NetworkModel
+from workbench.analysis.model.scaling_model import Base
 from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.tune import TuneError, tune

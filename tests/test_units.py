@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from workbench.analysis.units import gib, number, percent, rate, ratio, seconds
+from workbench.analysis.measured.units import gib, number, percent, rate, ratio, seconds
 
 EXPONENT = re.compile(r"e[+-]\d\d")
 

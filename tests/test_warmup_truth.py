@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from workbench.analysis import measured_window
-from workbench.analysis.summary import per_rank_table, run_summary
-from workbench.analysis.windows import detected_warmup, warmup_once
+from workbench.analysis.measured.windows import detected_warmup, warmup_once
+from workbench.analysis.throughput.summary import per_rank_table, run_summary
 
 from .frames import make_evals, make_steps
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.windows import check_columns, measured_steps
+from workbench.analysis.measured.windows import check_columns, measured_steps
 from workbench.schema import STEP_COLUMNS
 
 STRAGGLER_COLUMNS = [

@@ -11,28 +11,8 @@ figure. ``stragglers_in_store`` and ``measured_window_in_store`` read a large sw
 store's columnar engine.
 """
 
-from workbench.analysis.breakdown import (
-    BETWEEN,
-    EVAL_PARTS,
-    PHASES,
-    eval_breakdown,
-    phase_breakdown,
-)
-from workbench.analysis.comm import communication
-from workbench.analysis.display import downsample_for_display
-from workbench.analysis.groups import (
-    BATCH_COLUMNS,
-    FAMILY_COLUMNS,
-    NOT_GROUPING,
-    ScalingFamilyWarning,
-    config_columns,
-    default_group_by,
-    resolve_group_by,
-)
-from workbench.analysis.memory import memory_by_rank
-from workbench.analysis.scaling import run_table, scaling_table
-from workbench.analysis.slow_ranks import STRAGGLER_COLUMNS, stragglers, stragglers_in_store
-from workbench.analysis.windows import (
+from workbench.analysis.measured.display import downsample_for_display
+from workbench.analysis.measured.windows import (
     check_columns,
     comm_filled,
     eval_rows,
@@ -42,6 +22,30 @@ from workbench.analysis.windows import (
     measured_window,
     measured_window_in_store,
 )
+from workbench.analysis.stragglers.slow_ranks import (
+    STRAGGLER_COLUMNS,
+    stragglers,
+    stragglers_in_store,
+)
+from workbench.analysis.throughput.breakdown import (
+    BETWEEN,
+    EVAL_PARTS,
+    PHASES,
+    eval_breakdown,
+    phase_breakdown,
+)
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.groups import (
+    BATCH_COLUMNS,
+    FAMILY_COLUMNS,
+    NOT_GROUPING,
+    ScalingFamilyWarning,
+    config_columns,
+    default_group_by,
+    resolve_group_by,
+)
+from workbench.analysis.throughput.memory import memory_by_rank
+from workbench.analysis.throughput.scaling import run_table, scaling_table
 
 __all__ = [
     "BATCH_COLUMNS",

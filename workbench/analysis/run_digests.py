@@ -5,8 +5,8 @@ after reads the digest instead of the rows (a tune reads its one base run's rows
 :func:`build_run_digests` runs the engine's passes over the runs' rows once (the per-step pass,
 the warm-up rule, the per-rank pass, DDP's sampled timers per step and rank, the straggler pass
 with its heatmap bins) and keeps each run's frames. :func:`open_steps` hands a
-:class:`workbench.analysis.stored.StoredSteps` over several runs: from their digests where every
-run has one or can get one (it builds those missing, as the first reader), from the rows
+:class:`workbench.analysis.measured.stored.StoredSteps` over several runs: from their digests where
+every run has one or can get one (it builds those missing, as the first reader), from the rows
 otherwise (a run still running), and says which in ``source`` and ``note``. No torch.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.analysis.rank_cells import HEATMAP_BINS
-from workbench.analysis.slow_ranks import DEFAULT_RULE, stragglers_in_store
-from workbench.analysis.stored import StoredSteps
+from workbench.analysis.measured.rank_cells import HEATMAP_BINS
+from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.stragglers.slow_ranks import DEFAULT_RULE, stragglers_in_store
 from workbench.store.engine import parquet_rows
 from workbench.store.load import load_traces
 from workbench.store.run_digest import (

@@ -14,7 +14,7 @@ from workbench.cli.slurm_flags import SlurmFlagError, slurm_options
 
 
 def run(args: argparse.Namespace) -> int:
-    from workbench.analysis.summary import per_rank_table
+    from workbench.analysis.throughput.summary import per_rank_table
     from workbench.cli import progress
     from workbench.cli.tables import per_rank_text
     from workbench.errors import ConfigError, PreflightError, RunFailedError
@@ -62,7 +62,7 @@ def _print_header(handle: Any, executor: str) -> None:
 def _print_summary(run_path: Path) -> None:
     """The run's headline figures from run.json: throughput in samples/s, times in ms (the
     evaluation and checkpoint totals in their own unit), memory in GiB."""
-    from workbench.analysis.units import gib, number, percent, rate, seconds
+    from workbench.analysis.measured.units import gib, number, percent, rate, seconds
     from workbench.store.files import read_json
 
     record = read_json(run_path / "run.json")
@@ -287,7 +287,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 def _print_finding(output_dir: Path, sweep: str) -> None:
     """The study's finding in plain words, as the report states it."""
-    from workbench.analysis.finding import findings
+    from workbench.analysis.advice.finding import findings
     from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
     from workbench.store.tunes import load_tunes

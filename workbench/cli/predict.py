@@ -92,7 +92,7 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
 
 def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:
     """One link class from its flags: a bus bandwidth or a link rate, and a latency."""
-    from workbench.analysis.predict import parse_rate, parse_seconds, target_network
+    from workbench.analysis.model.predict import parse_rate, parse_seconds, target_network
 
     return target_network(
         busbw_bytes_per_s=parse_rate(busbw) if busbw else None,
@@ -128,7 +128,7 @@ def _clean(value: Any) -> Any:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    from workbench.analysis.predict import (
+    from workbench.analysis.model.predict import (
         PredictionError,
         predict,
         sweep_ranks_per_node,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.units import gib, number, percent, rate
+from workbench.analysis.measured.units import gib, number, percent, rate
 
 #: Per-rank phase columns and their headers; the values are shown in milliseconds.
 PHASE_HEADERS = {
@@ -72,8 +72,8 @@ def text_table(
 
 
 def per_rank_text(table: pd.DataFrame) -> str:
-    """``analysis.summary.per_rank_table``'s frame for people: one row per rank, the phase
-    means in ms, samples/s and peak RSS."""
+    """``analysis.throughput.summary.per_rank_table``'s frame for people: one row per rank, the
+    phase means in ms, samples/s and peak RSS."""
     phases = [c for c in PHASE_HEADERS if c in table.columns]
     headers = ["rank", *(PHASE_HEADERS[c] for c in phases), "samples/s", "peak RSS"]
     rows = []

@@ -18,7 +18,7 @@ from typing import Any
 
 from workbench import schema
 from workbench.analysis.run_digests import digest_at_end
-from workbench.analysis.summary import run_summary
+from workbench.analysis.throughput.summary import run_summary
 from workbench.config.run_config import RunConfig
 from workbench.errors import RunFailedError, StoreFullError
 from workbench.run import processes

@@ -8,7 +8,7 @@ files reads only the columns it needs and returns a small frame: per run, attemp
 (:attr:`per_step`, on construction: the window's parts, losses, attempt ends), per run and rank
 (:meth:`per_rank`), DDP's sampled timers per step and rank (:meth:`comm_frames`), a histogram
 of gradient bytes (:meth:`byte_counts`), one run's values binned for a heatmap (:meth:`binned`). The
-analysis composes them into its tables (``workbench.analysis.stored``). No torch.
+analysis composes them into its tables (``workbench.analysis.measured.stored``). No torch.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 
 #: A row is measured: not traced warm-up, and after its attempt's detected warm-up.
 MEASURED = "NOT coalesce(warmup, false) AND (last_warmup_step IS NULL OR step > last_warmup_step)"
-#: What a rank computes itself in a step (``workbench.analysis.slow_ranks.rank_compute``):
-#: data, forward and optimizer, plus the backward compute where it is known.
+#: What a rank computes itself in a step
+#: (``workbench.analysis.stragglers.slow_ranks.rank_compute``): data, forward and optimizer,
+#: plus the backward compute where it is known.
 COMPUTE = f"(data_s + forward_s + optimizer_s + {BACKWARD_COMPUTE})"
 #: The frames of DDP's sampled timers (:meth:`StepDigest.comm_frames`,
-#: :mod:`workbench.analysis.comm_samples`): each column's type beside ``run_id`` (a string).
+#: :mod:`workbench.analysis.measured.comm_samples`): each column's type beside ``run_id`` (a
+#: string).
 COMM_TYPES = {
     "comm_steps": {
         "attempt": "int64",
@@ -150,7 +152,7 @@ class StepDigest(StepFrames):
     def _hole_gaps(self) -> None:
         """Register ``_holes``: each row without a traced ``gap_s`` that has a next row (steps
         count consecutively in an attempt), its gap from that row's start (the arithmetic of
-        :func:`workbench.analysis.windows.gap_filled`). Skipped (an empty table) when every
+        :func:`workbench.analysis.measured.windows.gap_filled`). Skipped (an empty table) when every
         open gap is on its attempt's last step, where nothing follows."""
         p = self.per_step
         last = p.groupby(["run_id", "attempt"])["step"].transform("max")
@@ -180,8 +182,8 @@ class StepDigest(StepFrames):
         and whether a row is measured (attempts merged here); it also counts the gradient bytes
         and buckets that :meth:`byte_counts` hands out.
 
-        What follows a step (``workbench.analysis.breakdown``): ``gap`` is ``gap_s``, or the
-        next row's start less this step's end where the trace has none; ``save_s`` and
+        What follows a step (``workbench.analysis.throughput.breakdown``): ``gap`` is ``gap_s``, or
+        the next row's start less this step's end where the trace has none; ``save_s`` and
         ``eval_s`` (the rank's evaluations after the step) are 0 where none; ``between_s`` is
         the gap less both; all three are 0 where the gap is unknown (an attempt's last step).
         ``other_s`` is the step less its traced phases (a missing phase counts 0), clipped at 0.
@@ -197,9 +199,9 @@ class StepDigest(StepFrames):
 
     def comm_frames(self) -> dict[str, pd.DataFrame]:
         """DDP's sampled timers as the analysis reads them, computed in the engine (the SQL of
-        :mod:`workbench.analysis.comm_samples`' three frames, whose docstrings define them):
-        ``comm_steps`` a row per run, attempt and sampled step, ``comm_ranks`` a row per run and
-        rank, ``backward_rows`` the backward timer's values. The measured rows where a timer
+        :mod:`workbench.analysis.measured.comm_samples`' three frames, whose docstrings define
+        them): ``comm_steps`` a row per run, attempt and sampled step, ``comm_ranks`` a row per run
+        and rank, ``backward_rows`` the backward timer's values. The measured rows where a timer
         ran are read once into the engine's memory (one in ``trace_comm_every_steps``), never
         into pandas."""
         self.con.execute(

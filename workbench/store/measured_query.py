@@ -1,8 +1,8 @@
 """Each run's measured step rows as the straggler analysis reads them, out of the engine: only
 the columns it needs, the warm-up rows filtered in the engine (the rule of
-:func:`workbench.analysis.windows.detected_warmup`, computed on the per-step maxima), one run
-folder and one attempt at a time, as NumPy arrays. The analysis lays them out as step x rank
-matrices once per run (``workbench.analysis.slow_ranks``). No torch.
+:func:`workbench.analysis.measured.windows.detected_warmup`, computed on the per-step maxima), one
+run folder and one attempt at a time, as NumPy arrays. The analysis lays them out as step x rank
+matrices once per run (``workbench.analysis.stragglers.slow_ranks``). No torch.
 """
 
 from __future__ import annotations
@@ -151,10 +151,10 @@ def measured_rows(
 
     Passes over the files: each step's slowest ``step_s`` and largest ``world_size`` over
     the rows that are not traced warm-up (a small frame, handed to ``warmup``: the analysis's
-    rule, :func:`workbench.analysis.windows.detected_warmup`, which returns ``run_id, attempt,
-    last_warmup_step`` for the attempts whose first measured steps are still warm-up), then each
-    rank's host, then the rows as they are asked for, streamed. With ``known`` (from a pass over
-    these runs) only the rows are read."""
+    rule, :func:`workbench.analysis.measured.windows.detected_warmup`, which returns ``run_id,
+    attempt, last_warmup_step`` for the attempts whose first measured steps are still warm-up),
+    then each rank's host, then the rows as they are asked for, streamed. With ``known`` (from a
+    pass over these runs) only the rows are read."""
     con = steps_view([run_dir])
     try:
         run_id = None if known is None else _folder_run_id(Path(run_dir))

@@ -316,7 +316,7 @@ class DigestFrames(StepFrames):
         self._per_rank = joined("per_rank", ["run_id", "rank"])
         self._byte_counts = joined("byte_counts", ["run_id", "comm_bytes", "comm_buckets"])
         #: DDP's sampled timers as the analysis reads them
-        #: (:mod:`workbench.analysis.comm_samples`).
+        #: (:mod:`workbench.analysis.measured.comm_samples`).
         self.comm = {
             "comm_steps": joined("comm_steps", ["run_id", "attempt", "step"]),
             "comm_ranks": joined("comm_ranks", ["run_id", "rank"]),

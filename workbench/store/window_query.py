@@ -1,8 +1,8 @@
 """Each run's measured window out of the engine: small per-step and per-attempt frames from one
 pass or two over the runs' step and evaluation files, the warm-up rule applied by the analysis on
-the per-step maxima (:func:`workbench.analysis.windows.measured_window_in_store` composes them
-into the window as :func:`workbench.analysis.windows.measured_window` does from frames). No
-torch."""
+the per-step maxima (:func:`workbench.analysis.measured.windows.measured_window_in_store` composes
+them into the window as :func:`workbench.analysis.measured.windows.measured_window` does from
+frames). No torch."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.analysis.tune_measure import paired_gain, step_throughput, verdict
+from workbench.analysis.advice.tune_measure import paired_gain, step_throughput, verdict
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces

@@ -1,8 +1,8 @@
 """A tune's batch probe: what of the base's compute grows with the batch, measured where nothing
-fitted it (:mod:`workbench.analysis.batch_cost`). Short runs at the base's per-device batch and
-the candidate's; each one's compute a step (forward, backward's own compute,
-optimizer: :func:`~workbench.analysis.losses.run_parts`) gives a point, and the line through the
-two splits the compute into a per-step and a per-sample part. Each batch runs twice, in turns
+fitted it (:mod:`workbench.analysis.model.batch_cost`). Short runs at the base's per-device batch
+and the candidate's; each one's compute a step (forward, backward's own compute,
+optimizer: :func:`~workbench.analysis.advice.losses.run_parts`) gives a point, and the line through
+the two splits the compute into a per-step and a per-sample part. Each batch runs twice, in turns
 (base, candidate, candidate, base), and each point is the less disturbed of its two runs, each
 run's compute taken at its faster steps (:func:`_compute_per_step`). The larger batch's gain is then
 predicted from that split instead of assuming all of the compute grows with it: on a small step,
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.batch_cost import BatchCost, fit_batch_cost
-from workbench.analysis.tune_measure import STEP_QUANTILE
-from workbench.analysis.tune_plan import Candidate, ModelInputs
-from workbench.analysis.windows import measured_steps
+from workbench.analysis.advice.tune_measure import STEP_QUANTILE
+from workbench.analysis.advice.tune_plan import Candidate, ModelInputs
+from workbench.analysis.measured.windows import measured_steps
+from workbench.analysis.model.batch_cost import BatchCost, fit_batch_cost
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces

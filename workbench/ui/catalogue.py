@@ -16,15 +16,15 @@ from functools import cached_property
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.breakdown import eval_breakdown, phase_breakdown
-from workbench.analysis.comm import communication
-from workbench.analysis.curve_links import CurveNetworks, networks_text
-from workbench.analysis.groups import resolve_group_by
-from workbench.analysis.memory import memory_by_rank
-from workbench.analysis.network import NetworkModel, network_fit
-from workbench.analysis.scaling import scaling_table
-from workbench.analysis.scaling_model import predicted_vs_measured
-from workbench.analysis.stored import StoredSteps, is_stored
+from workbench.analysis.measured.stored import StoredSteps, is_stored
+from workbench.analysis.model.curve_links import CurveNetworks, networks_text
+from workbench.analysis.model.network import NetworkModel, network_fit
+from workbench.analysis.model.scaling_model import predicted_vs_measured
+from workbench.analysis.throughput.breakdown import eval_breakdown, phase_breakdown
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.groups import resolve_group_by
+from workbench.analysis.throughput.memory import memory_by_rank
+from workbench.analysis.throughput.scaling import scaling_table
 from workbench.ui import plots
 from workbench.ui.plots import definitions as d
 

@@ -18,16 +18,16 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.finding import findings
-from workbench.analysis.groups import (
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.run_digests import open_steps
+from workbench.analysis.throughput.groups import (
     BATCH_COLUMNS,
     LEADING_COLUMNS,
     config_columns,
     default_group_by,
     resolve_group_by,
 )
-from workbench.analysis.run_digests import open_steps
-from workbench.analysis.stored import StoredSteps
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.baseline import NO_BASELINE, baseline_notes, honest_table, speedup_rows
 from workbench.ui.catalogue import (
@@ -103,7 +103,8 @@ def _column(grow: str) -> widgets.Layout:
 
 
 def finding_html(said: list[str]) -> str:
-    """The study's finding (:func:`workbench.analysis.finding.findings`) as the report words it."""
+    """The study's finding (:func:`workbench.analysis.advice.finding.findings`) as the report words
+    it."""
     if not said:
         return ""
     return f'<div style="{FINDING_BOX}"><b>Finding</b><ul>{finding_items(said)}</ul></div>'

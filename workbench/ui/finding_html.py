@@ -1,6 +1,6 @@
 """The study's finding as HTML list items, the same words in the report and the Dashboard: each
 curve's lead line, its next changes, and its loss table under them
-(:class:`workbench.analysis.finding.Finding`); other lines as they are. And a figure's
+(:class:`workbench.analysis.advice.finding.Finding`); other lines as they are. And a figure's
 definition, folded behind a toggle above it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from workbench.analysis.finding import Finding
+from workbench.analysis.advice.finding import Finding
 
 #: The loss table's look, inline so that it holds in a notebook's output as in the report.
 TABLE = "border-collapse: collapse; margin: 0 0 0.2rem 0.6rem; line-height: 1.25;"

@@ -17,8 +17,8 @@ import ipywidgets as widgets
 import pandas as pd
 
 from workbench import schema
-from workbench.analysis.units import rate, ratio
-from workbench.analysis.windows import measured_window
+from workbench.analysis.measured.units import rate, ratio
+from workbench.analysis.measured.windows import measured_window
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
 from workbench.store.arrow_stream import read_messages

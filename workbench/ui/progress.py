@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from workbench.analysis.slow_ranks import stragglers
+from workbench.analysis.stragglers.slow_ranks import stragglers
 
 #: The sparkline's levels, lowest first.
 BARS = "▁▂▃▄▅▆▇█"

@@ -19,14 +19,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from workbench.analysis.comm import communication
-from workbench.analysis.finding import findings
-from workbench.analysis.groups import resolve_group_by
+from workbench.analysis.advice.finding import findings
+from workbench.analysis.measured.stored import StoredSteps, is_stored
+from workbench.analysis.measured.windows import warmup_once
+from workbench.analysis.model.scaling_model import NetworkModel
 from workbench.analysis.run_digests import open_steps
-from workbench.analysis.scaling_model import NetworkModel
-from workbench.analysis.slow_ranks import stragglers, stragglers_in_store
-from workbench.analysis.stored import StoredSteps, is_stored
-from workbench.analysis.windows import warmup_once
+from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.groups import resolve_group_by
 from workbench.store.engine import parquet_rows
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
@@ -203,7 +203,8 @@ def _finding_html(
     found: pd.DataFrame | None = None,
     comm: pd.DataFrame | None = None,
 ) -> str:
-    """The study's finding in plain words (:func:`workbench.analysis.finding.findings`), first."""
+    """The study's finding in plain words (:func:`workbench.analysis.advice.finding.findings`),
+    first."""
     tunes = load_tunes(runs["path"]) if "path" in runs.columns else []
     said = findings(runs, steps, group_by, evals, found=found, comm=comm, tunes=tunes)
     said += unmeasured_lines(runs)
@@ -265,7 +266,7 @@ def write_report(
     return the path.
 
     ``network`` feeds the scaling model (a preset name or a :class:`NetworkModel`); by default it
-    is :func:`workbench.analysis.network.fit_network` of these runs, and without a fit the
+    is :func:`workbench.analysis.model.network.fit_network` of these runs, and without a fit the
     predicted view shows the measurements and says why there is no prediction. ``summary_csv``:
     also write the scaling table the report computed there, as CSV (atomically; every column,
     raw numbers; header only when there is none). ``plotly_js``: ``"inline"`` embeds plotly.js

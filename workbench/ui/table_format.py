@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis import units
+from workbench.analysis.measured import units
 
 Formatter = Callable[[float], str]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from workbench.analysis.groups import LEADING_COLUMNS
-from workbench.analysis.units import percent
+from workbench.analysis.measured.units import percent
+from workbench.analysis.throughput.groups import LEADING_COLUMNS
 from workbench.ui.table_format import people_table, table_html
 
 #: The scaling table's columns shown after the group columns, in order (only those present; a
@@ -119,8 +119,9 @@ def scaling_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
 
 
 def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
-    """The scaling model's table (:func:`workbench.analysis.scaling_model.predicted_vs_measured`)
-    as HTML: :func:`group_columns`, then every column that is not a group column."""
+    """The scaling model's table
+    (:func:`workbench.analysis.model.scaling_model.predicted_vs_measured`) as HTML:
+    :func:`group_columns`, then every column that is not a group column."""
     shown = group_columns(table, group_by)
     rest = [c for c in table.columns if c not in group_by and c not in shown]
     return frame_html(table[shown + rest])
@@ -128,7 +129,7 @@ def model_table_html(table: pd.DataFrame, group_by: Sequence[str]) -> str:
 
 def fit_error_note(predicted: pd.DataFrame) -> str:
     """The model's stated error on its own fit, from
-    :func:`~workbench.analysis.scaling_model.predicted_vs_measured`'s table: the RMS of
+    :func:`~workbench.analysis.model.scaling_model.predicted_vs_measured`'s table: the RMS of
     ``relative_error`` over the measured points beyond each curve's base (at the base it agrees
     by construction), or that there is no such point to state one on."""
     if "relative_error" not in predicted.columns:

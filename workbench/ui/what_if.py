@@ -1,8 +1,8 @@
 """What if: the scaling model's prediction for the selected runs at other world sizes on another
 network, as a control under the dashboard (the same figures and words as ``workbench predict``).
 
-The widget only composes :func:`workbench.analysis.predict.predict`; the lines it shows come from
-:func:`prediction_lines`, which the command prints too.
+The widget only composes :func:`workbench.analysis.model.predict.predict`; the lines it shows come
+from :func:`prediction_lines`, which the command prints too.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Callable
 import ipywidgets as widgets
 import pandas as pd
 
-from workbench.analysis.predict import (
+from workbench.analysis.measured.units import percent, rate, ratio, seconds
+from workbench.analysis.model.predict import (
     PredictionError,
     parse_rate,
     parse_seconds,
     predict,
     target_network,
 )
-from workbench.analysis.units import percent, rate, ratio, seconds
 
 #: The network control's choices: label -> what the number means.
 NETWORK_KINDS = (("bus bandwidth (nccl-tests)", "busbw"), ("link rate", "link"))
@@ -35,7 +35,7 @@ def _ranks(n: int) -> str:
 
 
 def prediction_lines(table: pd.DataFrame) -> list[str]:
-    """One line per predicted point of :func:`~workbench.analysis.predict.predict`'s table:
+    """One line per predicted point of :func:`~workbench.analysis.model.predict.predict`'s table:
     throughput with its interval, the step as compute plus exposed communication, speedup over
     the curve's base and efficiency; then the model's notes."""
     keys = list(table.columns[: list(table.columns).index("world_size")])

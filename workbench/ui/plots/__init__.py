@@ -1,8 +1,8 @@
 """Tables and frames to plotly figures: one function per figure, each returning a ``go.Figure``.
 
 No function shows or writes a figure: the notebook, the widgets and the report decide. Inputs are
-the tables of :mod:`workbench.analysis` and :mod:`workbench.analysis.scaling_model` (or the raw
-trace frames for curves and heatmaps); scaling figures take the ``group_by`` list the table was
+the tables of :mod:`workbench.analysis` and :mod:`workbench.analysis.model.scaling_model` (or the
+raw trace frames for curves and heatmaps); scaling figures take the ``group_by`` list the table was
 computed with. Units are in axis titles and hover text. No torch.
 
 ``scaling`` (against devices), ``timing`` (phases, heatmap), ``spread`` (a value across ranks over

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.rank_cells import HEATMAP_BINS
-from workbench.analysis.windows import check_columns
+from workbench.analysis.measured.rank_cells import HEATMAP_BINS
+from workbench.analysis.measured.windows import check_columns
 
 #: Most step columns of a heatmap (a wide figure shows about this many).
 MAX_COLUMNS = HEATMAP_BINS

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.breakdown import EVAL_PARTS
-from workbench.analysis.display import downsample_for_display
-from workbench.analysis.stored import is_stored
-from workbench.analysis.windows import check_columns
+from workbench.analysis.measured.display import downsample_for_display
+from workbench.analysis.measured.stored import is_stored
+from workbench.analysis.measured.windows import check_columns
+from workbench.analysis.throughput.breakdown import EVAL_PARTS
 from workbench.ui.plots.style import LAYOUT, MS, subtitle
 
 

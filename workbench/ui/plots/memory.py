@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.windows import check_columns
+from workbench.analysis.measured.windows import check_columns
 from workbench.ui.plots.binning import (
     BAND_RANKS,
     many_ranks_note,

@@ -15,8 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.analysis import units
-from workbench.analysis.windows import check_columns
+from workbench.analysis.measured import units
+from workbench.analysis.measured.windows import check_columns
 from workbench.ui.plots.style import (
     LAYOUT,
     devices_axis,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.stored import is_stored
+from workbench.analysis.measured.stored import is_stored
 from workbench.ui.plots.binning import (
     BAND_RANKS,
     MAX_COLUMNS,

@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import qualitative
 
-from workbench.analysis.groups import FAMILY_COLUMNS, default_group_by
-from workbench.analysis.windows import check_columns
+from workbench.analysis.measured.windows import check_columns
+from workbench.analysis.throughput.groups import FAMILY_COLUMNS, default_group_by
 
 GIB = float(1 << 30)
 MS = 1e3  # seconds to milliseconds

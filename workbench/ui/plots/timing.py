@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis.slow_ranks import rank_compute
-from workbench.analysis.stored import StoredSteps, is_stored
-from workbench.analysis.windows import check_columns, measured_steps
+from workbench.analysis.measured.stored import StoredSteps, is_stored
+from workbench.analysis.measured.windows import check_columns, measured_steps
+from workbench.analysis.stragglers.slow_ranks import rank_compute
 from workbench.ui.plots.binning import (
     BAND_RANKS,
     MAX_COLUMNS,
@@ -215,7 +215,8 @@ def _distinct(values: pd.Series) -> str:
 def rank_step_values(steps: pd.DataFrame, run_id: str, value: str) -> tuple[pd.DataFrame, str]:
     """One run's measured steps as ``rank, step, v`` (and ``host`` where traced): ``value`` in
     seconds, or with ``compute_s`` what each rank computes itself
-    (:func:`workbench.analysis.slow_ranks.rank_compute`); and the value's name for people."""
+    (:func:`workbench.analysis.stragglers.slow_ranks.rank_compute`); and the value's name for
+    people."""
     if value != "compute_s":
         check_columns(steps, [value], "steps")
     cols = [*COMPUTE_INPUTS] if value == "compute_s" else [value]
@@ -258,7 +259,8 @@ def step_time_heatmap(
 ) -> go.Figure:
     """Rank x step heatmap of one run's measured step time (or ``compute_s``, what each rank
     computes itself: data, forward, optimizer and DDP's backward compute timer, see
-    :func:`workbench.analysis.slow_ranks.rank_compute`; blank on steps DDP did not sample).
+    :func:`workbench.analysis.stragglers.slow_ranks.rank_compute`; blank on steps DDP did not
+    sample).
 
     At most ``max_steps`` columns and ``max_rows`` rows (:func:`workbench.ui.plots.binning.
     heat_grid`): each cell the median over a bin of consecutive steps (labelled by its first

@@ -1,0 +1,233 @@
+"""A tune's measurements: one run's diagnosis and model inputs, and the interval of a measured
+gain from interleaved repeats.
+
+The gain of a candidate over the base is measured from ``repeats`` interleaved pairs (base,
+candidate, base, candidate, ...: drift of a shared host hits both sides of a pair alike): per
+pair the log of the throughput ratio, their mean and a Student t interval on it (95 %, n - 1
+degrees of freedom), returned as ratios minus 1. A verdict is ``better`` only when the whole
+interval is above 0 and the gain reaches :data:`~workbench.analysis.advice.tune_plan.NOISE`,
+``worse`` the mirror image, ``same`` otherwise: a candidate must beat the noise, not only chance.
+Pure pandas/numpy; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.advice.losses import run_parts
+from workbench.analysis.advice.tune_plan import NOISE, ModelInputs, diagnose, span_network
+from workbench.analysis.measured.stored import StoredSteps, is_stored
+from workbench.analysis.measured.windows import measured_steps, measured_window
+from workbench.analysis.model.model_base import (
+    CurveRows,
+    calibrated_overlap,
+    exposed_at_base,
+    sampled_medians,
+)
+from workbench.analysis.model.network import NetworkModel, link_class, network_fit
+from workbench.analysis.model.scaling_model import Base
+from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.scaling import run_table
+from workbench.config.choices import COMM_HOOKS
+
+#: Student t's 97.5 % quantile by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
+#: A tune's runs are compared at this quantile of their step times (see :func:`step_throughput`).
+STEP_QUANTILE = 0.25
+#: A run needs this many measured steps for a tune to start from it.
+MIN_MEASURED_STEPS = 5
+
+
+def t975(df: int) -> float:
+    """Student t's 97.5 % quantile at ``df`` degrees of freedom (the next table entry below
+    ``df``, so never too narrow)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be 1 or more, got {df}")
+    if df > 30:
+        return 1.96
+    return T975[max(k for k in T975 if k <= df)]
+
+
+def paired_gain(base: Sequence[float], candidate: Sequence[float]) -> tuple[float, float, float]:
+    """``(gain, low, high)`` of ``candidate`` over ``base`` throughputs, paired in order: the
+    mean log ratio and its 95 % t interval, as ratios minus 1. At least 2 pairs."""
+    b = np.asarray(base, dtype="float64")
+    c = np.asarray(candidate, dtype="float64")
+    if len(b) != len(c) or len(b) < 2:
+        raise ValueError(f"need 2 or more pairs of throughputs, got {len(b)} and {len(c)}")
+    if not (np.all(b > 0) and np.all(c > 0)):
+        raise ValueError("throughputs must be positive")
+    logs = np.log(c / b)
+    mean = float(logs.mean())
+    half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    return math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half)
+
+
+def verdict(gain: float, low: float, high: float, noise: float = NOISE) -> str:
+    """``better`` (interval above 0 and gain >= noise), ``worse`` (the mirror image) or
+    ``same`` (no significant change)."""
+    if low > 0 and gain >= noise:
+        return "better"
+    if high < 0 and gain <= -noise:
+        return "worse"
+    return "same"
+
+
+def run_diagnosis(runs: pd.DataFrame, steps: pd.DataFrame | StoredSteps) -> dict[str, Any]:
+    """One run's parts (seconds per step: ``step_s``, the causes and ``comm_span``, DDP's
+    allreduce span on its sampled steps), ``cause`` and ``share``
+    (:func:`~workbench.analysis.advice.tune_plan.diagnose`) and ``measured_steps``."""
+    per_run = run_table(runs, steps)
+    if per_run.empty:
+        return {"cause": "unexplained", "share": float("nan"), "measured_steps": 0}
+    comm = communication(steps, runs)
+    parts = run_parts(steps, comm, per_run.drop_duplicates("run_id")).iloc[0].to_dict()
+    if is_stored(steps):  # a row per sampled step, as the digest keeps them
+        sampled = steps.comm_steps_of(list(pd.unique(per_run["run_id"])))
+    else:
+        sampled = measured_steps(steps, ["world_size", "comm_s", "comm_exposed_s"])
+    _, span, _ = sampled_medians(sampled)
+    parts["comm_span"] = span if math.isfinite(span) else 0.0
+    cause, share = diagnose(parts)
+    window = measured_window(steps).iloc[0]
+    return {**parts, "cause": cause, "share": share, "measured_steps": int(window["steps"])}
+
+
+def model_inputs(
+    runs: pd.DataFrame, steps: pd.DataFrame | StoredSteps, config: dict[str, Any]
+) -> ModelInputs | None:
+    """The scaling model's base for one run at its own world size (as
+    :func:`~workbench.analysis.model.scaling_model.predict_scaling` builds it): wall step, exposed
+    communication on its sampled steps, gradient bytes and buckets, the calibrated overlap,
+    and the network its own allreduce benchmark measured (else the one its measured span
+    implies). ``None`` without measured steps."""
+    windows = measured_window(steps)
+    measured = windows[windows["steps"] > 0]
+    if measured.empty:
+        return None
+    window = windows.iloc[0]
+    spans = float(window["samples"] / window["steps"]), float(window["wall_step_s"])
+    return inputs_of(steps, runs, list(measured["run_id"]), config, *spans)[0]
+
+
+def inputs_of(
+    steps: pd.DataFrame | StoredSteps,
+    runs: pd.DataFrame,
+    run_ids: Sequence[object],
+    config: Mapping[str, Any],
+    samples_per_step: float,
+    step_s: float,
+) -> tuple[ModelInputs, list[tuple[float, float]]]:
+    """The scaling model's base for ``run_ids`` (repeats of one point, from a frame or the
+    engine) at their own world size, with their ``samples_per_step`` and wall ``step_s``; and
+    each sampled step's wall step and exposed communication (:func:`_sampled_steps`; none
+    without an exposed timer): what a predicted gain's interval is computed from."""
+    rows = CurveRows(steps, pd.Series(run_ids), pd.Series(run_ids))
+    sampled = rows.base_sampled
+    n = int(sampled["world_size"].max()) if len(sampled) else 1
+    if is_stored(steps):
+        p = steps.measured_per_rank
+        n = int(p.loc[p["run_id"].isin([str(r) for r in run_ids]), "world_size"].max())
+    exposed, span, measured = sampled_medians(sampled)
+    overlap = calibrated_overlap(exposed, span, measured)
+    exposed_b = exposed_at_base(exposed, span, measured, overlap) if n > 1 else 0.0
+    exposed_b = exposed_b if math.isfinite(exposed_b) else 0.0
+    nbytes = rows.multi_median("comm_bytes") if n > 1 else float("nan")
+    nbytes = nbytes if math.isfinite(nbytes) else 0.0
+    buckets = rows.multi_median("comm_buckets") if n > 1 else float("nan")
+    base = Base(
+        world_size=n,
+        step_s=step_s,
+        samples_per_step=samples_per_step,
+        exposed_comm_s=exposed_b,
+        gradient_bytes=nbytes,
+        buckets=max(1, int(buckets)) if math.isfinite(buckets) else 1,
+        backward_compute_s=rows.base_backward_compute(exposed_b),
+    )
+    mine = runs[runs["run_id"].isin(list(run_ids))] if "run_id" in runs.columns else runs
+    link = link_class(config.get("nodes", 1))
+    fit = network_fit(None, steps, mine, link=link) if n > 1 else None
+    network: NetworkModel | None = fit.model if fit is not None else None
+    if network is None:
+        network = span_network(nbytes, n, span) or NetworkModel(
+            name="none", bandwidth_bytes_per_s=1e30, latency_s=0.0
+        )
+    inputs = ModelInputs(
+        base=base,
+        network=network,
+        overlap=overlap,
+        bucket_cap_mb=float(config.get("bucket_cap_mb") or 25.0),
+        per_device_batch_size=int(config.get("per_device_batch_size") or 1),
+        gradient_accumulation_steps=int(config.get("gradient_accumulation_steps") or 1),
+        hook_time_s=_hook_times(mine) if n > 1 else {},
+    )
+    return inputs, _sampled_steps(sampled, measured, step_s) if n > 1 else []
+
+
+def _hook_times(runs: pd.DataFrame) -> dict[str, float]:
+    """Each comm hook's seconds a step on the runs' buckets (``network_hook_<hook>_s``, the
+    median over the runs that timed it); hooks nobody timed are left out."""
+    out = {}
+    for hook in COMM_HOOKS:
+        column = f"network_hook_{hook}_s"
+        if column in runs.columns:
+            values = pd.to_numeric(runs[column], errors="coerce").dropna()
+            if len(values):
+                out[hook] = float(values.median())
+    return out
+
+
+def _sampled_steps(
+    sampled: pd.DataFrame, measured: bool, step_s: float
+) -> list[tuple[float, float]]:
+    """Each sampled step's ``(wall step, exposed communication)``: its exposed the smallest
+    over ranks (as :func:`sampled_medians` takes it), its traced step the largest, moved by the
+    window's gaps so that their median is the window's ``step_s``."""
+    if not measured or sampled.empty or "step_s" not in sampled.columns:
+        return []
+    s = sampled if "attempt" in sampled.columns else sampled.assign(attempt=0)
+    s = s[s["comm_s"].notna()]
+    per_step = s.groupby(["run_id", "attempt", "step"], sort=True).agg(
+        step_s=("step_s", "max"), exposed=("comm_exposed_s", "min")
+    )
+    per_step = per_step.dropna()
+    if per_step.empty:
+        return []
+    gaps = step_s - float(per_step["step_s"].median())
+    return [(float(t + gaps), float(e)) for t, e in per_step.itertuples(index=False)]
+
+
+def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:
+    """One run's samples per second at its faster steps: the samples of a step (all ranks,
+    median over measured steps) over the ``quantile`` of the wall times from one measured step's
+    start to the next (every rank's). Load on a shared host only ever slows a step: it moves
+    the window's mean (``samples_per_s``) by tens of percent, a low quantile of the step times
+    much less (as timing tools take the fastest of their repeats). NaN with fewer than two
+    measured steps."""
+    m = measured_steps(steps, ["t_start_s", "samples"])
+    if m["step"].nunique() < 2:
+        return float("nan")
+    wall = m.sort_values("step").groupby("rank")["t_start_s"].diff().dropna()
+    samples = m.groupby("step")["samples"].sum().median()
+    step_s = float(np.quantile(wall, quantile))
+    return float(samples) / step_s if step_s > 0 else float("nan")

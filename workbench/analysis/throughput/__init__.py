@@ -1,0 +1,3 @@
+"""Throughput and communication: the curves a sweep's runs form (groups), their scaling table
+(scaling), complete traces (completeness), per-rank summary, phase breakdown, memory, and DDP's
+communication (comm). Imports only the analysis's measured floor (and below)."""
