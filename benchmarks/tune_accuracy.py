@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--only", help="the candidates whose label holds this text (all: none)")
     a = parser.parse_args(argv)
-    from workbench.analysis.advice.tune_plan import candidates_for, predicted_gain
+    from workbench.analysis.advice.candidates import candidates_for, predicted_gain
     from workbench.config.run_config import RunConfig
     from workbench.run.backends.pool import warm_pool
     from workbench.tune import tune

@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 from tests.frames import make_evals, make_runs, make_steps, room_for_evals
 from tests.test_engine_oracle import _write, stores
 from workbench import schema
+from workbench.analysis.advice.diagnosis import model_inputs, run_diagnosis
 from workbench.analysis.advice.finding import findings
 from workbench.analysis.advice.losses import run_parts
-from workbench.analysis.advice.tune_measure import model_inputs, run_diagnosis
 from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.measured.windows import eval_rows, measured_window
 from workbench.analysis.model.network import fit_network

@@ -17,16 +17,7 @@ import pytest
 
 from tests.frames import make_runs, make_steps
 from workbench import schema
-from workbench.analysis.advice.finding import findings
-from workbench.analysis.advice.tune_measure import (
-    _hook_times,
-    model_inputs,
-    paired_gain,
-    step_throughput,
-    t975,
-    verdict,
-)
-from workbench.analysis.advice.tune_plan import (
+from workbench.analysis.advice.candidates import (
     HOOK_COST,
     NOISE,
     ModelInputs,
@@ -36,12 +27,15 @@ from workbench.analysis.advice.tune_plan import (
     predicted_gain,
     verified,
 )
+from workbench.analysis.advice.diagnosis import _hook_times, model_inputs
+from workbench.analysis.advice.finding import findings
 from workbench.analysis.model.batch_cost import fit_batch_cost
 from workbench.analysis.model.network import NetworkModel
 from workbench.analysis.model.scaling_model import Base
 from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.tune import TuneError, tune
+from workbench.tune.measure import paired_gain, step_throughput, t975, verdict
 from workbench.tune.probe import PROBED
 from workbench.tune.render import report_text, sweep_yaml
 from workbench.tune.tuner import _predict

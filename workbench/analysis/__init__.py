@@ -1,14 +1,16 @@
-"""Trace frames to tables, one module per analysis: frames in, frames out; no torch, no figures.
-Imports store, config (RunConfig's field names, for the scaling groups), schema and errors only.
+"""Trace frames to tables: frames in, frames out; no torch, no figures. Imports store, config
+(RunConfig's field names, for the scaling groups), schema and errors only.
 
-``windows`` (measured steps and windows), ``groups`` (scaling groups and families), ``scaling``
-(per-run and scaling tables), ``breakdown`` (phase and evaluation times), ``memory``, ``comm``
-(exposed communication), ``slow_ranks`` (stragglers, on ``rank_cells``' step x rank matrices),
-``display`` (down-sampling for figures), ``network`` (the ring cost, presets and a fitted
-network), ``scaling_model`` (the ring-allreduce model) and ``summary`` (one run's headline
-figures). Resolve the grouping once with :func:`resolve_group_by` and pass it to every table and
-figure. ``stragglers_in_store`` and ``measured_window_in_store`` read a large sweep through the
-store's columnar engine.
+On four floors, each a sub-package whose docstring says what it may import (the contract
+"Floors of the analysis" in pyproject.toml checks it): ``measured`` (the measured window and
+its warm-up, the stored-steps reader, DDP's sampled timers, FLOPs, units, display), above it
+``throughput`` (scaling groups and tables, breakdown, memory, communication, per-rank summary)
+and ``stragglers`` (the rule and the pass, on ``rank_cells``' step x rank matrices), then
+``model`` (network fit, cluster network, the scaling model and predict), and at the top
+``advice`` (the finding, the loss table, the ranked changes and the candidates they come from)
+beside ``run_digests`` (each finished run's passes run once and kept). Resolve the grouping once
+with :func:`resolve_group_by` and pass it to every table and figure. ``stragglers_in_store`` and
+``measured_window_in_store`` read a large sweep through the store's columnar engine.
 """
 
 from workbench.analysis.measured.display import downsample_for_display

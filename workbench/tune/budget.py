@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workbench.analysis.advice.tune_plan import ModelInputs
+from workbench.analysis.advice.candidates import ModelInputs
 from workbench.config.run_config import RunConfig
 from workbench.errors import TuneError
 from workbench.tune.measure import SHORT_WARMUP, secs

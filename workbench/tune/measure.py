@@ -1,23 +1,108 @@
 """A tune's short runs: the base's config made short, each candidate's interleaved pairs on
 the warm pool, the gain's interval and verdict, the loss curves of both sides, and progress
-(runs per minute, time left) before each run."""
+(runs per minute, time left) before each run.
+
+The gain of a candidate over the base is measured from ``repeats`` interleaved pairs (base,
+candidate, base, candidate, ...: drift of a shared host hits both sides of a pair alike): per
+pair the log of the throughput ratio, their mean and a Student t interval on it (95 %, n - 1
+degrees of freedom), returned as ratios minus 1. A verdict is ``better`` only when the whole
+interval is above 0 and the gain reaches :data:`~workbench.analysis.advice.candidates.NOISE`,
+``worse`` the mirror image, ``same`` otherwise: a candidate must beat the noise, not only chance.
+"""
 
 from __future__ import annotations
 
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.analysis.advice.tune_measure import paired_gain, step_throughput, verdict
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.advice.candidates import NOISE
+from workbench.analysis.measured.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces
 
 #: Warm-up steps of a short run (left out of its throughput).
 SHORT_WARMUP = 5
+
+#: Student t's 97.5 % quantile by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
+#: A tune's runs are compared at this quantile of their step times (see :func:`step_throughput`).
+STEP_QUANTILE = 0.25
+#: A run needs this many measured steps for a tune to start from it.
+MIN_MEASURED_STEPS = 5
+
+
+def t975(df: int) -> float:
+    """Student t's 97.5 % quantile at ``df`` degrees of freedom (the next table entry below
+    ``df``, so never too narrow)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be 1 or more, got {df}")
+    if df > 30:
+        return 1.96
+    return T975[max(k for k in T975 if k <= df)]
+
+
+def paired_gain(base: Sequence[float], candidate: Sequence[float]) -> tuple[float, float, float]:
+    """``(gain, low, high)`` of ``candidate`` over ``base`` throughputs, paired in order: the
+    mean log ratio and its 95 % t interval, as ratios minus 1. At least 2 pairs."""
+    b = np.asarray(base, dtype="float64")
+    c = np.asarray(candidate, dtype="float64")
+    if len(b) != len(c) or len(b) < 2:
+        raise ValueError(f"need 2 or more pairs of throughputs, got {len(b)} and {len(c)}")
+    if not (np.all(b > 0) and np.all(c > 0)):
+        raise ValueError("throughputs must be positive")
+    logs = np.log(c / b)
+    mean = float(logs.mean())
+    half = t975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    return math.expm1(mean), math.expm1(mean - half), math.expm1(mean + half)
+
+
+def verdict(gain: float, low: float, high: float, noise: float = NOISE) -> str:
+    """``better`` (interval above 0 and gain >= noise), ``worse`` (the mirror image) or
+    ``same`` (no significant change)."""
+    if low > 0 and gain >= noise:
+        return "better"
+    if high < 0 and gain <= -noise:
+        return "worse"
+    return "same"
+
+
+def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:
+    """One run's samples per second at its faster steps: the samples of a step (all ranks,
+    median over measured steps) over the ``quantile`` of the wall times from one measured step's
+    start to the next (every rank's). Load on a shared host only ever slows a step: it moves
+    the window's mean (``samples_per_s``) by tens of percent, a low quantile of the step times
+    much less (as timing tools take the fastest of their repeats). NaN with fewer than two
+    measured steps."""
+    m = measured_steps(steps, ["t_start_s", "samples"])
+    if m["step"].nunique() < 2:
+        return float("nan")
+    wall = m.sort_values("step").groupby("rank")["t_start_s"].diff().dropna()
+    samples = m.groupby("step")["samples"].sum().median()
+    step_s = float(np.quantile(wall, quantile))
+    return float(samples) / step_s if step_s > 0 else float("nan")
 
 
 @dataclass(frozen=True)

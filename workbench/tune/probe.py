@@ -22,14 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.advice.tune_measure import STEP_QUANTILE
-from workbench.analysis.advice.tune_plan import Candidate, ModelInputs
+from workbench.analysis.advice.candidates import Candidate, ModelInputs
 from workbench.analysis.measured.windows import measured_steps
 from workbench.analysis.model.batch_cost import BatchCost, fit_batch_cost
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces
-from workbench.tune.measure import SHORT_WARMUP, short_config
+from workbench.tune.measure import SHORT_WARMUP, STEP_QUANTILE, short_config
 
 #: Measured steps of each probe run (after :data:`SHORT_WARMUP`).
 PROBE_STEPS = 20

@@ -1,14 +1,14 @@
 """``tune(run)``: try what the run's diagnosis calls for, predicted first, then measured.
 
 From a completed run: its diagnosis and the candidates it calls for
-(:mod:`workbench.analysis.advice.tune_plan`, the list the finding's advice is written from), each
+(:mod:`workbench.analysis.advice.candidates`, the list the finding's advice is written from), each
 predicted by the scaling model; those whose predicted gain is below the noise
-(:data:`~workbench.analysis.advice.tune_plan.NOISE`), or that a script run's instrumentation cannot
+(:data:`~workbench.analysis.advice.candidates.NOISE`), or that a script run's instrumentation cannot
 apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
 config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
 (base then candidate, then candidate then base, ...), each run's throughput taken at its faster
-steps (:func:`~workbench.analysis.advice.tune_measure.step_throughput`), and the gain's interval
-from the pairs (:func:`~workbench.analysis.advice.tune_measure.paired_gain`). The tune stops at its
+steps (:func:`~workbench.tune.measure.step_throughput`), and the gain's interval
+from the pairs (:func:`~workbench.tune.measure.paired_gain`). The tune stops at its
 budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
 checked before the first launch: a failed run, one with too few measured steps, a budget
 smaller than one candidate are each a :class:`TuneError` and nothing starts.
@@ -30,12 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
-from workbench.analysis.advice.tune_measure import (
-    MIN_MEASURED_STEPS,
-    model_inputs,
-    run_diagnosis,
-)
-from workbench.analysis.advice.tune_plan import (
+from workbench.analysis.advice.candidates import (
     NOISE,
     SAID,
     Candidate,
@@ -45,6 +40,7 @@ from workbench.analysis.advice.tune_plan import (
     predicted_gain,
     prediction_order,
 )
+from workbench.analysis.advice.diagnosis import model_inputs, run_diagnosis
 from workbench.analysis.run_digests import open_steps
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError, TuneError
@@ -53,7 +49,13 @@ from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
 from workbench.tune.budget import estimate, room_for_probe, short_steps, work
-from workbench.tune.measure import SHORT_WARMUP, Pairs, measure, short_config
+from workbench.tune.measure import (
+    MIN_MEASURED_STEPS,
+    SHORT_WARMUP,
+    Pairs,
+    measure,
+    short_config,
+)
 from workbench.tune.probe import PROBE_RUNS, PROBE_STEPS, batch_to_probe, with_batch_probe
 
 #: Fields whose change alters what the training computes (batch, accumulation, compression).

@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.advice.candidates import NOISE, verified
+from workbench.analysis.advice.diagnosis import inputs_of
 from workbench.analysis.advice.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.advice.ranked_advice import MORE, Change, ranked_changes
-from workbench.analysis.advice.tune_measure import inputs_of
-from workbench.analysis.advice.tune_plan import NOISE, verified
 from workbench.analysis.measured.stored import StoredSteps, is_stored
 from workbench.analysis.measured.units import gib, percent, rate, ratio, seconds
 from workbench.analysis.model.batch_cost import batch_cost

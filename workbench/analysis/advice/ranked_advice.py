@@ -1,16 +1,17 @@
 """What to change first: the changes a curve's largest cause calls for, ranked by the gain the
 scaling model predicts for each, best first
-(:func:`~workbench.analysis.advice.tune_plan.prediction_order`: the order ``workbench tune`` tries
+(:func:`~workbench.analysis.advice.candidates.prediction_order`: the order ``workbench tune`` tries
 them in).
 
-A cause with knobs (communication: :func:`~workbench.analysis.advice.tune_plan.candidates_for`) gets
-each change's predicted gain (:func:`~workbench.analysis.advice.tune_plan.predicted_gain`, the model
-fed by the point's own measurements) and its interval: the gain predicted from each sampled step
-on its own (its wall step and exposed communication), and the 95 % interval of their median
-(order statistics, no distribution assumed; none under 2 sampled steps). A cause no
-knob reaches gets the finding's words for it (:data:`~workbench.analysis.advice.tune_plan.SAID`) and
-a bound, not a prediction: the gain if that cause went back to its ideal, ``share / (1 -
-share)`` of the step. Pure pandas; no torch.
+A cause with knobs (communication:
+:func:`~workbench.analysis.advice.candidates.candidates_for`) gets each change's predicted gain
+(:func:`~workbench.analysis.advice.candidates.predicted_gain`, the model fed by the point's own
+measurements) and its interval: the gain predicted from each sampled step on its own (its wall
+step and exposed communication), and the 95 % interval of their median (order statistics, no
+distribution assumed; none under 2 sampled steps). A cause no knob reaches gets the finding's
+words for it (:data:`~workbench.analysis.advice.candidates.SAID`) and a bound, not a
+prediction: the gain if that cause went back to its ideal, ``share / (1 - share)`` of the step.
+Pure pandas; no torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.analysis.advice.tune_plan import (
+from workbench.analysis.advice.candidates import (
     SAID,
     ModelInputs,
     as_measured,
