@@ -45,12 +45,15 @@ def test_import_contracts_hold() -> None:
 
 def test_the_import_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     """A positive control: a copy of the package with ``import torch`` in an analysis module
-    breaks the no-torch contract."""
+    breaks the no-torch contract, and one whose measured floor imports the advice breaks the
+    analysis's floors."""
     copy = tmp_path / "src"
     shutil.copytree(PACKAGE, copy / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     victim = copy / "workbench" / "analysis" / "__init__.py"
     victim.write_text(victim.read_text() + "\nimport torch  # noqa\n")
+    below = copy / "workbench" / "analysis" / "measured" / "units.py"
+    below.write_text(below.read_text() + "\nimport workbench.analysis.advice.finding  # noqa\n")
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert exe
     env = {"PYTHONPATH": str(copy), "PATH": str(Path(sys.executable).parent)}
@@ -59,6 +62,22 @@ def test_the_import_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "workbench.analysis -> torch" in result.stdout
+    floors = result.stdout[result.stdout.index("Floors of the analysis") :]
+    assert "BROKEN" in floors.splitlines()[0] + floors.splitlines()[1], floors[:400]
+    assert "workbench.analysis.measured.units -> workbench.analysis.advice.finding" in result.stdout
+
+
+def test_the_analysis_stands_on_its_floors() -> None:
+    """The analysis keeps at most 8 modules at its top; the rest stand in its floors, each a
+    sub-package with a docstring that says what it may import (pyproject.toml's contract
+    "Floors of the analysis" checks it)."""
+    top = sorted(p.name for p in (PACKAGE / "analysis").glob("*.py"))
+    assert len(top) <= 8, top
+    floors = [p for p in (PACKAGE / "analysis").iterdir() if (p / "__init__.py").exists()]
+    assert floors
+    for floor in floors:
+        doc = ast.get_docstring(ast.parse((floor / "__init__.py").read_text()))
+        assert doc and "import" in doc.lower(), (floor.name, doc)
 
 
 def test_no_module_is_too_long() -> None:
