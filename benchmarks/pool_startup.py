@@ -205,7 +205,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{cpu['fresh_s']:.2f} s (the template's imports, once a pool: "
             f"{cpu['template_s']:.2f} s)"
         )
-    result = {"job": base, "repeats": repeats, "rows": rows, "cpu": cpu}
+    import workbench
+
+    where = str(Path(workbench.__file__).resolve().parents[1])  # which checkout's code ran
+    result = {"job": base, "repeats": repeats, "rows": rows, "cpu": cpu, "workbench_from": where}
     write_result(a.json, "pool_startup", result)
     return result
 
@@ -218,11 +221,23 @@ def _pool_run(tree: Path | None, repeats: int, sizes: str) -> list[float]:
         env["WORKBENCH_BENCH_TREE"] = env["PYTHONPATH"] = str(tree)
     with tempfile.TemporaryDirectory(prefix="wb-bench-pool-side-") as tmp:
         out = Path(tmp) / "side.json"
-        argv = [sys.executable, __file__, "--variants", "pool", "--no-cpu", "--json", str(out)]
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--variants",
+            "pool",
+            "--no-cpu",
+            "--json",
+            str(out),
+        ]
         argv += ["--repeats", str(repeats), "--world-sizes", sizes]
-        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
-        rows = json.loads(out.read_text())["rows"]
-    return [float(out_["to_first_step_all_s"]) for _, _, out_ in rows]
+        # From a folder of its own: the working directory comes first on the path of this
+        # process and of the pool's template, ahead of PYTHONPATH.
+        subprocess.run(argv, env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL)
+        side = json.loads(out.read_text())
+    want = tree or Path(__file__).resolve().parents[1]
+    assert Path(side["workbench_from"]) == want, f"imported {side['workbench_from']}, not {want}"
+    return [float(out_["to_first_step_all_s"]) for _, _, out_ in side["rows"]]
 
 
 def against(rev: str, pairs: int, repeats: int, sizes: str, json_path: str | None) -> Any:
