@@ -104,9 +104,11 @@ def test_report_writes_the_scaling_table_it_computed_as_csv(tmp_path: Path) -> N
         "global_batch_size",
         "speedup",
         "efficiency",
+        "link_class",
         *("samples_per_s", "samples_per_s_per_device", "end_to_end_samples_per_s"),
         *("wall_step_s", "epoch_s", "final_metric", "time_to_quality_s"),
     ]
+    assert scaling["link_class"] == ["none", "intra-node", "intra-node"]  # one node
     assert scaling["samples_per_s"] == ["8/s", "12.8/s", "20/s"]  # training alone
     assert scaling["end_to_end_samples_per_s"] == ["7.31/s", "11.9/s", "18.8/s"]
     assert scaling["epoch_s"] == ["87.5 s", "53.8 s", "34.1 s"]  # 53.75: half to even
