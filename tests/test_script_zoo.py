@@ -184,10 +184,7 @@ def test_each_phase_is_measured_or_said_absent(zoo, name, world_size) -> None:
 
 
 def test_no_finding_calls_a_completed_run_incomplete(zoo) -> None:
-    try:  # where the analysis keeps its advice now, or before
-        from workbench.analysis.advice.finding import findings
-    except ImportError:
-        from workbench.analysis.finding import findings  # type: ignore[no-redef]
+    from workbench.analysis.advice.finding import findings
     from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs
 
