@@ -109,3 +109,47 @@ def test_a_run_with_no_steps_prints_empty_tables_and_no_rate(tmp_path) -> None:
     said = done.stdout
     assert "throughput: n/a samples/s" in said and " 0 samples/s" not in said, said
     assert "rank  data  forward" in said, said
+
+
+UNCOUNTED = """\
+import torch
+from torch import nn
+
+
+class Generated(nn.Module):  # makes its own batch from a seed: nothing to count from outside
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 1)
+
+    def forward(self, seed: int):
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(seed))
+        return self.lin(x).pow(2).mean()
+
+
+model = Generated()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(30):
+    model(step).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.waits
+def test_samples_that_cannot_be_counted_are_unknown_never_zero(tmp_path) -> None:
+    """A script whose batch no hook can see (its model makes it from a seed): its throughput is
+    printed as unknown, with the note that says how to tell it, never as 0 samples/s."""
+    script = tmp_path / "uncounted.py"
+    script.write_text(UNCOUNTED)
+    argv = [sys.executable, "-m", "workbench.cli", "run", "--script", str(script)]
+    argv += ["--executor", "debug", "--no-progress", "--output-dir", str(tmp_path / "store")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    said = done.stdout
+    assert "uncounted.py on rank 0: the samples of its 30 steps were not counted" in said, said
+    assert said.index("note: ") < said.index("throughput:"), said
+    assert "workbench.trace.note(samples=" in said, said
+    assert "throughput: unknown samples/s total end to end" in said, said
+    assert "training alone: unknown samples/s" in said, said
+    assert "0 samples/s" not in said and " 0/s" not in said, said

@@ -239,3 +239,19 @@ def test_a_scripts_advice_is_in_the_scripts_own_terms() -> None:
         "gradient accumulation 1 -> 2 (no_sync) (in the script): predicted +43 %; comm_hook "
         "powersgd: predicted +117 % before the cost of compressing"
     ), first.more
+
+
+def test_a_run_whose_samples_were_not_counted_is_not_called_incomplete() -> None:
+    """The 1-rank run of the standard sweep with no sample counted (its steps' samples empty,
+    and its warning saying so): the 4-rank point has no speedup, because of that run, in
+    words; the run completed, so it is not called incomplete."""
+    runs, steps, _ = scaling_sweep(evals=False)
+    steps.loc[steps["run_id"] == "ws1", "samples"] = float("nan")
+    note = "train.py on rank 0: the samples of its 10 steps were not counted (...)"
+    runs["measurement_warnings"] = [note if r == "ws1" else None for r in runs["run_id"]]
+    said = findings(runs, steps)[0]
+    assert said.startswith(
+        "4 ranks: no speedup (the samples of ws1 were not counted: its measurement warnings "
+        "say how to tell them, workbench.trace.note(samples=...))"
+    ), said
+    assert "incomplete" not in said

@@ -76,14 +76,21 @@ def _print_summary(run_path: Path) -> None:
         return "0 s" if v == 0 else seconds(v)
 
     def per_s(key: str) -> str:
+        if s.get(key) is None and uncounted:
+            return "unknown samples/s"
         return fmt(key, rate).removesuffix("/s") + " samples/s"
 
+    said = [w.get("message", "") for w in record.get("measurement_warnings") or []]
+    uncounted = any("were not counted" in m for m in said)
     if s.get("incomplete"):
         print(f"incomplete traces, throughput left out: {s['incomplete']}")
+    for message in said:  # what could not be measured, and how to tell it
+        print(f"note: {message}")
     print(
         f"throughput: {per_s('samples_per_s')} total end to end, "
         f"{per_s('samples_per_s_per_device')} per device "
-        f"({s.get('measured_steps', 0)} measured steps, warm-up excluded)"
+        f"({s.get('measured_steps', 0)} measured steps, warm-up excluded"
+        + ("; their samples were not counted: see the note above)" if uncounted else ")")
     )
     print(
         f"training alone: {per_s('train_samples_per_s')} "

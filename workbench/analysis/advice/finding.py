@@ -63,6 +63,23 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
+def _why_no_speedup(per_run: pd.DataFrame, runs: pd.DataFrame, sizes: tuple[int, int]) -> str:
+    """Why a point's speedup is unknown: a run whose samples were not counted (its measurement
+    warnings say how to tell them), a run whose traces are incomplete, or neither known."""
+    at = per_run[per_run["world_size"].isin(sizes)]
+    if "measurement_warnings" in runs.columns:
+        said = runs.set_index("run_id")["measurement_warnings"].reindex(at["run_id"])
+        uncounted = [str(r) for r, w in said.items() if "were not counted" in str(w or "")]
+        if uncounted:
+            return (
+                f"the samples of {', '.join(uncounted)} were not counted: its measurement "
+                "warnings say how to tell them, workbench.trace.note(samples=...)"
+            )
+    if "incomplete" in at.columns and (at["incomplete"].fillna("") != "").any():
+        return "a run of this point or of the base is incomplete"
+    return "the throughput of this point or of the base is not known"
+
+
 def _curve_sentence(
     points: pd.DataFrame,
     per_run: pd.DataFrame,
@@ -84,7 +101,7 @@ def _curve_sentence(
         )
     speedup, efficiency = float(top["speedup"]), float(top["efficiency"])
     if not math.isfinite(speedup):
-        return f"{_ranks(n)}: no speedup (a run of this point or of the base is incomplete)"
+        return f"{_ranks(n)}: no speedup ({_why_no_speedup(per_run, runs, (n0, n))})"
     verdict = (
         "faster than"
         if speedup >= 1 + SAME

@@ -150,6 +150,7 @@ def _per_attempt(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> pd.D
         start_s=("t_start_s", "min"),
         end_s=("_end", "max"),
         samples=("samples", "sum"),
+        samples_counted=("samples", "count"),
         first_step=("step", "min"),
         last_step=("step", "max"),
     )
@@ -210,6 +211,7 @@ def _window_of_parts(parts: WindowParts, evals: pd.DataFrame | None) -> pd.DataF
         start_s=("start_s", "min"),
         end_s=("end_s", "max"),
         samples=("samples", "sum"),
+        samples_counted=("samples", "count"),
         first_step=("step", "min"),
         last_step=("step", "max"),
     )
@@ -242,6 +244,7 @@ def _window(per_attempt: pd.DataFrame, run_world: pd.Series, dropped: pd.Series)
         end_s=("end_s", "last"),
         measured_s=("measured_s", "sum"),
         samples=("samples", "sum"),
+        samples_counted=("samples_counted", "sum"),
         eval_s=("eval_s", "sum"),
         save_s=("save_s", "sum"),
     )
@@ -259,6 +262,10 @@ def _window(per_attempt: pd.DataFrame, run_world: pd.Series, dropped: pd.Series)
         out["train_s"] = out["measured_s"] - out["eval_s"] - out["save_s"]
         out["train_samples_per_s"] = out["samples"] / out["train_s"].where(out["train_s"] > 0)
         out["train_step_s"] = out["train_s"] / out["steps"].where(out["steps"] > 0)
+    # No measured step had its samples counted (a script the hooks could not count): the
+    # throughput is unknown, not 0 (its measurement warnings say how to tell it).
+    uncounted = out.pop("samples_counted").fillna(0) == 0
+    out.loc[uncounted & (out["steps"] > 0), ["samples_per_s", "train_samples_per_s"]] = np.nan
     return out.reset_index()
 
 

@@ -86,6 +86,7 @@ def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     ends = measured["t_start_s"] + measured["step_s"]
     per_attempt = measured.assign(_end=ends).groupby(["rank", "attempt"])
     wall = (per_attempt["_end"].max() - per_attempt["t_start_s"].min()).groupby("rank").sum()
-    table["samples_per_s"] = grouped["samples"].sum() / wall.where(wall > 0)
+    # min_count: a rank none of whose samples were counted has no rate (unknown, not 0)
+    table["samples_per_s"] = grouped["samples"].sum(min_count=1) / wall.where(wall > 0)
     table["peak_rss_mib"] = steps.groupby("rank")["rss_bytes"].max() / 2**20
     return table
