@@ -5,10 +5,10 @@ others.
 
 For each link rate a fresh namespace (``ip netns``, root needed), its loopback shaped by tbf, and
 one ``workbench run`` of the mlp at 2 ranks inside it (each run measures its own allreduce bus
-bandwidth before its first step). Fit: the run at the fit rate is the model's base (its compute
+bandwidth after its last step). Fit: the run at the fit rate is the model's base (its compute
 = step less the measured exposed communication, its overlap from its own sampled steps).
 Check: for each held-out rate, the model's predicted throughput on that link's bus bandwidth
-(the micro-benchmark run there before the first step: what ``workbench predict --busbw`` takes
+(the micro-benchmark run there after the last step: what ``workbench predict --busbw`` takes
 from a target cluster), against the throughput measured there. Prints predicted
 vs measured per point and the median and worst absolute error (goal: median <= 10 %, worst
 <= 20 % of the measured throughput).

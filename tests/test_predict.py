@@ -61,6 +61,16 @@ def test_predict_by_hand() -> None:
     assert out["low"].tolist() == pytest.approx(out["samples_per_s"].tolist())
 
 
+def test_one_curve_given_no_group_columns_keeps_its_error() -> None:
+    """``group_by=[]``: the study is one curve; its error on its own fit is stated as with the
+    default grouping (0 here, by hand above), never left unknown."""
+    runs, steps = _sweep()
+    net = target_network(busbw_bytes_per_s=1e6)
+    out = predict(runs, steps, [2, 8], net, group_by=[])
+    assert out["model_error"].tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert out["step_s"].tolist() == pytest.approx([1.5, 2.25])
+
+
 def test_units_and_the_link_rule() -> None:
     assert parse_rate("9.5GB/s") == 9.5e9 and parse_rate("2.5e9") == 2.5e9
     assert parse_rate("10Gbit/s", bits=True) == pytest.approx(1.25e9)

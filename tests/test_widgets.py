@@ -269,7 +269,7 @@ def test_dashboard_on_real_runs(ddp1, ddp2) -> None:  # type: ignore[no-untyped-
     parts = ["predict", "wait", "gather", "metric", "broadcast"]
     assert [t.name for t in dash.figure.data] == parts
     dash.figure_kind.value = "predicted"
-    # ddp2 measured its network (the allreduce micro-benchmark before its first step): the
+    # ddp2 measured its network (the allreduce micro-benchmark after its last step): the
     # model predicts from that, not from a fit, which two world sizes could not support.
     names = [t.name or "" for t in dash.figure.data]
     assert any(n.endswith(", predicted") for n in names), names

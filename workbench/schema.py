@@ -108,6 +108,10 @@ EVAL_COLUMNS: dict[str, str] = {
     "loss": "float64",  # mean evaluation loss over the whole evaluation set
 }
 
+#: What a rank's measurement warning says when no sample of its steps could be counted (the
+#: same words on every rank, so the run keeps one warning with its ranks); readers match it.
+SAMPLES_NOT_COUNTED = "the samples of its steps were not counted"
+
 RUN_STATUSES = ("pending", "running", "completed", "failed", "cancelled", "preempted")
 
 # Store layout: <output_dir>/<sweep>/<run_id>/...

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from workbench import schema
 from workbench.cli.options import config_from_args
 from workbench.cli.slurm_flags import SlurmFlagError, slurm_options
 
@@ -81,7 +82,7 @@ def _print_summary(run_path: Path) -> None:
         return fmt(key, rate).removesuffix("/s") + " samples/s"
 
     said = [w.get("message", "") for w in record.get("measurement_warnings") or []]
-    uncounted = any("were not counted" in m for m in said)
+    uncounted = any(schema.SAMPLES_NOT_COUNTED in m for m in said)
     if s.get("incomplete"):
         print(f"incomplete traces, throughput left out: {s['incomplete']}")
     for message in said:  # what could not be measured, and how to tell it

@@ -219,8 +219,8 @@ def network_at_buckets(
 ) -> Callable[[DistributedDataParallel], dict[str, Any] | None] | None:
     """What the hooks call once the script's training is over: the network micro-benchmark at
     its first DDP's own buckets, on every rank of a multi-rank run unless
-    ``network_benchmark`` is off. A built-in run measures it before its first step; a script
-    measures it after its last, outside every clock of the script's own (the HF Trainer's
+    ``network_benchmark`` is off. A built-in run and a script both measure it after the last
+    step, outside every clock of the script's own (the HF Trainer's
     starts before it builds its DDP, so a measurement there would count in its throughput)."""
     if not (config.network_benchmark and world_size > 1):
         return None

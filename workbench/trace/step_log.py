@@ -227,9 +227,9 @@ class StepLog:
         return memory
 
     def _counts(self, got: dict[int, Any], m: int) -> tuple[Any, Any]:
-        """Each step's samples and tokens: what the script noted, else the primary DDP's
-        forwards, else the fetches (each summed over the step's micro-batches; null where
-        none was counted)."""
+        """Each step's samples and tokens: what the script noted, else the root's training
+        forwards (``forward_hooks``), else the fetches (each summed over the step's
+        micro-batches; null where none was counted)."""
         values = np.zeros((2, m), dtype=np.int64)
         counted = np.zeros((2, m), dtype=bool)
         for tag in (FETCH_BATCH, FORWARD_BATCH, NOTE):  # later ones win

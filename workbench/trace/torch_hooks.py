@@ -55,6 +55,7 @@ from torch.optim.optimizer import (
 from torch.utils.data import dataloader
 
 import workbench.trace as trace_api
+from workbench import schema
 from workbench.errors import ScriptError
 from workbench.trace import forward_hooks, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
@@ -267,8 +268,9 @@ class ScriptHooks:
         return backward
 
     def _fetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A fetch's batch is counted only until the primary DDP's forward has counted one:
-        from then on the forwards count (a step whose forward cannot has no samples)."""
+        """A fetch's batch is counted only until the root's training forward has counted one
+        (``forward_hooks``): from then on the forwards count (a step whose forward cannot has
+        no samples)."""
         hooks = self
         kinds, times, extras = self.log.kinds, self.log.times, self.log.extras
         clock, is_grad_enabled = _clock, torch.is_grad_enabled
@@ -352,8 +354,8 @@ class ScriptHooks:
 
     def _uncounted_text(self) -> str:
         return (
-            f"{self.script} on rank {self.rank}: the samples of its {self.steps} steps were "
-            "not counted (no DataLoader batch, and no training forward "
+            f"{self.script}: {schema.SAMPLES_NOT_COUNTED} (no DataLoader batch, and no "
+            "training forward "
             "of a DDP, FSDP, compiled module or of the module its optimizer steps, with a "
             "tensor first): its throughput is unknown, not 0. Tell it with one line in the "
             "training loop: workbench.trace.note(samples=BATCH_SIZE)"

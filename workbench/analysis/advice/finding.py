@@ -26,6 +26,7 @@ from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.groups import resolve_group_by
 from workbench.analysis.throughput.memory import memory_by_rank
 from workbench.analysis.throughput.scaling import points_table, run_table
+from workbench.schema import SAMPLES_NOT_COUNTED
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
 SAME = 0.05
@@ -69,7 +70,7 @@ def _why_no_speedup(per_run: pd.DataFrame, runs: pd.DataFrame, sizes: tuple[int,
     at = per_run[per_run["world_size"].isin(sizes)]
     if "measurement_warnings" in runs.columns:
         said = runs.set_index("run_id")["measurement_warnings"].reindex(at["run_id"])
-        uncounted = [str(r) for r, w in said.items() if "were not counted" in str(w or "")]
+        uncounted = [str(r) for r, w in said.items() if SAMPLES_NOT_COUNTED in str(w or "")]
         if uncounted:
             return (
                 f"the samples of {', '.join(uncounted)} were not counted: its measurement "

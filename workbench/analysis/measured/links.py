@@ -10,14 +10,19 @@ INTRA, INTER = "intra-node", "inter-node"
 NO_LINK = "none"
 
 
-def point_link_class(world_size: object, nodes: object) -> str:
-    """What the allreduce of ``world_size`` ranks on ``nodes`` nodes crosses: :data:`NO_LINK`
-    for one rank, :data:`INTRA` on one node (an unknown node count is one node, RunConfig's
-    default), :data:`INTER` on more."""
-    if int(world_size) <= 1:  # type: ignore[call-overload]
-        return NO_LINK
+def nodes_link_class(nodes: object) -> str:
+    """The links ranks on ``nodes`` nodes cross: :data:`INTRA` on one node (an unknown node
+    count is one node, RunConfig's default), :data:`INTER` on more."""
     try:
         many = float(nodes) > 1  # type: ignore[arg-type]
     except (TypeError, ValueError):
         many = False
     return INTER if many else INTRA
+
+
+def point_link_class(world_size: object, nodes: object) -> str:
+    """What the allreduce of ``world_size`` ranks on ``nodes`` nodes crosses: :data:`NO_LINK`
+    for one rank, else :func:`nodes_link_class`."""
+    if int(world_size) <= 1:  # type: ignore[call-overload]
+        return NO_LINK
+    return nodes_link_class(nodes)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.measured.comm_samples import STEP_KEYS
+from workbench.analysis.measured.links import INTER, INTRA, nodes_link_class
 from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.windows import check_columns, measured_steps
 
@@ -117,18 +118,9 @@ class NetworkFit:
 
 
 #: The two link classes a network is measured on: ranks on one node, ranks across nodes.
-LINK_CLASSES = ("intra-node", "inter-node")
-
-
-def link_class(nodes: object) -> str | None:
-    """``intra-node`` for one node, ``inter-node`` for more; ``None`` when unknown."""
-    try:
-        n = float(nodes)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    if not np.isfinite(n):
-        return None
-    return "intra-node" if n <= 1 else "inter-node"
+LINK_CLASSES = (INTRA, INTER)
+#: The link class of ranks on a number of nodes (one rule with the scaling table's points).
+link_class = nodes_link_class
 
 
 def runs_of_link(runs: pd.DataFrame | None, link: str | None) -> pd.DataFrame | None:

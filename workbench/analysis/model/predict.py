@@ -183,8 +183,11 @@ def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd
     curve = [c for c in keys if c in own.columns]
     beyond = (own["world_size"] != own["base_world_size"]) | (own["nodes"] != own["base_nodes"])
     check = own[beyond].dropna(subset=["relative_error"])
-    if check.empty or not curve:
+    if check.empty:
         return pd.DataFrame(columns=[*curve, "model_error"])
+    if not curve:  # one curve: every run is of it
+        rms_all = float(np.sqrt(np.mean(np.square(check["relative_error"]))))
+        return pd.DataFrame({"model_error": [rms_all]})
     rms = check.groupby(curve, dropna=False)["relative_error"].apply(
         lambda e: float(np.sqrt(np.mean(np.square(e))))
     )
@@ -247,8 +250,8 @@ def predict(
     error = _model_error(runs, steps, keys)
     if curve and len(error):
         rows = rows.merge(error, on=curve, how="left")
-    else:
-        rows["model_error"] = np.nan
+    else:  # one curve (its one error) or no error known
+        rows["model_error"] = float(error["model_error"].iloc[0]) if len(error) else np.nan
     # the group columns that tell the curves apart (all of them would repeat the config)
     curve = [c for c in curve if rows[c].astype(str).nunique() > 1]
     out = rows[curve].copy() if curve else pd.DataFrame(index=rows.index)

@@ -25,6 +25,9 @@ PING = ("scontrol", "ping")
 PROBE = ("sbatch", "--test-only", "--job-name=workbench-probe", "--wrap=true")
 #: sbatch retries a controller that refuses for about 9 s here; one that never answers, longer.
 PROBE_TIMEOUT_S = 60.0
+#: How long ``scontrol ping`` may take: it answers in milliseconds, or DOWN after the
+#: controller's MessageTimeout (10 s by default); longer is a controller that hangs.
+PING_TIMEOUT_S = 20.0
 #: What sbatch says when no controller can be reached from here.
 UNREACHABLE = (
     "Could not establish a configuration source",
@@ -81,7 +84,7 @@ def controller_up(env: Mapping[str, str]) -> bool:
     """Whether ``scontrol ping`` says a controller is up (False when it cannot tell)."""
     try:
         out = subprocess.run(
-            PING, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=dict(env)
+            PING, capture_output=True, text=True, timeout=PING_TIMEOUT_S, env=dict(env)
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
