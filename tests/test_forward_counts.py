@@ -201,3 +201,27 @@ def test_the_preflight_reads_a_process_count_written_as_a_number(tmp_path: Path)
     assert "world_size 4" in problems[0]
     (two_nodes,) = spawn_problems(str(script), world_size=8, nodes=2)
     assert two_nodes.startswith("line 7 starts nprocs=2") and "world_size 4" in two_nodes
+
+
+NOT_COUNTS_KNOWN_HERE = """
+import gevent
+import pexpect
+import torch.multiprocessing as mp
+n = 1
+n *= 4
+pexpect.spawn("ls", [], 30)        # another library's spawn
+gevent.spawn(print, "q", 4)
+mp.spawn(print, nprocs=n)           # n is rebound: known only at the call
+if distributed:
+    mp.spawn(print, nprocs=2)       # may not run at all
+else:
+    print(0)
+"""
+
+
+def test_the_preflight_leaves_what_it_cannot_know_to_the_call() -> None:
+    """Only torch.multiprocessing's spawns count, and only with a count fixed in the script
+    on a path that runs: other libraries' ``spawn``, a rebound name and a call under a
+    condition are left to the check at the call (never a valid script refused)."""
+    assert spawn_counts(NOT_COUNTS_KNOWN_HERE) == []
+    assert spawn_counts("import torch\ntorch.multiprocessing.spawn(print, nprocs=3)\n") == [(2, 3)]
