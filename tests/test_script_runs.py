@@ -239,17 +239,37 @@ def test_a_rank_that_never_joins_is_named_within_the_collective_timeout(
 
 
 def test_spawning_other_than_the_ranks_per_node_names_both_counts(tmp_path: Path) -> None:
-    """``mp.spawn(print, nprocs=2)`` in a 1-rank run: refused by the launcher's preflight,
-    which reads the count written in the script (``spawn_check``), before any process starts
-    or any folder is written, naming both counts. A count the script computes is checked at
-    the call, by each rank (``test_forward_counts.py``); at 2 ranks the tutorial's ``mp.spawn``
+    """``mp.spawn(print, nprocs=2)`` in a 1-rank run, under the script's ``if a.spawn:``:
+    whether it runs is the script's to decide, so the launcher's preflight leaves it
+    (``spawn_check``: a count written on a path that always runs is refused before launch,
+    ``test_forward_counts.py``) and the rank refuses it at the call, before any process group,
+    naming both counts, with nothing left running. At 2 ranks the tutorial's ``mp.spawn``
     script runs (``test_script_zoo.py``)."""
-    config = _config(tmp_path, 1, "--spawn", "--steps", "2")
+    handle = launch(_config(tmp_path, 1, "--spawn", "--steps", "2"))
+    with pytest.raises(RunFailedError) as err:
+        handle.wait(timeout_s=180)
+    wait_until_no_job_processes(handle.path)
+    said = err.value.exception
+    assert PLANTED in said and "(rank 0)" in said, said
+    assert "nprocs=2" in said and "1 rank(s) per node" in said, said
+
+
+def test_a_spawn_count_written_in_the_program_is_refused_before_launch(tmp_path: Path) -> None:
+    """The tutorial's shape, ``mp.spawn(main, nprocs=2)`` under the ``__main__`` guard, in a
+    1-rank run: refused by the launcher's preflight, naming both counts, before any process
+    starts or any folder is written."""
+    script = tmp_path / "spawns.py"
+    script.write_text(
+        "import torch.multiprocessing as mp\n"
+        "def main(rank):\n    pass\n"
+        "if __name__ == '__main__':\n    mp.spawn(main, nprocs=2)\n"
+    )
+    config = RunConfig(script=str(script), world_size=1, output_dir=str(tmp_path / "store"))
     with pytest.raises(PreflightError) as err:
         launch(config)
     said = str(err.value)
     assert "nprocs=2" in said and "1 rank(s) per node" in said, said
-    assert not list(Path(config.output_dir).rglob("run.json"))
+    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("run.json"))
 
 
 def test_training_on_several_ranks_without_a_process_group_is_an_error(tmp_path: Path) -> None:

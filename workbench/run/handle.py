@@ -35,6 +35,7 @@ from workbench.run.failure import (
 )
 from workbench.store.files import read_json, read_rank_states, release_space, update_run
 from workbench.store.load import load_traces
+from workbench.store.run_status import rank_gone
 
 #: After the first rank fails, how long its peers get to fail on their own before the job is killed.
 FAILURE_GRACE_S = 10.0
@@ -90,11 +91,7 @@ class RunHandle:
         ``died`` (killed by a signal or ``os._exit``)."""
         states = read_rank_states(self.path)
         for state in states.values():
-            if (
-                state["status"] == "running"
-                and processes.on_this_host(state)
-                and not processes.alive(int(state["pid"]))
-            ):
+            if rank_gone(state):  # the store's rule, which ``workbench ls`` follows too
                 state["status"] = "died"
         return states
 

@@ -14,7 +14,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -78,6 +78,7 @@ def launch(
             raise
         _undo([run_path], before)
         raise error from None
+    shutil.rmtree(run_path / schema.RANKS_DIR / _BEFORE, ignore_errors=True)
     update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
     poll_s = executor_options.get("poll_s", DEFAULT_POLL_S)
     return RunHandle(run_path, config, job, executor, poll_s=poll_s)
@@ -117,15 +118,31 @@ def launch_array(configs: Sequence[RunConfig], **slurm_options: Any) -> list[Run
             submitted = SLURM.submit_array(
                 first_config, logs, options, [prepared[i][2] for i in members]
             )
-        except SlurmError:  # this array and those after it: no folder left behind
-            left = [i for m in list(groups.values())[n:] for i in m]
-            _undo([prepared[i][1] for i in left], None)
+        except SlurmError as refused:  # nothing of the study is left: no folder, no job
+            _cancel_submitted(handles.values())
+            _undo([path for _, path, _ in prepared], None)
+            if handles:
+                raise SlurmError(
+                    f"{refused.args[0]}; the {n} job array(s) of the study submitted before it "
+                    "were cancelled",
+                    refused.said,
+                ) from None
             raise
         for i, job in zip(members, submitted, strict=True):
             config, run_path, _ = prepared[i]
             update_run(run_path, job_id=str(job.job_id), log_dir=str(logs))
             handles[i] = RunHandle(run_path, config, job, SLURM.name, poll_s=poll_s)
     return [handles[i] for i in sorted(handles)]
+
+
+def _cancel_submitted(handles: Iterable[RunHandle]) -> None:
+    """Cancel the jobs of a study whose later submission was refused (best effort: a job
+    that already ended, or a controller that went away, leaves nothing to cancel)."""
+    for handle in handles:
+        try:
+            handle.job.cancel(check=False)
+        except Exception:  # noqa: BLE001 - nothing to cancel is what we wanted
+            pass
 
 
 def as_config(config: RunConfig | Mapping[str, Any]) -> RunConfig:
@@ -164,6 +181,11 @@ def _check(
     return config, preflight(config, executor, options, resume, probe=probe)
 
 
+#: Where a resumed run's last rank records wait until its submission is taken (``_undo``
+#: puts them back if it is refused).
+_BEFORE = ".before-resume"
+
+
 def _undo(run_paths: Sequence[Path], before: dict[str, Any] | None) -> None:
     """Take back what was written for runs whose submission was refused: a new run's folder
     goes; a resumed run's record is put back as it was (``before``)."""
@@ -173,6 +195,10 @@ def _undo(run_paths: Sequence[Path], before: dict[str, Any] | None) -> None:
         else:
             release_space(run_path)
             write_json(run_path / schema.RUN_FILE, before)
+            kept = run_path / schema.RANKS_DIR / _BEFORE
+            for path in kept.glob("rank-*.json"):  # the last attempt's rank records, back
+                path.replace(kept.parent / path.name)
+            shutil.rmtree(kept, ignore_errors=True)
 
 
 def _write(config: RunConfig, run_path: Path, executor: str, resume: bool) -> Any:
@@ -183,8 +209,10 @@ def _write(config: RunConfig, run_path: Path, executor: str, resume: bool) -> An
     attempt = 0
     if resume:
         attempt = int(read_json(run_path / schema.RUN_FILE).get("attempt", 0)) + 1
+        kept = run_path / schema.RANKS_DIR / _BEFORE
+        kept.mkdir(exist_ok=True)
         for path in (run_path / schema.RANKS_DIR).glob("rank-*.json"):
-            path.unlink()  # the new attempt's ranks report afresh
+            path.replace(kept / path.name)  # the new attempt's ranks report afresh
     # On this machine a free port is picked here; on Slurm submitit derives one from the job id.
     here = backend(executor).on_this_machine
     port = config.master_port or (free_port() if here else None)

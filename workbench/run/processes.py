@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.store.run_status import on_this_host, process_exists, rank_alive  # noqa: F401
 
 _PROC = Path("/proc")
 #: What a rank process's command line names: submitit (local and Slurm ranks) or the warm pool's
@@ -23,24 +23,9 @@ RANK_COMMANDS = ("submitit", "workbench.rank.pool_worker")
 POOL_PIDS_FILE = "pool-pids.json"
 
 
-def alive(pid: int) -> bool:
-    """True while a process with this pid exists and is not a zombie."""
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def on_this_host(state: Mapping[str, Any]) -> bool:
-    """Whether a rank record was written by a process on this machine."""
-    return state.get("host") == socket.gethostname()
-
-
-def rank_alive(state: Mapping[str, Any]) -> bool:
-    """Whether the rank of this record runs here and its process is alive."""
-    pid = int(state.get("pid") or 0)
-    return bool(pid) and on_this_host(state) and alive(pid)
+#: True while a process with this pid exists here and is not a zombie (the store's rule, which
+#: ``workbench ls`` uses too).
+alive = process_exists
 
 
 def command_line(pid: int) -> list[str]:

@@ -47,13 +47,24 @@ def process_exists(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def on_this_host(state: Mapping[str, Any]) -> bool:
+    """Whether a rank record was written by a process on this machine."""
+    return state.get("host") == socket.gethostname()
+
+
+def rank_alive(state: Mapping[str, Any]) -> bool:
+    """Whether the rank of this record runs here and its process is alive."""
+    pid = int(state.get("pid") or 0)
+    return bool(pid) and on_this_host(state) and process_exists(pid)
+
+
 def rank_gone(state: Mapping[str, Any]) -> bool:
     """Whether a rank that says ``running`` ran on this machine and its process is gone."""
     pid = int(state.get("pid") or 0)
     return (
         state.get("status") == "running"
         and bool(pid)
-        and state.get("host") == socket.gethostname()
+        and on_this_host(state)
         and not process_exists(pid)
     )
 
