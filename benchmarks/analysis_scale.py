@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _scale_store import SWEEP, planted, write_sweep  # noqa: E402
 
-from workbench.store.run_digest import DIGEST_DIR, digest_bytes  # noqa: E402
+from workbench.store.digests.on_disk import DIGEST_DIR, digest_bytes  # noqa: E402
 
 #: The step columns no query of the analysis reads (the rest are read by the report's passes).
 UNREAD = ("local_rank", "epoch", "tokens", "lr", "mem_alloc_bytes")

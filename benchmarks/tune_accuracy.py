@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result.to_dict())
             # the same candidates as predicted without the batch probe (all of the compute
             # grows with the batch), beside the same measurements
-            inputs = _load_base(path)[3]
+            inputs = _load_base(path)[2].inputs
             # and with the benchmark's hop latency folded into its bandwidth (before the split)
             folded = _folded(path, inputs, result.batch_cost)
             for c in result.candidates:

@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from workbench import schema
-from workbench.analysis import run_digests
 from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.run_digests import digest_at_end, open_steps
 from workbench.run.launch import launch
+from workbench.store.digests import serve
+from workbench.store.digests.on_disk import DIGEST_DIR, MANIFEST, digest_state
 from workbench.store.files import update_run
 from workbench.store.load import load_runs, load_traces
-from workbench.store.run_digest import DIGEST_DIR, MANIFEST, digest_state
 from workbench.ui.report import report_from_store, write_report
 
 from .conftest import base_config
@@ -33,7 +33,7 @@ from .helpers import WARM
 def run_path(store: Path) -> Path:
     """A completed 2-rank run whose launcher digests every run as it ends (threshold 0)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(run_digests, "AT_END_ROWS", 0)
+        patch.setattr(serve, "AT_END_ROWS", 0)
         config = base_config(
             store, sweep="digests", run_name="d2", world_size=2, checkpoint_every_steps=0
         )
@@ -94,7 +94,7 @@ def test_a_run_that_has_not_ended_is_read_from_its_rows_and_says_why(run_path: P
 @pytest.mark.slow
 def test_a_small_run_is_left_to_its_first_reader(run_path: Path) -> None:
     rows = len(load_traces([run_path]))
-    assert rows < run_digests.AT_END_ROWS  # the default threshold
+    assert rows < serve.AT_END_ROWS  # the default threshold
     for path in (run_path / DIGEST_DIR).iterdir():
         path.unlink()
     assert not digest_at_end(run_path) and digest_state(run_path) == "missing"
@@ -124,7 +124,7 @@ def test_a_digest_that_cannot_be_kept_is_said_and_what_was_computed_still_serves
 def test_a_derived_column_round_trips_exactly_whatever_it_holds() -> None:
     """A per-step column kept null where it equals what it is derived from comes back as it
     was: equal, different, NaN against a number, NaN against NaN."""
-    from workbench.store.run_digest import _from_parquet, _to_parquet
+    from workbench.store.digests.on_disk import _from_parquet, _to_parquet
 
     frame = pd.DataFrame(
         {

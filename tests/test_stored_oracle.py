@@ -48,9 +48,9 @@ from workbench.analysis.throughput.breakdown import phase_breakdown
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.memory import memory_by_rank
 from workbench.analysis.throughput.scaling import run_table, scaling_table
+from workbench.store.digests.on_disk import DIGEST_DIR
 from workbench.store.files import update_run
 from workbench.store.load import load_traces
-from workbench.store.run_digest import DIGEST_DIR
 from workbench.ui.catalogue import focus_run
 from workbench.ui.plots import loss_curves_figure, rank_spread_figure, step_time_heatmap
 

@@ -8,9 +8,11 @@ its warm-up, the stored-steps reader, DDP's sampled timers, FLOPs, units, displa
 and ``stragglers`` (the rule and the pass, on ``rank_cells``' step x rank matrices), then
 ``model`` (network fit, cluster network, the scaling model and predict), and at the top
 ``advice`` (the finding, the loss table, the ranked changes and the candidates they come from)
-beside ``run_digests`` (each finished run's passes run once and kept). Resolve the grouping once
-with :func:`resolve_group_by` and pass it to every table and figure. ``stragglers_in_store`` and
-``measured_window_in_store`` read a large sweep through the store's columnar engine.
+beside ``run_digests`` (the passes a digest keeps, handed to :mod:`workbench.store.digests`,
+which builds and reads the digests, and ``open_steps``, which asks it for frames). Resolve the
+grouping once with :func:`resolve_group_by` and pass it to every table and figure.
+``stragglers_in_store`` and ``measured_window_in_store`` read a large sweep through the store's
+columnar engine.
 """
 
 from workbench.analysis.measured.display import downsample_for_display

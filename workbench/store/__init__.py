@@ -1,6 +1,7 @@
 """The result store on disk: atomic files, run and rank records, trace files (live Arrow streams,
 consolidated Parquet, and the JSONL live files of older runs, read only), Parquet row-group tools,
-and loading runs and traces into pandas. No torch; imports config, schema and errors only."""
+loading runs and traces into pandas, and the run digests (:mod:`workbench.store.digests`). No
+torch; imports config, schema and errors only."""
 
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 

@@ -1,7 +1,8 @@
 """``tune(run)``: try what the run's diagnosis calls for, predicted first, then measured.
 
 From a completed run: its diagnosis and the candidates it calls for
-(:mod:`workbench.analysis.advice.candidates`, the list the finding's advice is written from), each
+(:mod:`workbench.analysis.advice.candidates`, the list the finding's advice is written from),
+asked of the analysis in one call (:func:`~workbench.analysis.advice.base_plan.base_plan`), each
 predicted by the scaling model; those whose predicted gain is below the noise
 (:data:`~workbench.analysis.advice.candidates.NOISE`), or that a script run's instrumentation cannot
 apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
@@ -30,17 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.analysis.advice.base_plan import BasePlan, base_plan
 from workbench.analysis.advice.candidates import (
     NOISE,
-    SAID,
     Candidate,
     ModelInputs,
     as_measured,
-    candidates_for,
     predicted_gain,
     prediction_order,
 )
-from workbench.analysis.advice.diagnosis import model_inputs, run_diagnosis
 from workbench.analysis.run_digests import open_steps
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError, TuneError
@@ -57,9 +56,6 @@ from workbench.tune.measure import (
     short_config,
 )
 from workbench.tune.probe import PROBE_RUNS, PROBE_STEPS, batch_to_probe, with_batch_probe
-
-#: Fields whose change alters what the training computes (batch, accumulation, compression).
-MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
 
 
 @dataclass
@@ -126,32 +122,6 @@ def find_run(run: str | Path, output_dir: str | Path = "experiments/results") ->
     return found[0].parent
 
 
-def _label(change: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in change.items()) or "no change"
-
-
-def _plan(
-    cause: str, config: RunConfig, changes: Sequence[Mapping[str, Any]] | None
-) -> list[Candidate]:
-    if changes is None:
-        return candidates_for(cause, config.to_dict(), config.is_script)
-    # a change the communication-bound list knows keeps its words there
-    known = {
-        str(sorted(c.change.items())): c
-        for c in candidates_for("exposed_transfer", config.to_dict(), config.is_script)
-    }
-    return [
-        known.get(str(sorted(dict(c).items())))
-        or Candidate(
-            dict(c),
-            _label(c),
-            changes_math=bool(set(c) & set(MATH_FIELDS))
-            or c.get("comm_hook", "allreduce") != "allreduce",
-        )
-        for c in changes
-    ]
-
-
 def _row(c: Candidate, gain: float, note: str) -> dict[str, Any]:
     return {
         "change": dict(c.change),
@@ -195,13 +165,13 @@ def tune(
     ``progress``: called with a line of progress before each short run."""
     _refuse_bad_input(repeats, budget_s)
     path = find_run(run, output_dir)
-    config, runs, diagnosis, inputs = _load_base(path)
-    run_id = str(runs["run_id"].iloc[0])
-    cause = str(diagnosis["cause"])
-    result = TuneResult(run_id, config.to_dict(), _clean(diagnosis), noise=noise, repeats=repeats)
-    plan = _plan(cause, config, changes)
-    if changes is None and not plan:
-        result.said = SAID.get(cause, SAID["unexplained"])
+    config, run_id, base = _load_base(path, changes)
+    inputs, plan = base.inputs, base.candidates
+    assert inputs is not None  # measured steps exist
+    result = TuneResult(
+        run_id, config.to_dict(), _clean(base.diagnosis), noise=noise, repeats=repeats
+    )
+    result.said = base.said
     short = short_steps(inputs)
 
     explicit = changes is not None
@@ -293,9 +263,12 @@ def _valid(
     return out
 
 
-def _load_base(path: Path) -> tuple[RunConfig, Any, dict[str, Any], ModelInputs]:
-    """The base run's config, runs row, diagnosis and model inputs; a :class:`TuneError`
-    for a run that did not complete or measured too few steps."""
+def _load_base(
+    path: Path, changes: Sequence[Mapping[str, Any]] | None = None
+) -> tuple[RunConfig, str, BasePlan]:
+    """The base run's config, run id and plan (:func:`base_plan`: its diagnosis, the model's
+    inputs, the candidates); a :class:`TuneError` for a run that did not complete or measured
+    too few steps."""
     record = read_json(path / schema.RUN_FILE)
     run_id = str(record.get("run_id", path.name))
     status = record.get("status")
@@ -309,19 +282,19 @@ def _load_base(path: Path) -> tuple[RunConfig, Any, dict[str, Any], ModelInputs]
     runs = load_runs(path.parent.parent, [path.parent.name])
     runs = runs[runs["run_id"] == run_id]
     evals = load_traces([path], "eval")
-    # The run has ended: its digest (built here once if it has none) serves the diagnosis.
+    # The run has ended: its digest (built here once if it has none) serves the plan.
     with open_steps([path], evals if len(evals) else None) as steps:
-        diagnosis = run_diagnosis(runs, steps) if not steps.empty else {"measured_steps": 0}
-        measured = int(diagnosis.get("measured_steps", 0))
-        if measured < MIN_MEASURED_STEPS:
-            raise TuneError(
-                f"run {run_id} has {measured} measured step(s) (after warm-up); a tune needs "
-                f"{MIN_MEASURED_STEPS} or more to diagnose it and predict: run it with more "
-                f"max_steps (warm-up is {config.warmup_steps} steps)"
-            )
-        inputs = model_inputs(runs, steps, config.to_dict())
-    assert inputs is not None  # measured steps exist
-    return config, runs, diagnosis, inputs
+        plan = base_plan(
+            runs, steps, config.to_dict(), config.is_script, changes, MIN_MEASURED_STEPS
+        )
+    measured = int(plan.diagnosis.get("measured_steps", 0))
+    if measured < MIN_MEASURED_STEPS:
+        raise TuneError(
+            f"run {run_id} has {measured} measured step(s) (after warm-up); a tune needs "
+            f"{MIN_MEASURED_STEPS} or more to diagnose it and predict: run it with more "
+            f"max_steps (warm-up is {config.warmup_steps} steps)"
+        )
+    return config, str(runs["run_id"].iloc[0]), plan
 
 
 def _predict(

@@ -27,10 +27,10 @@ from workbench.analysis.run_digests import open_steps
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.groups import resolve_group_by
+from workbench.store.digests.on_disk import digest_state
 from workbench.store.engine import parquet_rows
 from workbench.store.files import atomic_write_bytes
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
-from workbench.store.run_digest import digest_state
 from workbench.store.tunes import load_tunes
 from workbench.ui.catalogue import (
     FigureContext,

@@ -4,7 +4,7 @@ statistics over its ranks (:func:`per_step`), per rank its wait and exposed tran
 
 A run's digest keeps these three instead of the sampled rows (a row a sampled step, not a row a
 rank and step). The engine computes them in SQL
-(:meth:`workbench.store.digest_query.StepDigest.comm_frames`), the frames path with these
+(:meth:`workbench.store.digests.query.StepDigest.comm_frames`), the frames path with these
 functions from its rows; the oracle tests hold the two to one answer. Every
 figure read from them is a minimum, maximum or median over a step's rows, a mean over a rank's
 rows, or a median over the backward timer's values: none needs the rows again. No torch.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench.store.digest_query import COMM_TYPES, empty_comm
+from workbench.store.digests.query import COMM_TYPES, empty_comm
 
 #: A sampled step: its run, attempt and step.
 STEP_KEYS = ["run_id", "attempt", "step"]

@@ -108,7 +108,7 @@ def binned_medians(
     :meth:`RankCells.rows`) per rank and bin of consecutive steps: the steps cut into bins of
     ``ceil(n / max_bins)``, each labelled by its first step, a cell the median of its bin's
     values (missing ones left out; NaN when all are), a row for each rank and bin the rank has
-    a row in. The binning of :meth:`workbench.store.digest_query.StepDigest.binned`, from
+    a row in. The binning of :meth:`workbench.store.digests.query.StepDigest.binned`, from
     matrices already in memory, a few bins at a time. Returns ``(frame of rank, step, host
     and one column per name; steps per bin)``."""
     n_steps, n_ranks = cells.present.shape

@@ -2,7 +2,7 @@
 is too large for pandas.
 
 :class:`StoredSteps` wraps the engine's digest of the runs' step rows
-(:class:`workbench.store.digest_query.StepDigest`, the warm-up rule of
+(:class:`workbench.store.digests.query.StepDigest`, the warm-up rule of
 :func:`workbench.analysis.measured.warmup.detected_warmup` applied in it) and hands out its small
 frames, each computed once. The report's entry points (the run and scaling tables, the phase
 breakdown, communication, memory, the network fit and the scaling model, the finding, the
@@ -23,10 +23,10 @@ import pandas as pd
 from workbench.analysis.measured.rank_cells import HEATMAP_BINS
 from workbench.analysis.measured.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
-from workbench.store.digest_query import StepDigest
+from workbench.store.digests.on_disk import DigestFrames
+from workbench.store.digests.query import StepDigest
+from workbench.store.digests.step_frames import StepFrames
 from workbench.store.measured_query import KnownSteps
-from workbench.store.run_digest import DigestFrames
-from workbench.store.step_frames import StepFrames
 from workbench.store.window_query import WindowParts
 
 
@@ -34,7 +34,9 @@ class StoredSteps:
     """The step rows of ``run_dirs`` (run folders), aggregated in the engine on request.
 
     ``evals``: the runs' evaluation rows (small: one per rank and evaluation), for the time
-    each rank spends evaluating after a step. ``columns`` lists the schema's step columns so
+    each rank spends evaluating after a step. ``frames`` and ``source``: the frames the store
+    opened and where they came from (:func:`workbench.analysis.run_digests.open_steps`); without
+    them, the rows through the engine. ``columns`` lists the schema's step columns so
     that the checks of frame inputs pass; there are no rows to index. Close it (or use it as a
     context manager) to free the engine."""
 
@@ -45,12 +47,14 @@ class StoredSteps:
         run_dirs: Iterable[str | Path],
         evals: pd.DataFrame | None = None,
         frames: StepFrames | None = None,
+        source: str = "rows",
     ) -> None:
         self.run_dirs = [Path(p) for p in run_dirs]
-        #: Where the frames come from: the runs' digests (``frames``, see
-        #: :func:`workbench.analysis.run_digests.open_steps`) or the engine over the rows.
+        #: The frames, as the store opened them (``frames``, see
+        #: :func:`workbench.analysis.run_digests.open_steps`), or the engine over the rows.
         self.digest: StepFrames = frames or StepDigest(self.run_dirs, detected_warmup, evals)
-        self.source = "digests" if isinstance(frames, DigestFrames) else "rows"
+        #: Where the frames came from, as the store said: ``"digests"`` or ``"rows"``.
+        self.source = source
         #: Why the rows were read where digests could not serve (``open_steps`` says).
         self.note = ""
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}

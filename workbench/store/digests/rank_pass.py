@@ -1,4 +1,4 @@
-"""The per-rank pass of :meth:`workbench.store.digest_query.StepDigest.per_rank`: its SQL (one
+"""The per-rank pass of :meth:`workbench.store.digests.query.StepDigest.per_rank`: its SQL (one
 pass over all step rows, grouped by run, rank, attempt and whether a row is measured) and how its
 groups combine into the figures over all rows, the measured rows per attempt, and the counts of
 gradient bytes and buckets. No torch.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.store.attempts import MEANS, MOMENTS
+from workbench.store.digests.attempts import MEANS, MOMENTS
 
 #: Rows in order within a rank: by attempt, then step.
 ORDER = "(attempt::BIGINT * 4294967296 + step)"
@@ -74,7 +74,7 @@ def split_groups(groups: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.D
     """:data:`PER_RANK_SQL`'s groups as ``(every, per_attempt, byte_groups)``: per run and rank
     over all rows ``all_world_size``, ``all_host`` (the first traced), ``all_attempts`` and the
     :data:`PEAKS`; the measured groups, one per run, rank and attempt, in the columns
-    :func:`workbench.store.attempts.merge_attempts` takes; and of those, ``run_id`` with the
+    :func:`workbench.store.digests.attempts.merge_attempts` takes; and of those, ``run_id`` with the
     histograms of gradient bytes and buckets (``_bytes``, ``_buckets``: value to rows)."""
     keys = ["run_id", "rank"]
     g = groups.groupby(keys, sort=True)

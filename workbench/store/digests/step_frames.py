@@ -1,7 +1,7 @@
 """What a sweep's step rows come to, per step: the frames every table and figure is composed from
 that follow from the per-step pass, the warm-up cut and the per-rank pass, whichever way those
-were made (:class:`workbench.store.digest_query.StepDigest` runs them over the rows;
-:class:`workbench.store.run_digest.DigestFrames` reads them from each run's digest). No torch.
+were made (:class:`workbench.store.digests.query.StepDigest` runs them over the rows;
+:class:`workbench.store.digests.on_disk.DigestFrames` reads them from each run's digest). No torch.
 """
 
 from __future__ import annotations

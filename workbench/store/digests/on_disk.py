@@ -8,7 +8,7 @@ from (each file's name, size and modification time). A digest is valid while its
 this one, run.json records the run's end, and the trace files are as they were: a resumed
 attempt or a consolidation after a kill changes them, and the digest is built again. A run that
 is still running has none. :class:`DigestFrames` hands the frames of several runs' digests out
-as :class:`workbench.store.digest_query.StepDigest` computes them from the rows. No torch.
+as :class:`workbench.store.digests.query.StepDigest` computes them from the rows. No torch.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import numpy as np
 import pandas as pd
 
 from workbench import schema
-from workbench.store.digest_query import (
+from workbench.store.digests.query import (
     MEASURED,
     binned_measured,
     empty_comm,
     median_measured,
 )
+from workbench.store.digests.step_frames import StepFrames
 from workbench.store.engine import steps_view
 from workbench.store.files import atomic_write_bytes, read_json, write_json
-from workbench.store.step_frames import StepFrames
 
 if TYPE_CHECKING:
     import duckdb
@@ -294,7 +294,7 @@ def _sorted(part: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 class DigestFrames(StepFrames):
     """Several runs' digests (``digests``: the frames of :func:`read_digest`, in the order of
-    ``run_dirs``) as :class:`workbench.store.digest_query.StepDigest` hands its frames out. Each
+    ``run_dirs``) as :class:`workbench.store.digests.query.StepDigest` hands its frames out. Each
     frame is per run, so the runs' frames side by side are what one pass over all their rows
     gives. ``median`` (over rows of several runs) and a bin count other than the digest's go to
     the rows, through the engine, as the only reads of them."""

@@ -25,7 +25,7 @@ MEANS = ("comm_bytes", "comm_buckets", "comm_exposed_s", "backward_compute_s")
 
 
 def merge_attempts(per_attempt: pd.DataFrame) -> pd.DataFrame:
-    """:meth:`workbench.store.digest_query.StepDigest.per_rank`'s measured columns from its
+    """:meth:`workbench.store.digests.query.StepDigest.per_rank`'s measured columns from its
     per-attempt rows: counts added, means weighted by their counts, variances pooled (each
     attempt's sum of squared deviations plus its count times its mean's squared distance to the
     pooled mean; ddof 1), hosts joined, the first attempt's first host, windows added. A rank

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from workbench.store.attempts import merge_attempts
+from workbench.store.digests.attempts import merge_attempts
+from workbench.store.digests.rank_pass import ORDER, PER_RANK_SQL, split_groups
+from workbench.store.digests.step_frames import StepFrames
 from workbench.store.engine import steps_view
 from workbench.store.measured_query import BACKWARD_COMPUTE, TIMED
-from workbench.store.rank_pass import ORDER, PER_RANK_SQL, split_groups
-from workbench.store.step_frames import StepFrames
 
 if TYPE_CHECKING:
     import duckdb
