@@ -74,8 +74,7 @@ def keep_the_runs(hooks: Any, bound: dict[str, Any]) -> None:
     theirs = bound.get("init_method")
     if theirs in (None, "env://"):
         theirs = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    theirs = str(theirs).removeprefix("tcp://")
-    if theirs != f"{addr}:{port}":
+    if str(theirs).removeprefix("tcp://") != f"{addr}:{port}":
         print(
             f"workbench: {hooks.script} asked for the rendezvous {theirs}; rank {hooks.rank} "
             f"meets the run's other ranks at {addr}:{port}, the run's own",
