@@ -100,7 +100,7 @@ def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> flo
     if m["step"].nunique() < 2:
         return float("nan")
     wall = m.sort_values("step").groupby("rank")["t_start_s"].diff().dropna()
-    samples = m.groupby("step")["samples"].sum().median()
+    samples = m.groupby("step")["samples"].sum(min_count=1).median()  # NaN: not counted
     step_s = float(np.quantile(wall, quantile))
     return float(samples) / step_s if step_s > 0 else float("nan")
 

@@ -278,6 +278,13 @@ def _load_base(
             f"run {run_id} is {status}, not completed{': ' + failure if failure else ''}; a "
             "tune starts from a completed run's measurements (run it again, then tune)"
         )
+    said = [str(w.get("message", "")) for w in record.get("measurement_warnings") or []]
+    if any(schema.SAMPLES_NOT_COUNTED in m for m in said):
+        raise TuneError(
+            f"run {run_id}: {schema.SAMPLES_NOT_COUNTED}, so its throughput, and any gain, is "
+            "unknown; tell them with workbench.trace.note(samples=...) in the script's "
+            "training loop, run it again, then tune"
+        )
     config = RunConfig.from_dict(record["config"])
     runs = load_runs(path.parent.parent, [path.parent.name])
     runs = runs[runs["run_id"] == run_id]
