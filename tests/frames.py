@@ -18,6 +18,9 @@ from workbench.config.run_config import RunConfig
 from workbench.schema import EVAL_COLUMNS, STEP_COLUMNS
 from workbench.store.files import write_json
 
+#: FSDP2's columns (trace schema 2), per kind and part
+FSDP_KINDS, FSDP_PARTS = ("all_gather", "reduce_scatter"), ("bytes", "s", "exposed_s", "calls")
+
 
 def make_steps(
     run_id: str = "r1",
@@ -67,6 +70,9 @@ def make_steps(
             "comm_buckets": comm_buckets,
             "backward_compute_s": np.nan,
             "comm_exposed_s": np.nan,
+            # no FSDP here: its columns (trace schema 2) are 0, which the int64 cast takes; a
+            # real DDP trace has them null
+            **{f"{kind}_{what}": 0 for kind in FSDP_KINDS for what in FSDP_PARTS},
             "samples": samples,
             "tokens": samples * 8,  # as if each sample held 8 token ids
             "loss": loss0 - loss_drop * (step - 1),

@@ -126,7 +126,7 @@ def test_live_file_is_an_arrow_stream_with_the_trace_schema(tmp_path: Path) -> N
             _step(tracer, step, phases=clock.stop(), t_start_s=tracer.since_t0(clock.started_at))
     table = pa.ipc.open_stream(_live(tmp_path).read_bytes()).read_all()  # plain pyarrow reads it
     assert table.column_names == list(schema.STEP_COLUMNS)
-    assert table.schema.metadata[b"workbench_trace_schema"] == b"1"
+    assert table.schema.metadata[b"workbench_trace_schema"] == b"2"
     row = table.to_pylist()[-1]
     assert row["host"] == "h" and row["rank"] == 0 and row["attempt"] == 0 and row["rss_bytes"] > 0
     phases = [row[c] for c in ("data_s", "forward_s", "backward_s", "optimizer_s")]

@@ -1,4 +1,7 @@
-"""Trace schema (version 1): the columns every trace file carries, and the store's file names.
+"""Trace schema (version 2): the columns every trace file carries, and the store's file names.
+
+Version 2 added FSDP2's communication (``all_gather_*``, ``reduce_scatter_*``); a file of
+version 1 lacks them and reads with them null. DDP's columns mean what they meant in version 1.
 
 Kept free of torch and pandas so that the tracer (in each rank) and the analysis (on a laptop)
 can both import it cheaply.
@@ -6,7 +9,9 @@ can both import it cheaply.
 
 from __future__ import annotations
 
-TRACE_SCHEMA_VERSION = 1
+TRACE_SCHEMA_VERSION = 2
+#: The version that added each column after the first (readers fill it null in older files).
+ADDED_IN: dict[str, int] = {}
 
 #: One row per rank per step. Times are seconds; ``t_start_s`` is measured from a t0 that all
 #: ranks agree on (taken right after a barrier). Memory columns are bytes; CUDA ones are null
@@ -68,6 +73,26 @@ STEP_COLUMNS: dict[str, str] = {
     "comm_exposed_s": "float64",
     "comm_bytes": "int64",  # bytes handed to allreduce this step (all buckets)
     "comm_buckets": "int64",
+    # FSDP2's collectives (``workbench.trace.fsdp_comm``; null where no FSDP2 module was
+    # found, 0 for FSDP at one rank, which communicates nothing). Per kind, summed over the
+    # step's calls: the all-gathers (each parameter group's gather in forward, and backward's
+    # re-gather of a module resharded after forward) and the reduce-scatters (one per group in
+    # backward). *_bytes: each call's whole buffer, as nccl-tests counts a collective's size:
+    # the gathered (unsharded) parameters, the unsharded gradients reduced; each parameter's
+    # first dimension padded to a multiple of the world size, at the all-gather's
+    # (``param_dtype``) or the reduction's dtype. Each rank sends (n-1)/n of it. *_s: each
+    # call from its start to its completion (host clock; null on CUDA, where the call only
+    # enqueues). *_exposed_s: the part of *_s the step's computing thread waited in: all of a
+    # call that returns once done (FSDP2's default on CPU: gloo), null where an asynchronous
+    # call's wait is not seen; hidden = *_s - *_exposed_s. *_calls: the calls.
+    "all_gather_bytes": "int64",
+    "all_gather_s": "float64",
+    "all_gather_exposed_s": "float64",
+    "all_gather_calls": "int64",
+    "reduce_scatter_bytes": "int64",
+    "reduce_scatter_s": "float64",
+    "reduce_scatter_exposed_s": "float64",
+    "reduce_scatter_calls": "int64",
     "samples": "int64",  # samples this rank consumed this step
     # Tokens in those samples, where the batch holds token ids (an integer input of two or more
     # dimensions: its element count, padding included); null where the batch has none.
@@ -81,6 +106,14 @@ STEP_COLUMNS: dict[str, str] = {
     "mem_device_bytes": "float64",
     "rss_bytes": "int64",  # process resident set size, always
 }
+
+ADDED_IN.update(
+    {
+        f"{kind}_{what}": 2
+        for kind in ("all_gather", "reduce_scatter")
+        for what in ("bytes", "s", "exposed_s", "calls")
+    }
+)
 
 #: One row per rank per evaluation. ``gather_s`` and ``metric_s`` are rank 0's work; other ranks
 #: record the time they spent in the gather call and 0 for the metric. ``wait_s`` is the time in

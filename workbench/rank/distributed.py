@@ -267,15 +267,42 @@ def time_all_reduce(tensor: torch.Tensor, iterations: int) -> float:
     """Seconds for ``iterations`` back-to-back sum-allreduces of ``tensor`` on the default group,
     from a barrier to the last one's completion (on CUDA, after synchronising), averaged over
     the ranks as nccl-tests does; the same value on every rank."""
+    return time_collective("allreduce", tensor, iterations)
+
+
+def world_size() -> int:
+    """Ranks in the default group."""
+    return dist.get_world_size()
+
+
+#: The collectives :func:`time_collective` times, by the name nccl-tests gives them.
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter")
+
+
+def time_collective(collective: str, tensor: torch.Tensor, iterations: int) -> float:
+    """:func:`time_all_reduce` for any of :data:`COLLECTIVES`. ``tensor`` is the collective's
+    whole buffer (nccl-tests' size): an all-gather's gathered output (each rank sends its
+    1/n), a reduce-scatter's input (each rank keeps a reduced 1/n of it); its numel must be a
+    multiple of the world size for those two."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective={collective!r}: must be one of {COLLECTIVES}")
+    n = dist.get_world_size()
+    # one rank's part: an all-gather's input, a reduce-scatter's output
+    shard = tensor if collective == "allreduce" else tensor.new_zeros(tensor.numel() // n)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iterations):
-        dist.all_reduce(tensor)
+        if collective == "allreduce":
+            dist.all_reduce(tensor)
+        elif collective == "all_gather":
+            dist.all_gather_into_tensor(tensor, shard)
+        else:
+            dist.reduce_scatter_tensor(shard, tensor)
     if tensor.device.type == "cuda":
         torch.cuda.synchronize(tensor.device)
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
     dist.all_reduce(elapsed)
-    return float(elapsed.item()) / dist.get_world_size()
+    return float(elapsed.item()) / n
 
 
 def over_ranks(values: list[float], device: torch.device, how: str = "mean") -> list[float]:

@@ -1,5 +1,6 @@
 """The network measured directly: a short allreduce micro-benchmark at the run's own gradient
-bucket sizes, run by every rank of a multi-rank run after its last step (outside the
+bucket sizes (DDP), or all-gathers and reduce-scatters at its own sizes (FSDP2:
+:func:`measure_fsdp`), run by every rank of a multi-rank run after its last step (outside the
 throughput window, and off the path to the first step), reported in nccl-tests' definitions.
 
 nccl-tests (``doc/PERFORMANCE.md``): algorithm bandwidth ``algbw = bytes / time``; bus bandwidth
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -82,27 +83,39 @@ def ddp_cap_mb(ddp: Any) -> float:
     return float(ddp.bucket_bytes_cap) / 2**20
 
 
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' bus bandwidth factor for allreduce: 2(n-1)/n."""
-    return 2.0 * (world_size - 1) / world_size
+def bus_factor(world_size: int, collective: str = "allreduce") -> float:
+    """nccl-tests' bus bandwidth factor: 2(n-1)/n for allreduce, (n-1)/n for all-gather and
+    reduce-scatter (each rank sends, or receives, all but its own 1/n of the buffer)."""
+    per_rank = (world_size - 1) / world_size
+    return 2.0 * per_rank if collective == "allreduce" else per_rank
 
 
 def _time_size(
-    nbytes: int, dtype: torch.dtype, device: torch.device, budget_s: float
+    nbytes: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    budget_s: float,
+    collective: str = "allreduce",
 ) -> dict[str, Any]:
     """One bucket size: a warm-up allreduce, the fastest of :data:`SIZING_CALLS` to size the
     loops (the same count on every rank: the time is agreed), then ``LOOPS`` timed loops, of
     which the median: a rank
     descheduled once (a shared host, a monitor waking) spoils one loop, not the figure."""
     element = torch.tensor([], dtype=dtype).element_size()
-    tensor = torch.zeros(max(nbytes // element, 1), dtype=dtype, device=device)
-    distributed.time_all_reduce(tensor, 1)  # connections and buffers for this size
+    n = distributed.world_size() if collective != "allreduce" else 1
+    numel = max(nbytes // element // n, 1) * n  # a whole shard per rank
+    tensor = torch.zeros(numel, dtype=dtype, device=device)
+
+    def timed(iterations: int) -> float:
+        return distributed.time_collective(collective, tensor, iterations)
+
+    timed(1)  # connections and buffers for this size
     # the fastest of a few single calls sizes the loops: one slow first call (a rank
-    # descheduled) would leave loops of a few allreduces, each as noisy as a single call
-    once = min(distributed.time_all_reduce(tensor, 1) for _ in range(SIZING_CALLS))
+    # descheduled) would leave loops of a few calls, each as noisy as a single call
+    once = min(timed(1) for _ in range(SIZING_CALLS))
     per_loop = budget_s / LOOPS
     iterations = int(min(max(per_loop / max(once, 1e-9), MIN_ITERATIONS), MAX_ITERATIONS))
-    loops = [distributed.time_all_reduce(tensor, iterations) / iterations for _ in range(LOOPS)]
+    loops = [timed(iterations) / iterations for _ in range(LOOPS)]
     seconds = statistics.median(loops)
     sent = tensor.numel() * element
     return {
@@ -165,3 +178,100 @@ def measure_allreduce(
         **({"hooks": hooks} if hooks else {}),
         "duration_s": time.perf_counter() - started,
     }
+
+
+def _collective_record(
+    collective: str,
+    sizes: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    world_size: int,
+    budget_s: float,
+) -> dict[str, Any]:
+    """One collective at each distinct size of ``sizes`` (one step's calls, bytes each), and
+    the step's calls together: ``time_s`` the per-size times summed over ``sizes``, ``algbw``
+    and ``busbw`` from the total bytes over it."""
+    factor = bus_factor(world_size, collective)
+    distinct = sorted(set(sizes))
+    per_size = {}
+    for nbytes in distinct:
+        row = _time_size(nbytes, dtype, device, budget_s / len(distinct), collective)
+        row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * factor
+        per_size[nbytes] = row
+    total = sum(per_size[n]["bytes"] for n in sizes)
+    time_s = sum(per_size[n]["time_s"] for n in sizes)
+    algbw = total / time_s if time_s > 0 else None
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "call_sizes_bytes": list(sizes),
+        "bytes": total,
+        "time_s": time_s,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * factor if algbw is not None else None,
+        "sizes": [per_size[n] for n in distinct],
+    }
+
+
+def measure_fsdp(
+    all_gather: Sequence[int],
+    reduce_scatter: Sequence[int],
+    device: torch.device,
+    world_size: int,
+    dtypes: Sequence[str | None] = (None, None),
+    budget_s: float = BUDGET_S,
+) -> dict[str, Any]:
+    """Time what FSDP2 sends in one step, on the default process group (every rank must call
+    it): an all-gather of each size in ``all_gather`` and a reduce-scatter of each size in
+    ``reduce_scatter`` (bytes of each call's whole buffer, as ``fsdp_comm`` counts them: the
+    gathered output, the reduced input), at ``dtypes`` (each kind's, as ``torch.float32``
+    names it without its prefix; None: float32). Returns the record ``run.json`` keeps: per
+    collective as :func:`measure_allreduce` per size, and both together (``bytes``,
+    ``time_s``, ``algbw``, ``busbw``: both collectives' bus factor is (n-1)/n, so the
+    together's busbw is their total bytes over their total time times it), and
+    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops)."""
+    started = time.perf_counter()
+    kinds = {"all_gather": all_gather, "reduce_scatter": reduce_scatter}
+    records = {}
+    for (name, sizes), dtype in zip(kinds.items(), dtypes, strict=True):
+        if sizes:
+            resolved = getattr(torch, dtype) if dtype else torch.float32
+            records[name] = _collective_record(
+                name, sizes, resolved, device, world_size, budget_s / (2 * len(kinds))
+            )
+    total = sum(r["bytes"] for r in records.values())
+    time_s = sum(r["time_s"] for r in records.values())
+    algbw = total / time_s if time_s > 0 else None
+    tiny = _time_size(4, torch.float32, device, budget_s / 4)
+    return {
+        "collective": "fsdp",
+        "definition": (
+            "nccl-tests: algbw = bytes / time (bytes: an all-gather's gathered output, a "
+            "reduce-scatter's input); busbw = algbw x (n-1)/n for both"
+        ),
+        "world_size": world_size,
+        "device": str(device),
+        **records,
+        "bytes": total,
+        "time_s": time_s,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * bus_factor(world_size, "all_gather") if algbw else None,
+        "latency_s": tiny["time_s"] / (2 * (world_size - 1)) if world_size > 1 else None,
+        "one_element": tiny,
+        "duration_s": time.perf_counter() - started,
+    }
+
+
+def fsdp_at_end(enabled: bool, world_size: int) -> Callable[[Any], dict[str, Any] | None] | None:
+    """What a rank calls with its FSDP meter (``workbench.trace.fsdp_comm.FSDPCommMeter``) once
+    its training is over: :func:`measure_fsdp` at the sizes of the last step's calls, on every
+    rank of a multi-rank run where the benchmark is ``enabled``; None where it is not run."""
+    if not (enabled and world_size > 1):
+        return None
+
+    def measure(meter: Any) -> dict[str, Any] | None:
+        all_gather, reduce_scatter = meter.sizes
+        if not (all_gather or reduce_scatter):
+            return None  # no step communicated (the same on every rank: the same model)
+        return measure_fsdp(all_gather, reduce_scatter, meter.device, world_size, meter.dtypes)
+
+    return measure

@@ -32,13 +32,22 @@ PRIVATE_CALLS = (
 
 
 class CommFields(NamedTuple):
-    """One step's communication columns (see ``schema.STEP_COLUMNS``); None: not measured."""
+    """One step's communication columns (see ``schema.STEP_COLUMNS``); None: not measured.
+    DDP's first, then FSDP2's all-gathers and reduce-scatters (``fsdp_comm``)."""
 
     comm_s: float | None
     comm_bytes: int | None
     comm_buckets: int | None
     backward_compute_s: float | None = None
     comm_exposed_s: float | None = None
+    all_gather_bytes: int | None = None
+    all_gather_s: float | None = None
+    all_gather_exposed_s: float | None = None
+    all_gather_calls: int | None = None
+    reduce_scatter_bytes: int | None = None
+    reduce_scatter_s: float | None = None
+    reduce_scatter_exposed_s: float | None = None
+    reduce_scatter_calls: int | None = None
 
 
 def warn(message: str) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.trace.fsdp_comm import MARK as FSDP_MARK
 from workbench.trace.step_counts import batch_shape, output_loss
 from workbench.trace.step_events import FORWARD
 from workbench.trace.step_log import FORWARD_BATCH, MODEL_LOSS
@@ -245,7 +246,8 @@ def _unwatch(module: nn.Module, *handles: Any) -> None:
 def _watch_fsdp(hooks: Any, watched: list[type]) -> None:
     """Watch FSDP2's modules (a ``__call__`` on ``FSDPModule``, which ``fully_shard``'s
     ``FSDP<Cls>`` classes put first) once the script has imported FSDP: an optimizer over its
-    sharded parameters comes after ``fully_shard``. Never imported here (about 2 s)."""
+    sharded parameters comes after ``fully_shard``. Never imported here (about 2 s). The
+    first call of each module not metered yet hands it to ``hooks.fsdp_found``."""
     module = sys.modules.get("torch.distributed.fsdp")
     fsdp = getattr(module, "FSDPModule", None)
     if fsdp is None or fsdp in watched or "__call__" in fsdp.__dict__:
@@ -254,7 +256,16 @@ def _watch_fsdp(hooks: Any, watched: list[type]) -> None:
     def fsdp_call(module: Any, *args: Any, **kwargs: Any) -> Any:
         return super(fsdp, module).__call__(*args, **kwargs)
 
-    fsdp.__call__ = outer_call(hooks, fsdp_call)
+    counted = outer_call(hooks, fsdp_call)
+
+    def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+        # the first call of a module not metered yet (a root, before its first gather):
+        # its tree's collectives metered from now on (``fsdp_comm``)
+        if FSDP_MARK not in module.__dict__ and not is_compiling():
+            hooks.fsdp_found(module)
+        return counted(module, *args, **kwargs)
+
+    fsdp.__call__ = __call__
     hooks.on_remove(lambda: delattr(fsdp, "__call__"))
     watched.append(fsdp)
 

@@ -6,7 +6,8 @@
   (``forward_hooks``: DDP, FSDP2, compiled or plain, whatever wraps it); the first
   ``DistributedDataParallel`` built (the *primary*) also gets DDP's own communication timer
   (``comm_timing.DDPCommSampler``: backward compute, communication span, exposed
-  communication, gradient bytes and buckets);
+  communication, gradient bytes and buckets); every FSDP2 module's tree, from its first
+  call, gets its all-gathers and reduce-scatters metered (``fsdp_comm``);
 - ``torch.autograd.backward`` (what ``loss.backward()`` calls) is timed, and its root kept as
   the loss where the model returned none (unscaled, where a ``GradScaler`` scaled it);
 - every DataLoader fetch (``__next__`` of its iterator, with gradients enabled) is timed (and
@@ -59,6 +60,7 @@ from workbench import schema
 from workbench.errors import ScriptError
 from workbench.trace import forward_hooks, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
+from workbench.trace.fsdp_comm import FSDPCommMeter
 from workbench.trace.step_counts import batch_shape
 from workbench.trace.step_events import (
     BACKWARD,
@@ -104,6 +106,7 @@ class ScriptHooks:
         ddp_kwargs: Mapping[str, Any] | None = None,
         on_ddp: Callable[[DistributedDataParallel], None] | None = None,
         at_end: Callable[[DistributedDataParallel], Any] | None = None,
+        at_end_fsdp: Callable[[FSDPCommMeter], Any] | None = None,
         local_rank: int | None = None,
         local_world_size: int | None = None,
         rendezvous: tuple[str, int] | None = None,
@@ -117,6 +120,7 @@ class ScriptHooks:
         # the script ends its process group, or when it returns (``finish``). Never before
         # its first step: clocks such as the HF Trainer's run from before it builds its DDP.
         self.at_end = at_end
+        self.at_end_fsdp = at_end_fsdp  # the same, with the FSDP meter, where no DDP was built
         self.measured: Any = None
         self.script, self.rank, self.world_size = script, rank, world_size
         # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
@@ -124,12 +128,11 @@ class ScriptHooks:
         self.warmup_steps = warmup_steps
         self.comm_every_steps = comm_every_steps
         self.collective_timeout_s = collective_timeout_s
-        self.log = StepLog()
-        self.steps = 0
+        self.log, self.steps = StepLog(), 0
         self.primary: DistributedDataParallel | None = None
         self.sampler: DDPCommSampler | None = None
-        self.ddp_modules = 0
-        self.synced_forwards = 0
+        self.fsdp: FSDPCommMeter | None = None  # FSDP2's collectives, from a module's first call
+        self.ddp_modules = self.synced_forwards = 0
         self.forward_counts = False  # the root's forward has counted a batch
         #: The module whose outermost training forwards count a step's samples (the first
         #: watched one so called: ``forward_hooks``), and how deep in watched calls we are.
@@ -138,9 +141,8 @@ class ScriptHooks:
         #: the plain modules' forwards under way: (module, whether it was logged)
         self.plain_open: list[tuple[Any, bool]] = []
         self.uncounted = self.counted = 0  # steps whose samples nothing counted, and others
-        self.rendezvous = rendezvous
+        self.rendezvous, self.joined_group = rendezvous, False
         self.local_rank, self.local_world_size = local_rank, local_world_size
-        self.joined_group = False
         self.warnings: list[str] = []
         self._backward_depth = 0
         # When the next memory sample and the next flush are due (the event clock).
@@ -198,6 +200,19 @@ class ScriptHooks:
         self.sampler = DDPCommSampler(ddp, self.comm_every_steps, gradient_bytes)
         self.warnings.extend(self.sampler.warnings)
 
+    def fsdp_found(self, module: Any) -> None:
+        """An FSDP2 module's first call: the collectives of its tree metered (``fsdp_comm``)."""
+        if self.fsdp is None:
+            self.fsdp = FSDPCommMeter.for_module(module)
+        self.fsdp.attach(module)
+        self.warnings.extend(w for w in self.fsdp.warnings if w not in self.warnings)
+
+    def comm_method(self) -> str:
+        """How the step's communication columns were measured, for the rank's summary."""
+        if self.sampler is not None:
+            return self.sampler.method
+        return self.fsdp.method if self.fsdp is not None else "none"
+
     # -- optimizer, backward, fetches
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.joined_group and self.world_size > 1:
@@ -224,6 +239,8 @@ class ScriptHooks:
                 self.sampler.iteration += self.synced_forwards - 1
                 self.synced_forwards = 0
                 comm = self.sampler.take()
+            if self.fsdp is not None:
+                comm = comm._replace(**self.fsdp.take_fields())
             if comm is not self._comm:
                 log.extras.append((len(log.kinds), COMM, comm))
                 self._comm = comm
@@ -308,11 +325,14 @@ class ScriptHooks:
     # -- the end of training
     def finish(self) -> None:
         """The script's training is over (it returned, or it is ending its process group):
-        ``at_end`` once, with the primary DDP, while the process group still exists."""
-        if self.at_end is None or self.primary is None or self.measured is not None:
+        ``at_end`` once, with the primary DDP (else ``at_end_fsdp`` with the FSDP meter),
+        while the process group still exists."""
+        if self.measured is not None or not (dist.is_available() and dist.is_initialized()):
             return
-        if dist.is_available() and dist.is_initialized():
+        if self.at_end is not None and self.primary is not None:
             self.measured = self.at_end(self.primary)
+        elif self.at_end_fsdp is not None and self.fsdp is not None:
+            self.measured = self.at_end_fsdp(self.fsdp)
 
     # -- install and remove
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
@@ -338,10 +358,9 @@ class ScriptHooks:
         trace_api._recorder = self.note
         self._undo.append(lambda: setattr(trace_api, "_recorder", None))
         # The heap so far (torch's ~300 k import-time objects) out of the collector's sight:
-        # the full collections that the log's survivors trigger would scan it every
-        # few thousand steps, about 10 us a step on a 2-core host. Those objects live as long
-        # as the process anyway; what the script allocates is collected as before (and is
-        # all that ``forward_hooks.outermost`` looks through).
+        # full collections would scan it every few thousand steps, about 10 us a step on a
+        # 2-core host. What the script allocates is collected as before (and is all that
+        # ``forward_hooks.outermost`` looks through).
         gc.freeze()
         self._undo.append(gc.unfreeze)
         return self

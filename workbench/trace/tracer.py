@@ -25,6 +25,7 @@ import torch
 from workbench import schema
 from workbench.errors import NonFiniteLossError
 from workbench.store.arrow_stream import StreamWriter
+from workbench.trace.fsdp_comm import FIELDS as FSDP_FIELDS
 from workbench.trace.memory_probe import DeviceMemory, rss_bytes
 from workbench.trace.phase_clock import CudaStep, Phases, phase_columns
 
@@ -79,7 +80,7 @@ def _read_tensors(tensors: list[torch.Tensor]) -> list[float]:
 #: (run, rank, host, ...) and the five phase columns are filled in at the flush.
 _ROW: tuple[str, ...] = ("epoch", "step", "warmup", "t_start_s", "phases", "comm_s", "comm_bytes")
 _ROW += ("comm_buckets", "samples", "loss", "lr", "backward_compute_s", "comm_exposed_s")
-_ROW += ("tokens", "save_s")
+_ROW += ("tokens", "save_s", *FSDP_FIELDS)
 _SAVE = _ROW.index("save_s")
 _PHASES = _ROW.index("phases")
 
@@ -190,18 +191,30 @@ class Tracer:
         backward_compute_s: float | None = None,
         comm_exposed_s: float | None = None,
         tokens: int | None = None,
+        all_gather_bytes: int | None = None,
+        all_gather_s: float | None = None,
+        all_gather_exposed_s: float | None = None,
+        all_gather_calls: int | None = None,
+        reduce_scatter_bytes: int | None = None,
+        reduce_scatter_s: float | None = None,
+        reduce_scatter_exposed_s: float | None = None,
+        reduce_scatter_calls: int | None = None,
     ) -> None:
         """Buffer one step's row. ``phases`` is ``PhaseClock.stop()`` (or ``Phases``);
         ``loss`` a float, None (not known) or a 0-d tensor read at the flush (a non-finite one
         raises ``NonFiniteLossError`` there, naming its step, unless ``stop_on_nonfinite`` is
-        off)."""
+        off). The ``all_gather_*`` and ``reduce_scatter_*`` figures are FSDP2's
+        (``fsdp_comm.FSDPCommMeter.take``)."""
         now = _now()
         if now >= self._mem_due:
             self._sample_memory(now)
         rows = self._rows
         rows.append(
             (epoch, step, warmup, t_start_s, phases, comm_s, comm_bytes, comm_buckets, samples)
-            + (loss, lr, backward_compute_s, comm_exposed_s, tokens, None, self._mem)
+            + (loss, lr, backward_compute_s, comm_exposed_s, tokens, None)
+            + (all_gather_bytes, all_gather_s, all_gather_exposed_s, all_gather_calls)
+            + (reduce_scatter_bytes, reduce_scatter_s, reduce_scatter_exposed_s)
+            + (reduce_scatter_calls, self._mem)
         )
         if now >= self._flush_due or len(rows) >= self.max_rows:
             self.flush(hold_last=True)
