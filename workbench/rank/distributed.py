@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from workbench import jobs
 from workbench.ports import publish_port, published_port, rendezvous_file
@@ -146,6 +147,33 @@ def init_process_group(
         device_id=device if device.type == "cuda" else None,
     )
     return backend
+
+
+def fully_shard_model(
+    module: nn.Module,
+    blocks: list[nn.Module],
+    device: torch.device,
+    reshard_after_forward: bool,
+    param_dtype: torch.dtype | None,
+    reduce_dtype: torch.dtype | None,
+) -> nn.Module:
+    """FSDP2 over the default group on a 1-D mesh of ``device``'s type: ``fully_shard`` on each
+    of ``blocks`` (a parameter group each: one all-gather, one reduce-scatter) with
+    ``reshard_after_forward``, then on ``module`` (the root: the parameters no block holds),
+    which FSDP never reshards after forward; the same ``MixedPrecisionPolicy`` on all (None:
+    the parameters' own dtype; a reduce dtype of None: the param dtype, FSDP's default). In
+    place; returns ``module`` (now an ``FSDPModule``). Imported here, on first use: about 2 s."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    # The mesh's device type is the run's (FSDP's default mesh takes CUDA whenever present).
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    # the root: FSDP's own choice (None: not resharded after forward, backward needs it first)
+    fully_shard(module, mesh=mesh, reshard_after_forward=None, mp_policy=policy)
+    return module
 
 
 def barrier(group: Any = None) -> None:
