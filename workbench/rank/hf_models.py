@@ -65,6 +65,15 @@ ARCHITECTURES: dict[str, tuple[str, str, str, dict[str, int]]] = {
 }
 
 
+#: name -> where its repeated layers are: the blocks ``strategy='fsdp'`` shards one by one
+#: (embeddings, the final norm and the head stay with the root).
+BLOCKS = {
+    "distilbert": "distilbert.transformer.layer",
+    "bert": "bert.encoder.layer",
+    "gpt2": "transformer.h",
+}
+
+
 def _transformers() -> Any:
     try:
         import transformers
@@ -93,12 +102,15 @@ def hf_config(model: str, options: dict[str, Any]) -> Any:
 
 def build_hf_model(model: str, options: dict[str, Any]) -> nn.Module:
     """The model ``hf:<name>`` from its config class (random weights, nothing downloaded),
-    marked as taking dict batches, with its task (``classification`` or ``lm``)."""
-    _, model_class, task, _ = ARCHITECTURES[model.removeprefix(HF_PREFIX)]
+    marked as taking dict batches, with its task (``classification`` or ``lm``) and where its
+    layers are (``blocks_path``, see :data:`BLOCKS`)."""
+    name = model.removeprefix(HF_PREFIX)
+    _, model_class, task, _ = ARCHITECTURES[name]
     config = hf_config(model, options)
     module = getattr(_transformers(), model_class)(config)
     module.task = task
     module.batch_format = "dict"
+    module.blocks_path = BLOCKS[name]
     return module
 
 

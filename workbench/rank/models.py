@@ -51,6 +51,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The hidden layers (the output layer stays with the root)."""
+        return [m for m in self.net if isinstance(m, nn.Linear)][:-1]
+
 
 class ResidualBlock(nn.Module):
     def __init__(self, width: int) -> None:
@@ -84,6 +88,10 @@ class SmallResNet(nn.Module):
         y = self.blocks(self.stem(x))
         return self.head(y.mean(dim=(2, 3)))
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The residual blocks (stem and head stay with the root)."""
+        return list(self.blocks)
+
 
 class _Encoder(nn.Module):
     def __init__(
@@ -109,6 +117,10 @@ class _Encoder(nn.Module):
         h = self.tokens(ids) + self.positions(pos)
         return self.norm(self.layers(h, mask=mask, is_causal=mask is not None))
 
+    def shard_blocks(self) -> list[nn.Module]:
+        """The encoder layers (embeddings and the final norm stay with the root)."""
+        return list(self.layers.layers)
+
 
 class TransformerClassifier(nn.Module):
     """An encoder classifier shaped like DistilBERT (pre-norm layers, first-token pooling)."""
@@ -132,6 +144,9 @@ class TransformerClassifier(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(ids)[:, 0])
 
+    def shard_blocks(self) -> list[nn.Module]:
+        return self.encoder.shard_blocks()
+
 
 class GPT(nn.Module):
     """A small causal language model: next-token logits for every position."""
@@ -148,6 +163,9 @@ class GPT(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
         return self.head(self.encoder(ids, mask))
+
+    def shard_blocks(self) -> list[nn.Module]:
+        return self.encoder.shard_blocks()
 
 
 class _Planted(torch.autograd.Function):
@@ -169,13 +187,26 @@ class _Planted(torch.autograd.Function):
         return grad, grad.new_zeros(ctx.ballast_shape), None, None
 
 
+class PlantedLayer(nn.Module):
+    """One planted layer: its ballast (``size`` float32 elements) and, on the way through,
+    the sleeps its model plants. A module of its own, so that FSDP gathers and reduces each
+    layer's ballast as a block, one layer after another."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.ballast = nn.Parameter(torch.zeros(size))
+
+    def forward(self, x: torch.Tensor, fwd_s: float, bwd_s: float) -> torch.Tensor:
+        return _Planted.apply(x, self.ballast, fwd_s, bwd_s)  # type: ignore[no-any-return]
+
+
 class PlantedModel(nn.Module):
     """A workload whose compute does not depend on how many ranks share the cores: ``layers``
     layers, each sleeping its share of ``forward_us`` (+ ``forward_us_per_sample`` a sample) in
     forward and of ``backward_us`` (+ ``backward_us_per_sample``) in backward, so DDP's buckets
-    become ready one layer after another and overlap the backward as on a GPU; ``gradient_kib``
-    KiB of gradients spread over the layers; a small linear head that learns the mlp's
-    synthetic labels."""
+    (FSDP's blocks) become ready one layer after another and overlap the backward as on a GPU;
+    ``gradient_kib`` KiB of gradients spread over the layers; a small linear head that learns
+    the mlp's synthetic labels."""
 
     task = "classification"
 
@@ -192,7 +223,7 @@ class PlantedModel(nn.Module):
     ) -> None:
         super().__init__()
         per_layer = max(1, gradient_kib * 1024 // 4 // layers)  # float32 elements
-        self.ballast = nn.ParameterList(nn.Parameter(torch.zeros(per_layer)) for _ in range(layers))
+        self.layers = nn.ModuleList(PlantedLayer(per_layer) for _ in range(layers))
         self.head = nn.Linear(input_dim, num_classes)
         self.step_us = (forward_us / layers, backward_us / layers)
         self.sample_us = (forward_us_per_sample / layers, backward_us_per_sample / layers)
@@ -201,9 +232,13 @@ class PlantedModel(nn.Module):
         n = x.shape[0]
         fwd_s = (self.step_us[0] + self.sample_us[0] * n) / 1e6
         bwd_s = (self.step_us[1] + self.sample_us[1] * n) / 1e6
-        for ballast in self.ballast:
-            x = _Planted.apply(x, ballast, fwd_s, bwd_s)
+        for layer in self.layers:
+            x = layer(x, fwd_s, bwd_s)
         return self.head(x)
+
+    def shard_blocks(self) -> list[nn.Module]:
+        """The planted layers (the head stays with the root)."""
+        return list(self.layers)
 
 
 BUILTIN: dict[str, type[nn.Module]] = {
@@ -232,6 +267,25 @@ def build_model(name: str, options: dict[str, Any]) -> nn.Module:
             f"model={name!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
         )
     return model
+
+
+def shard_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``strategy='fsdp'`` shards one by one (a parameter group each: one
+    all-gather, one reduce-scatter) before the root, which keeps the rest: the model's own
+    ``shard_blocks()`` (every built-in model; a plug-in may define one), the layers of a
+    Hugging Face model (``hf_models.BLOCKS``), else the modules of every ``nn.ModuleList`` in
+    it (where repeated blocks usually live), else none (one group: the root)."""
+    own = getattr(model, "shard_blocks", None)
+    if callable(own):
+        return list(own())
+    path = getattr(model, "blocks_path", None)
+    if isinstance(path, str):
+        return list(model.get_submodule(path))
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    inner = {
+        id(c) for m in lists for c in m.modules() if c is not m and isinstance(c, nn.ModuleList)
+    }
+    return [block for m in lists if id(m) not in inner for block in m]
 
 
 def model_task(model: nn.Module) -> str:
