@@ -78,7 +78,9 @@ SIZE_OPTION = "size"
 #: Models whose ``d_model`` is split over ``num_heads`` attention heads.
 ATTENTION_MODELS = ("transformer", "gpt")
 BUILTIN_DATASETS = ("synthetic", "parquet")
-STRATEGIES = ("ddp", "dp", "single")
+STRATEGIES = ("ddp", "fsdp", "dp", "single")
+#: The dtypes FSDP gathers parameters and reduces gradients in (``fp32``: the parameters' own).
+FSDP_DTYPES = ("fp32", "bf16", "fp16")
 COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 COMM_TRACING = ("sampled", "hook", "off")
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.config.choices import FAULT_KINDS
 from workbench.config.fields import check_fields, refuse_unknown_keywords, setting
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, Problem
 
 
 @refuse_unknown_keywords
@@ -30,3 +32,15 @@ class FaultInjection:
         problems = check_fields(self)
         if problems:
             raise ConfigError(problems, "FaultInjection")
+
+
+def fault_from_json(value: Any) -> tuple[Any, list[Problem]]:
+    """``value`` as a RunConfig's ``fault``: a dict (as JSON gives it) made a FaultInjection,
+    with the problems of its keys as ``fault.<key>``; anything else as it is (the rules judge
+    it)."""
+    if not (isinstance(value, Mapping) and all(isinstance(k, str) for k in value)):
+        return value, []
+    try:
+        return FaultInjection(**value), []
+    except ConfigError as err:
+        return value, [Problem(f"fault.{p.field}", p.value, p.allowed) for p in err.problems]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from workbench.errors import Problem
@@ -39,3 +40,10 @@ MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 def is_module_name(value: Any) -> bool:
     """Whether ``value`` is a dotted module name (``pkg.train``)."""
     return isinstance(value, str) and MODULE_NAME.fullmatch(value) is not None
+
+
+def script_name(script: str | None, module: str | None) -> str:
+    """A script's short name: its file name without ``.py``, or its module's last part."""
+    if script is not None:
+        return Path(script).stem
+    return str(module).rsplit(".", 1)[-1]

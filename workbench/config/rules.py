@@ -23,7 +23,7 @@ from workbench.config.choices import (
 )
 from workbench.config.fault import FaultInjection
 from workbench.config.fields import check_fields, did_you_mean, is_int
-from workbench.config.names import is_module_name
+from workbench.config.names import is_module_name, script_name
 from workbench.config.sizes import merged_options, size_problem, sizes_of
 from workbench.errors import Problem
 
@@ -142,7 +142,7 @@ def dataset(c: Any, bad: frozenset[str]) -> list[Problem]:
 
 def strategy(c: Any, bad: frozenset[str]) -> list[Problem]:
     """What each strategy allows: hooks only with DDP, 'single' on one device, DataParallel on
-    the CUDA devices of one node."""
+    the CUDA devices of one node (FSDP's own: :func:`fsdp`)."""
     if "strategy" in bad:
         return []
     p = []
@@ -162,6 +162,62 @@ def strategy(c: Any, bad: frozenset[str]) -> list[Problem]:
     if c.strategy == "dp" and c.nodes != 1 and "nodes" not in bad:
         rule = "strategy='dp' drives the GPUs of one node: use nodes=1"
         p.append(Problem("nodes", c.nodes, rule))
+    return p
+
+
+#: DDP's own knobs (other than ``comm_hook``, which the strategy rule judges), refused with
+#: ``strategy='fsdp'`` where given, and why: FSDP2 has none of them.
+DDP_ONLY = {
+    "find_unused_parameters": "FSDP2 reduces every parameter group's gradients in backward",
+    "bucket_cap_mb": "FSDP2 reduce-scatters one parameter group (a block) at a time, not buckets",
+    "gradient_as_bucket_view": "FSDP2's gradients are the reduce-scatter's shards, not buckets",
+    "static_graph": "FSDP2 has no static-graph mode",
+}
+#: FSDP's own knobs, refused with any other strategy where given.
+FSDP_ONLY = ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype")
+
+
+def given(c: Any, name: str) -> bool:
+    """Whether field ``name`` of ``c`` differs from its default."""
+    f = next(f for f in dataclasses.fields(c) if f.name == name)
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return bool(getattr(c, name) != default)
+
+
+def fsdp(c: Any, bad: frozenset[str]) -> list[Problem]:
+    """``strategy='fsdp'``: none of DDP's own knobs, every rank in the evaluation's forward
+    (its all-gathers need them all), no checkpoints (a sharded model's are not written), no
+    DDP comm hook timing; FSDP's knobs only with ``strategy='fsdp'``. (A script's FSDP is
+    its own: script runs refuse both sets.)"""
+    if "strategy" in bad or c.is_script:
+        return []
+    if c.strategy != "fsdp":
+        rule = f"an FSDP setting: only with strategy='fsdp', not {c.strategy!r} (remove it)"
+        return [Problem(n, getattr(c, n), rule) for n in FSDP_ONLY if n not in bad and given(c, n)]
+    p = [
+        Problem(n, getattr(c, n), f"a DDP setting, not with strategy='fsdp': {why}")
+        for n, why in DDP_ONLY.items()
+        if n not in bad and given(c, n)
+    ]
+    refused = {
+        "eval_on": (
+            c.eval_on == "rank0",
+            "with strategy='fsdp' every rank takes part in the model's forward (its "
+            "all-gathers need them all): use 'all'",
+        ),
+        "checkpoint_every_steps": (
+            is_int(c.checkpoint_every_steps) and c.checkpoint_every_steps > 0,
+            "a sharded model's checkpoints are not written: use 0 with strategy='fsdp', or ddp",
+        ),
+        "trace_comm": (
+            c.trace_comm == "hook",
+            "'hook' times DDP's gradient buckets; with strategy='fsdp' use 'sampled' (FSDP's "
+            "all-gathers and reduce-scatters, every step) or 'off'",
+        ),
+    }
+    for name, (wrong, rule) in refused.items():
+        if wrong and name not in bad:
+            p.append(Problem(name, getattr(c, name), rule))
     return p
 
 
@@ -225,6 +281,9 @@ NOT_FOR_SCRIPTS = (
     "global_batch_size",
     "gradient_accumulation_steps",
     "strategy",
+    "reshard_after_forward",
+    "fsdp_param_dtype",
+    "fsdp_reduce_dtype",
     "find_unused_parameters",
     "sync_batchnorm",
     "lr_scaling",
@@ -280,6 +339,30 @@ def script(c: Any, bad: frozenset[str]) -> list[Problem]:
     return p
 
 
+def derived(c: Any) -> dict[str, Any]:
+    """The fields a valid config ``c`` leaves out and implies, by name, in this order: the
+    layout (``world_size``, ``tasks_per_node``), then a script's ``model`` (named after it, so
+    run ids, tables and findings say whose training it is), or the batch size not given and
+    ``epochs=1`` where neither ``epochs`` nor ``max_steps`` is."""
+    out: dict[str, Any] = {}
+    if c.world_size is None:
+        out["world_size"] = c.nodes * (c.tasks_per_node or 1)
+    world_size = out.get("world_size", c.world_size)
+    if c.tasks_per_node is None:
+        out["tasks_per_node"] = world_size // c.nodes
+    if c.is_script:
+        out["model"] = f"script:{script_name(c.script, c.script_module)}"
+        return out
+    per_step = world_size * c.gradient_accumulation_steps
+    if c.global_batch_size is None:
+        out["global_batch_size"] = c.per_device_batch_size * per_step
+    if c.per_device_batch_size is None:
+        out["per_device_batch_size"] = c.global_batch_size // per_step
+    if c.epochs is None and c.max_steps is None:
+        out["epochs"] = 1
+    return out
+
+
 #: Every cross-field rule, in the order their problems are listed.
 RULES: tuple[Rule, ...] = (
     script,
@@ -289,6 +372,7 @@ RULES: tuple[Rule, ...] = (
     hf_model,
     dataset,
     strategy,
+    fsdp,
     needs_cuda,
     profile_window,
     fault,

@@ -23,16 +23,25 @@ from workbench.config.choices import (
     COMM_TRACING,
     DEVICES,
     EVAL_PLACEMENTS,
+    FSDP_DTYPES,
     LR_SCALINGS,
     MODEL_OPTIONS,
     OPTIMIZERS,
     PRECISIONS,
     STRATEGIES,
 )
-from workbench.config.fault import FaultInjection
+from workbench.config.fault import FaultInjection, fault_from_json
 from workbench.config.fields import check_fields, refuse_unknown_keywords, setting
 from workbench.config.sizes import resolve_model_options
 from workbench.errors import ConfigError, Problem
+
+#: Fields JSON gives in another shape: (name, the shape JSON gives, the field's own).
+SHAPES = (
+    ("model_options", Mapping, dict),
+    ("dataset_options", Mapping, dict),
+    ("script_args", list, tuple),
+    ("profile_steps", list, tuple),
+)
 
 
 @refuse_unknown_keywords
@@ -114,12 +123,29 @@ class RunConfig:
     gradient_accumulation_steps: int = setting(
         "micro-steps per optimizer step (no_sync on all but last)", 1, minimum=1
     )
-    # -- parallelism strategy and the DDP knobs that change scaling
+    # -- parallelism strategy and the DDP and FSDP knobs that change scaling
     strategy: str = setting(
-        "ddp (one process per device), dp (DataParallel: one process drives all local "
-        "GPUs; the batch is the total) or single (one device, no wrapper)",
+        "ddp (one process per device), fsdp (FSDP2: fully_shard on each block, then the "
+        "root), dp (DataParallel: one process drives all local GPUs; the batch is the total) "
+        "or single (one device, no wrapper)",
         "ddp",
         choices=STRATEGIES,
+    )
+    reshard_after_forward: bool = setting(
+        "fsdp: free each block's gathered parameters after its forward and gather them again "
+        "in backward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like: more "
+        "memory, no second all-gather)",
+        True,
+    )
+    fsdp_param_dtype: str = setting(
+        "fsdp: dtype the parameters are gathered and computed in (fp32: their own; the "
+        "optimizer always steps the fp32 shards)",
+        "fp32",
+        choices=FSDP_DTYPES,
+    )
+    fsdp_reduce_dtype: str | None = setting(
+        "fsdp: dtype the gradients are reduce-scattered in (omitted: fsdp_param_dtype)",
+        choices=FSDP_DTYPES,
     )
     find_unused_parameters: bool = setting(
         "DDP: tolerate parameters that get no gradient (slower)", False
@@ -251,47 +277,21 @@ class RunConfig:
         self._derive()
 
     def _normalise(self) -> list[Problem]:
-        """Take the shapes JSON gives (a dict for ``fault``, a list for ``profile_steps``) and
-        copy the option mappings; the problems of a ``fault`` dict, as ``fault.<key>``."""
-        problems: list[Problem] = []
-        for name in ("model_options", "dataset_options"):
-            if isinstance(getattr(self, name), Mapping):
-                object.__setattr__(self, name, dict(getattr(self, name)))
-        if isinstance(self.script_args, list):
-            object.__setattr__(self, "script_args", tuple(self.script_args))
-        if isinstance(self.profile_steps, list):
-            object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
-        if isinstance(self.fault, Mapping) and all(isinstance(k, str) for k in self.fault):
-            try:
-                object.__setattr__(self, "fault", FaultInjection(**self.fault))
-            except ConfigError as err:
-                problems += [Problem(f"fault.{p.field}", p.value, p.allowed) for p in err.problems]
+        """Take the shapes JSON gives (lists for tuples, a dict for ``fault``) and copy the
+        option mappings; the problems of a ``fault`` dict, as ``fault.<key>``."""
+        for name, given, shape in SHAPES:
+            if isinstance(getattr(self, name), given):
+                object.__setattr__(self, name, shape(getattr(self, name)))
+        fault, problems = fault_from_json(self.fault)
+        object.__setattr__(self, "fault", fault)
         return problems
 
     def _derive(self) -> None:
-        derived = []
-
-        def put(name: str, value: Any) -> None:
+        """Fill in what the fields given imply (``rules.derived``), named in ``derived``."""
+        values = rules.derived(self)
+        for name, value in values.items():
             object.__setattr__(self, name, value)
-            derived.append(name)
-
-        if self.world_size is None:
-            put("world_size", self.nodes * (self.tasks_per_node or 1))
-        if self.tasks_per_node is None:
-            put("tasks_per_node", self.world_size // self.nodes)  # type: ignore[operator]
-        if self.is_script:
-            # Named after the script, so run ids, tables and findings say whose training it is.
-            put("model", f"script:{script_name(self.script, self.script_module)}")
-            object.__setattr__(self, "derived", tuple(derived))
-            return
-        per_step = self.world_size * self.gradient_accumulation_steps  # type: ignore[operator]
-        if self.global_batch_size is None:
-            put("global_batch_size", self.per_device_batch_size * per_step)  # type: ignore[operator]
-        if self.per_device_batch_size is None:
-            put("per_device_batch_size", self.global_batch_size // per_step)  # type: ignore[operator]
-        if self.epochs is None and self.max_steps is None:
-            put("epochs", 1)
-        object.__setattr__(self, "derived", tuple(derived))
+        object.__setattr__(self, "derived", tuple(values))
 
     # -- derived facts used everywhere
     @property
@@ -320,9 +320,8 @@ class RunConfig:
         (linear), or its square root (sqrt)."""
         if self.lr_scaling == "none":
             return 1.0
-        reference = (
-            self.lr_reference_batch or self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[operator]
-        )  # type: ignore[operator]
+        accumulated = self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[operator]
+        reference = self.lr_reference_batch or accumulated
         ratio = self.global_batch_size / reference  # type: ignore[operator]
         return ratio if self.lr_scaling == "linear" else ratio**0.5
 
@@ -381,13 +380,6 @@ class RunConfig:
                 data.pop(name)
         data.update(changes)
         return RunConfig.from_dict(data)
-
-
-def script_name(script: str | None, module: str | None) -> str:
-    """A script's short name: its file name without ``.py``, or its module's last part."""
-    if script is not None:
-        return Path(script).stem
-    return str(module).rsplit(".", 1)[-1]
 
 
 def init_field_names() -> list[str]:

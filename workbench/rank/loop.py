@@ -84,7 +84,7 @@ def train(
     """Train this rank to the end of the run (or to an agreed preemption stop) in a process
     group already joined; returns its summary. The DDP model is freed before returning, so the
     caller may tear the process group down."""
-    trainer = Trainer(config, env, device, run_dir, attempt)
+    trainer = Trainer(config, env, device, run_dir, attempt, before_wrap=first_step_flops)
     traces = run_dir / schema.TRACES_DIR
     traces.mkdir(parents=True, exist_ok=True)
     done = trainer.done_steps
@@ -115,7 +115,6 @@ def train(
     ):
         clock = PhaseClock(device)
         loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log)
-        step_flops = measure_step_flops(trainer, env.rank, state.epoch)  # rank 0, before t0
         distributed.barrier()
         tracer.set_t0()
         clock.anchor(tracer.t0)
@@ -126,11 +125,28 @@ def train(
     summary.update(preempted=state.preempted, dropped_samples_per_epoch=trainer.dropped_per_epoch())
     summary["comm_method"] = trainer.comm_method()
     summary["measurement_warnings"] = trainer.measurement_warnings()
-    measured = {"network": network, "step_flops": step_flops}  # each None where not measured
+    summary["memory_parts"] = memory_record(trainer, tracer)
+    measured = {"network": network, "step_flops": trainer.step_flops}  # None: not measured
     summary.update({k: v for k, v in measured.items() if v is not None})
     consolidate(traces, env.rank)
     del loop, trainer  # free the DDP model before the process group goes (distributed.teardown)
     return summary
+
+
+def first_step_flops(trainer: Trainer) -> dict[str, Any] | None:
+    """FLOPs of the attempt's first step (rank 0; None on the others), counted on the bare model
+    before the strategy wraps it, before the first traced step."""
+    epoch = trainer.done_steps // trainer.config.steps_per_epoch
+    return measure_step_flops(trainer, trainer.env.rank, epoch)
+
+
+def memory_record(trainer: Trainer, tracer: Tracer) -> dict[str, Any] | None:
+    """This rank's memory in its parts (``memory_parts``: counted at the attempt's first step;
+    None if it made none), with ``peak_bytes``, the CUDA allocator's peak the tracer reads (None
+    on CPU, where the tracer's ``rss_bytes`` is the process's)."""
+    if trainer.memory is None:
+        return None
+    return {**trainer.memory, "peak_bytes": tracer.memory(fresh=True)["mem_peak_bytes"]}
 
 
 def built_in_steps(config: RunConfig) -> int:
@@ -262,10 +278,13 @@ def finish(loop: Loop, state: LoopState) -> None:
 def summarize(
     module: nn.Module, env: distributed.RankEnv, device: torch.device, step: int, tracer: Tracer
 ) -> dict[str, Any]:
-    """What this rank returns to the caller: where it ended and a fingerprint of its parameters."""
+    """What this rank returns to the caller: where it ended and a fingerprint of its parameters
+    (whole: a sharded parameter is gathered first, on every rank, so the fingerprint is the
+    model's, as with DDP)."""
     digest = hashlib.sha256()
     for p in module.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+        digest.update(whole.detach().cpu().contiguous().numpy().tobytes())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {
         "rank": env.rank,

@@ -53,7 +53,8 @@ class MLP(nn.Module):
 
     def shard_blocks(self) -> list[nn.Module]:
         """The hidden layers (the output layer stays with the root)."""
-        return [m for m in self.net if isinstance(m, nn.Linear)][:-1]
+        linear: list[nn.Module] = [m for m in self.net if isinstance(m, nn.Linear)]
+        return linear[:-1]
 
 
 class ResidualBlock(nn.Module):
@@ -280,7 +281,7 @@ def shard_blocks(model: nn.Module) -> list[nn.Module]:
         return list(own())
     path = getattr(model, "blocks_path", None)
     if isinstance(path, str):
-        return list(model.get_submodule(path))
+        return list(model.get_submodule(path).children())
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     inner = {
         id(c) for m in lists for c in m.modules() if c is not m and isinstance(c, nn.ModuleList)

@@ -1,11 +1,12 @@
-"""One rank's training state: model, strategy wrapper, optimizer, scaler, comm meter, and one
-optimizer step over a list of micro-batches."""
+"""One rank's training state: model, strategy wrapper (DDP, FSDP2, DataParallel or none),
+optimizer, scaler, comm meter, and one optimizer step over a list of micro-batches."""
 
 from __future__ import annotations
 
 import contextlib
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
-from workbench.rank import checkpoint, distributed, hook_cost, network
+from workbench.rank import checkpoint, distributed, hook_cost, memory_parts, network
 from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
@@ -26,9 +27,11 @@ from workbench.rank.models import (
     gradient_bytes,
     model_task,
     output_loss,
+    shard_blocks,
     takes_dict_batch,
 )
 from workbench.trace.comm_timing import DDPCommSampler, warn
+from workbench.trace.fsdp_comm import FSDPCommMeter
 from workbench.trace.phase_clock import PhaseClock
 from workbench.trace.tracer import Tracer
 
@@ -70,11 +73,26 @@ def make_optimizer(config: RunConfig, params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
 
 
+#: The dtypes of ``fsdp_param_dtype`` and ``fsdp_reduce_dtype``.
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def fsdp_dtypes(config: RunConfig) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """FSDP's (param_dtype, reduce_dtype) for the config: None for a param dtype of fp32 (the
+    parameters' own: no cast), None for a reduce dtype not given (FSDP then reduces in the param
+    dtype); a reduce dtype given is passed as it is (fp32 with bf16 parameters must be said)."""
+    param = None if config.fsdp_param_dtype == "fp32" else TORCH_DTYPES[config.fsdp_param_dtype]
+    reduce = config.fsdp_reduce_dtype
+    return param, None if reduce is None else TORCH_DTYPES[reduce]
+
+
 class Trainer:
-    """The state of one rank's training: model, DDP wrapper, optimizer, scaler, comm meter.
+    """The state of one rank's training: model, strategy wrapper, optimizer, scaler, comm meter.
 
     On a resumed attempt (``attempt > 0``) the model, optimizer and scaler come from the latest
-    checkpoint and ``done_steps`` is the step it was taken at."""
+    checkpoint and ``done_steps`` is the step it was taken at. ``before_wrap`` runs on the bare
+    model before the strategy wraps it (the FLOPs count: rank 0 alone could not run an FSDP
+    module's forward, whose all-gathers need every rank); what it returns is ``step_flops``."""
 
     def __init__(
         self,
@@ -83,6 +101,7 @@ class Trainer:
         device: torch.device,
         run_dir: Path,
         attempt: int,
+        before_wrap: Callable[[Trainer], dict[str, Any] | None] | None = None,
     ) -> None:
         self.config, self.env, self.device, self.run_dir = config, env, device, run_dir
         self.warnings: list[str] = []
@@ -90,27 +109,35 @@ class Trainer:
         self.module = build_model(config.model, dict(config.model_options)).to(device)
         self.train_set, self.eval_set = build_datasets(config, env.rank, env.world_size)
         start = checkpoint.load_latest(run_dir, self.module, env.rank) if attempt > 0 else None
+        self.done_steps = int(start["step"]) if start is not None else 0
         if config.sync_batchnorm:
             self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+        self.step_flops = before_wrap(self) if before_wrap is not None else None
         self.ddp, self.comm = self._wrap(self.module)
         self.eval_group = distributed.new_eval_group(
             max(config.eval_timeout_s, config.collective_timeout_s)
         )
         self.optimizer = make_optimizer(config, self.ddp.parameters())
-        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
-        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
-        self.done_steps = 0
+        #: This rank's memory in its parts (``memory_parts.count``), from its first step on.
+        self.memory: dict[str, Any] | None = None
         # DDP alone fails on parameters without gradients, and not with static_graph or
         # find_unused_parameters; a bare module or DataParallel never does.
         self.checked_unused = (
             not isinstance(self.ddp, DDP) or config.find_unused_parameters or config.static_graph
         )
         if start is not None:
-            self.done_steps = checkpoint.restore_training(
-                start, self.optimizer, self.scaler, env.rank
-            )
+            checkpoint.restore_training(start, self.optimizer, self.scaler, env.rank)
 
-    def _wrap(self, module: nn.Module) -> tuple[nn.Module, CommMeter | DDPCommSampler]:
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 shards the model (``strategy='fsdp'``)."""
+        return self.config.strategy == "fsdp"
+
+    def _wrap(
+        self, module: nn.Module
+    ) -> tuple[nn.Module, CommMeter | DDPCommSampler | FSDPCommMeter]:
         """The strategy (DDP with its knobs, DataParallel over this node's GPUs, or the bare
         module on one device) and what times its gradient communication."""
         config, device = self.config, self.device
@@ -122,6 +149,8 @@ class Trainer:
         if config.strategy == "dp":
             dp = nn.DataParallel(module, device_ids=list(range(config.world_size)))  # type: ignore[arg-type]
             return dp, meter
+        if config.strategy == "fsdp":
+            return self._shard(module)
         ddp = DDP(
             module,
             device_ids=[device.index] if device.type == "cuda" else None,
@@ -149,13 +178,35 @@ class Trainer:
             )
         return ddp, meter
 
+    def _shard(self, module: nn.Module) -> tuple[nn.Module, CommMeter | FSDPCommMeter]:
+        """FSDP2 in place: each of the model's blocks (``models.shard_blocks``), then the root,
+        with the config's resharding and mixed precision; its all-gathers and reduce-scatters
+        metered from outside, as a script's are (none with ``trace_comm='off'``)."""
+        config = self.config
+        param_dtype, reduce_dtype = fsdp_dtypes(config)
+        sharded = distributed.fully_shard_model(
+            module,
+            shard_blocks(module),
+            self.device,
+            reshard_after_forward=config.reshard_after_forward,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+        )
+        if config.trace_comm == "off":
+            return sharded, CommMeter()  # inactive: every communication column null
+        meter = FSDPCommMeter.for_module(sharded)
+        meter.attach(sharded)
+        return sharded, meter
+
     def comm_method(self) -> str:
         """How this rank's communication columns were measured: ``ddp_timer`` (DDP's reducer
         timer, sampled), ``hook`` (a Python comm hook's host clock, every step), ``bytes_only``,
         ``off`` (trace_comm='off') or ``none`` (no DDP: nothing is communicated, or DataParallel);
         for the rank's summary and ``run.json``."""
-        if isinstance(self.comm, DDPCommSampler):
+        if isinstance(self.comm, DDPCommSampler | FSDPCommMeter):
             return self.comm.method
+        if self.sharded:
+            return "off"  # trace_comm='off'
         if not isinstance(self.ddp, DDP):
             return "none"
         if not self.comm.active:
@@ -164,7 +215,8 @@ class Trainer:
 
     def measurement_warnings(self) -> list[str]:
         """What this rank could not measure as configured (each said once in its log)."""
-        sampled = self.comm.warnings if isinstance(self.comm, DDPCommSampler) else []
+        comm = self.comm
+        sampled = comm.warnings if isinstance(comm, DDPCommSampler | FSDPCommMeter) else []
         return list(dict.fromkeys(self.warnings + sampled))
 
     def dropped_per_epoch(self) -> int:
@@ -183,6 +235,9 @@ class Trainer:
         """The allreduce micro-benchmark at this run's bucket sizes (``network.py``), on every
         rank of a multi-rank DDP run unless ``network_benchmark`` is off; None otherwise."""
         config = self.config
+        if isinstance(self.comm, FSDPCommMeter):
+            measure = network.fsdp_at_end(config.network_benchmark, self.env.world_size)
+            return measure(self.comm) if measure is not None else None
         if not (config.network_benchmark and self.env.world_size > 1 and isinstance(self.ddp, DDP)):
             return None
         element = 2 if config.comm_hook in ("fp16", "bf16") else 4
@@ -214,6 +269,11 @@ class Trainer:
     def save(self, step: int, tracer: Tracer) -> None:
         """A checkpoint at ``step``; its time (this rank's files and the wait for the others')
         goes on the step's row as ``save_s``, and every row is on disk before the commit."""
+        if self.sharded:  # the config refuses checkpoints; a preemption stop asks for one
+            raise RuntimeError(
+                f"strategy='fsdp' writes no checkpoint (a sharded model's are not written yet): "
+                f"the run cannot stop at step {step} to resume later"
+            )
         started = time.perf_counter()
 
         def before_commit() -> None:
@@ -243,6 +303,8 @@ class Trainer:
             clock.mark()
             no_sync = m < accum - 1 and isinstance(self.ddp, DDP)
             sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
+            if self.sharded and accum > 1:  # FSDP's no_sync: reduce on the last micro-step only
+                self.ddp.set_requires_gradient_sync(m == accum - 1)  # type: ignore[operator]
             with sync:
                 with self.autocast():
                     loss = step_loss(self.ddp, self.module, inputs, targets)
@@ -256,6 +318,8 @@ class Trainer:
             self._check_unused_parameters()
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        if self.memory is None:  # once: the parts do not change from step to step
+            self.memory = self.count_memory()
         self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
         assert loss_sum is not None  # a step has at least one micro-batch
@@ -275,6 +339,12 @@ class Trainer:
             loss=loss_sum if self.device.type == "cuda" else float(loss_sum),
             lr=self.optimizer.param_groups[0]["lr"],
         )
+
+    def count_memory(self) -> dict[str, Any]:
+        """This rank's memory in its parts now (``memory_parts.count``; FSDP's gathered bytes at
+        ``fsdp_param_dtype``)."""
+        dtype = fsdp_dtypes(self.config)[0] if self.sharded else None
+        return memory_parts.count(self.module, self.optimizer, dtype)
 
     def _check_unused_parameters(self) -> None:
         """After the first backward: DDP's own error about unused parameters comes one step
@@ -298,4 +368,9 @@ class Trainer:
             autocast=self.autocast,
             group=self.eval_group,
         )
-        return evaluate(context, tracer, epoch, step)
+        metric = evaluate(context, tracer, epoch, step)
+        if self.sharded:  # a forward without grad leaves a group kept after forward gathered
+            for module in self.module.modules():
+                if memory_parts.is_sharded_root(module):
+                    module.reshard()  # type: ignore[operator]
+        return metric
