@@ -5,7 +5,11 @@ gathered after forward. Bytes worked by hand from the model's definition below; 
 bare ``torch.distributed`` calls at the same sizes in two fresh gloo ranks; the network
 micro-benchmark's all-gather and reduce-scatter against bare loops, in turns.
 
-One module fixture holds the three runs (the warm pool); every test reads them."""
+The built-in loop's FSDP (``strategy="fsdp"``) is metered the same way: a 2-rank run of the
+MLP with hidden layers of 33, its bytes worked by hand the same way, and its ``run.json``'s
+network benchmark at its own calls' sizes.
+
+One module fixture holds the four runs (the warm pool); every test reads them."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from workbench.ports import free_port
 from workbench.rank.network import measure_fsdp
 from workbench.store.files import read_json
 
+from .conftest import base_config
 from .helpers import WARM
 
 # timing: the ratios against bare calls are durations measured on this host (tests/README.md)
@@ -66,10 +71,25 @@ def _config(store: Path, world_size: int, name: str, *extra: str) -> RunConfig:
     )
 
 
+#: The built-in MLP: input 32, hidden layers of 33 (padded to 34 rows at 2 ranks), 4 classes.
+MLP = {"input_dim": 32, "hidden_dim": 33, "num_layers": 2, "num_classes": 4}
+
+
+def builtin_bytes() -> tuple[int, int]:
+    """The built-in MLP at 2 ranks, by hand: its hidden layers are FSDP's blocks (resharded
+    after forward), its output layer the root's (never resharded after forward). Elements,
+    each dim 0 padded to even: Linear(32, 33) 34 x 32 + 34 = 1,122; Linear(33, 33) 34 x 33 +
+    34 = 1,156; Linear(33, 4) 4 x 33 + 4 = 136. A step gathers all three in forward and the two
+    blocks again in backward, and reduce-scatters all three: (all-gather, reduce-scatter)."""
+    blocks, root = 1_122 + 1_156, 136
+    return (2 * blocks + root) * FP32, (blocks + root) * FP32
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The script at 1 and 2 ranks (blocks resharded after forward: FSDP2's default) and at 2
-    ranks with the blocks kept gathered, one after the other."""
+    ranks with the blocks kept gathered, then the built-in MLP with FSDP at 2 ranks, one after
+    the other."""
     store = tmp_path_factory.mktemp("fsdp")
     cwd = os.getcwd()
     os.chdir(ROOT)
@@ -85,6 +105,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             out[key] = handle.path
     finally:
         os.chdir(cwd)
+    config = base_config(
+        store,
+        world_size=2,
+        strategy="fsdp",
+        model_options=MLP,
+        run_name="fsdp-builtin",
+        epochs=1,
+        checkpoint_every_steps=0,
+    )
+    handle = launch(config, WARM)
+    assert handle.wait(timeout_s=300) == "completed", handle.logs()
+    out["builtin"] = handle.path
     return out
 
 
@@ -262,3 +294,28 @@ def test_network_benchmark_measures_fsdp_sizes_in_nccl_tests_terms(runs, bare) -
         # loop's: 20x or more), the size. A 4.6 kB call is all latency, which two shared
         # cores at load 9 spread: 0.76 to 1.43 in three runs, once 5.5 with 3 turns
         assert 1 / 3 <= ratio <= 3, ratio
+
+
+def test_the_builtin_fsdp_run_is_metered_alike_and_benchmarks_its_own_calls(runs) -> None:
+    from workbench.store.load import load_traces
+
+    steps = load_traces(runs["builtin"], "steps")
+    gathered, reduced = builtin_bytes()
+    assert (gathered, reduced) == (18_768, 9_656)
+    assert (steps["all_gather_bytes"] == gathered).all(), steps["all_gather_bytes"].unique()
+    assert (steps["all_gather_calls"] == 5).all() and (steps["reduce_scatter_calls"] == 3).all()
+    assert (steps["reduce_scatter_bytes"] == reduced).all(), steps["reduce_scatter_bytes"]
+    for kind in ("all_gather", "reduce_scatter"):
+        assert (steps[f"{kind}_s"] > 0).all()
+        assert (steps[f"{kind}_exposed_s"] <= steps[f"{kind}_s"]).all()
+    run = read_json(runs["builtin"] / schema.RUN_FILE)
+    assert run["comm_method"] == {"0": "fsdp_comm", "1": "fsdp_comm"}
+    net = run["network"]
+    assert net["collective"] == "fsdp"
+    # its own calls' sizes: each group's whole buffer, the root's once and the blocks' twice
+    assert sorted(net["all_gather"]["call_sizes_bytes"]) == sorted(
+        [136 * FP32, 1_122 * FP32, 1_156 * FP32, 1_122 * FP32, 1_156 * FP32]
+    )
+    assert sum(net["reduce_scatter"]["call_sizes_bytes"]) == reduced
+    assert net["bytes"] == gathered + reduced
+    assert net["busbw_bytes_per_s"] == pytest.approx(net["bytes"] / net["time_s"] / 2)
