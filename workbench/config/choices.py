@@ -79,7 +79,7 @@ SIZE_OPTION = "size"
 ATTENTION_MODELS = ("transformer", "gpt")
 BUILTIN_DATASETS = ("synthetic", "parquet")
 STRATEGIES = ("ddp", "fsdp", "dp", "single")
-#: The dtypes FSDP gathers parameters and reduces gradients in (``fp32``: the parameters' own).
+#: The dtypes FSDP may gather the parameters and reduce the gradients in.
 FSDP_DTYPES = ("fp32", "bf16", "fp16")
 COMM_HOOKS = ("allreduce", "fp16", "bf16", "powersgd")
 COMM_TRACING = ("sampled", "hook", "off")

@@ -19,7 +19,9 @@ shard). So a part is what the rank's allocator holds for it:
   while it computes. Worked out from the shards' shapes, the mesh size and the gather dtype.
 
 Counted once per attempt, at its first optimizer step, after ``optimizer.step`` and before the
-gradients are dropped; for the built-in models a few tens of microseconds.
+gradients are dropped, inside that step's optimizer phase (a warm-up step unless
+``warmup_steps=0``): measured on a loaded 2-core host, 81 us for the default mlp (6 tensors),
+0.2 ms for the default transformer (30), 2.7 ms at DistilBERT's size (78).
 """
 
 from __future__ import annotations
