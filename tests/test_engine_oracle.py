@@ -21,8 +21,10 @@ from tests.oracle.slow_ranks import stragglers as oracle_stragglers
 from workbench import schema
 from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.measured.windows import measured_window, measured_window_in_store
+from workbench.analysis.run_digests import RULES
 from workbench.analysis.stragglers import slow_ranks
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
+from workbench.store.digests import serve
 from workbench.store.load import load_traces
 
 
@@ -133,7 +135,7 @@ def test_stragglers_equal_the_oracle(runs: list[pd.DataFrame], measure: str) -> 
         # alone, each phase read again when a straggler needs it
         with patch.object(slow_ranks, "ONE_AT_A_TIME", 0):
             assert_same(stragglers_in_store(dirs, **rule), want)
-            with StoredSteps(dirs) as stored:
+            with StoredSteps(serve.open_rows(dirs, RULES)) as stored:
                 assert_same(stragglers_in_store(dirs, stored=stored, **rule), want)
 
 
@@ -155,7 +157,7 @@ def test_each_folders_rows_are_taken_by_the_run_id_its_run_json_gives(tmp_path: 
     aside.rename(dirs[1])  # the folder named "slow" now holds the run "even", and back
     want = oracle_stragglers(load_traces(dirs))
     assert want[["run_id", "rank", "start_step"]].values.tolist() == [["slow", 2, 11]]
-    with StoredSteps(dirs) as stored:
+    with StoredSteps(serve.open_rows(dirs, RULES)) as stored:
         assert_same(stragglers_in_store(dirs, stored=stored), want)
 
 

@@ -18,8 +18,10 @@ import pytest
 from tests.frames import ddp_steps, make_evals, write_run, write_scaling_sweep
 from workbench.analysis.measured.rank_cells import scattered_cells
 from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.run_digests import RULES
 from workbench.analysis.stragglers import slow_ranks
 from workbench.analysis.stragglers.slow_ranks import stragglers_in_store
+from workbench.store.digests import serve
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
 from workbench.ui.report import report_from_store, write_report
 
@@ -104,7 +106,8 @@ def test_values_binned_from_the_straggler_matrices_equal_the_engine_query(
         monkeypatch.setattr(slow_ranks, "ONE_AT_A_TIME", 0)
     _store(tmp_path)
     dirs = iter_run_dirs(tmp_path, ["weak"])
-    with StoredSteps(dirs) as fresh, StoredSteps(dirs) as kept:
+    fresh_rows, kept_rows = serve.open_rows(dirs, RULES), serve.open_rows(dirs, RULES)
+    with StoredSteps(fresh_rows) as fresh, StoredSteps(kept_rows) as kept:
         kept.heatmap_bins = bins
         stragglers_in_store(dirs, stored=kept)
         assert len(kept._binned) == len(fresh.run_ids)  # every run, one attempt each

@@ -17,7 +17,7 @@ import pytest
 
 from workbench import schema
 from workbench.analysis.measured.stored import StoredSteps
-from workbench.analysis.run_digests import digest_at_end, open_steps
+from workbench.analysis.run_digests import RULES, digest_at_end, open_steps
 from workbench.run.launch import launch
 from workbench.store.digests import serve
 from workbench.store.digests.on_disk import DIGEST_DIR, MANIFEST, digest_state
@@ -54,7 +54,7 @@ def test_the_launcher_digests_the_run_and_the_report_reads_it(
     # the same table from the rows, through the engine
     runs = load_runs(run_path.parent.parent, [run_path.parent.name])
     evals = load_traces([run_path], "eval")
-    with StoredSteps([run_path], evals) as rows:
+    with StoredSteps(serve.open_rows([run_path], RULES, evals)) as rows:
         write_report(runs, rows, evals, tmp_path / "rows.html", summary_csv=tmp_path / "r.csv")
     got, want = pd.read_csv(tmp_path / "d.csv"), pd.read_csv(tmp_path / "r.csv")
     assert list(got.columns) == list(want.columns) and len(got) == len(want) == 1

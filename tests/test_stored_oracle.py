@@ -35,19 +35,20 @@ from hypothesis import strategies as st
 from tests.frames import make_evals, make_runs, make_steps, room_for_evals
 from tests.test_engine_oracle import _write, stores
 from workbench import schema
-from workbench.analysis.advice.diagnosis import model_inputs, run_diagnosis
+from workbench.analysis.advice.base_plan import base_plan
 from workbench.analysis.advice.finding import findings
 from workbench.analysis.advice.losses import run_parts
 from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.measured.windows import eval_rows, measured_window
 from workbench.analysis.model.network import fit_network
 from workbench.analysis.model.scaling_model import predicted_vs_measured
-from workbench.analysis.run_digests import build_run_digests, open_steps
+from workbench.analysis.run_digests import RULES, build_run_digests, open_steps
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.breakdown import phase_breakdown
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.memory import memory_by_rank
 from workbench.analysis.throughput.scaling import run_table, scaling_table
+from workbench.store.digests import serve
 from workbench.store.digests.on_disk import DIGEST_DIR
 from workbench.store.files import update_run
 from workbench.store.load import load_traces
@@ -294,7 +295,7 @@ class Store:
 
     def _open(self, path: str) -> StoredSteps:
         if path == "engine":
-            return StoredSteps(self.dirs, self.given)
+            return StoredSteps(serve.open_rows(self.dirs, RULES, self.given))
         mark_ended(self.dirs)
         if path == "digests":
             build_run_digests(self.dirs, self.given)
@@ -609,19 +610,21 @@ def test_a_fixed_sweep_equals_the_frames_everywhere(tmp_path: Path) -> None:
 
 def check_tune_base(dirs: list[Path], d: Diffs) -> None:
     """What ``workbench tune`` reads of a base run, each run of the fixed sweep in turn: its
-    diagnosis and the scaling model's inputs, from the run's digest as the tune opens it
-    against the run's rows."""
+    plan (diagnosis, the scaling model's inputs, the candidates) from the frames the store
+    opens, the run's digest, as the tune asks for it, against the plan from the run's rows."""
     for run in dirs:
         frame = load_traces([run])
         evals = load_traces([run], "eval")
         runs = runs_of(frame)
-        diagnosis = run_diagnosis(runs, frame)
-        inputs = asdict(model_inputs(runs, frame, {}))
-        with open_steps([run], evals if len(evals) else None) as stored:
-            assert stored.source == "digests", stored.note
-            _same_record(d, run_diagnosis(runs, stored), diagnosis, f"{run.name} diagnosis")
-            got = asdict(model_inputs(runs, stored, {}))
-        _same_record(d, got, inputs, f"{run.name} model inputs")
+        want = base_plan(runs, frame, {})
+        with serve.open_frames([run], RULES, evals if len(evals) else None) as frames:
+            assert frames.source == "digests", frames.note
+            got = base_plan(runs, frames, {})
+        _same_record(d, got.diagnosis, want.diagnosis, f"{run.name} diagnosis")
+        inputs = [asdict(p.inputs) if p.inputs is not None else {} for p in (got, want)]
+        _same_record(d, inputs[0], inputs[1], f"{run.name} model inputs")
+        labels = [[c.label for c in p.candidates] for p in (got, want)]
+        d.equal(labels[0], labels[1], f"{run.name} candidates")
 
 
 def _same_record(d: Diffs, got: dict[str, Any], want: dict[str, Any], what: str) -> None:

@@ -1,9 +1,9 @@
 """The analysis's side of the run digests, which the store builds and opens
-(:mod:`workbench.store.digests`): the passes a digest keeps (:func:`digest_frames`), handed to the
-store with the warm-up rule, and :func:`open_steps`, which asks the store for the frames of
-several runs and wraps them in a :class:`workbench.analysis.measured.stored.StoredSteps`
-without knowing whether they came from the runs' digests or their rows (``source`` and
-``note`` say which, and why). No torch.
+(:mod:`workbench.store.digests`): the passes a digest keeps (:func:`digest_frames`, over the runs'
+rows through the engine), handed to the store with the warm-up rule as :data:`RULES`. A reader
+asks the store for frames with them (``serve.open_frames(run_dirs, RULES, evals)``: from the
+digests or the rows, the store decides and says which) and hands those to the analysis;
+:func:`open_steps` does both for the report, the Dashboard and the terminal. No torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.measured.warmup import detected_warmup
 from workbench.analysis.stragglers.slow_ranks import DEFAULT_RULE, stragglers_in_store
 from workbench.store.digests import serve
-from workbench.store.digests.serve import Ranked, Stage
+from workbench.store.digests.serve import Ranked, Rules, Stage
 from workbench.store.load import load_traces
 
 #: The binned values a digest keeps (the heatmap's step time, the spread's compute time).
@@ -39,7 +39,7 @@ def digest_frames(
     if evals is None:
         evals = load_traces(runs, "eval")
     tell("steps, per step")
-    with StoredSteps(runs, evals) as steps:
+    with StoredSteps(serve.open_rows(runs, RULES, evals)) as steps:  # the rows, always
         tell("per rank and stragglers")
         steps.start_passes()  # the per-rank and DDP timers' passes beside the straggler pass
         found = stragglers_in_store(runs, *DEFAULT_RULE, stored=steps, ranked=ranked)
@@ -79,6 +79,10 @@ def _by_run(frame: pd.DataFrame) -> Callable[[str], pd.DataFrame]:
     return rows_of
 
 
+#: What the analysis hands the store to build and read digests: its passes and warm-up rule.
+RULES = Rules(digest_frames, detected_warmup)
+
+
 def build_run_digests(
     run_dirs: Iterable[str | Path],
     evals: pd.DataFrame | None = None,
@@ -104,15 +108,9 @@ def open_steps(
     stage: Stage | None = None,
     ranked: Ranked | None = None,
 ) -> StoredSteps:
-    """The step rows of ``run_dirs`` for the analysis, as the store opens their frames
-    (:func:`workbench.store.digests.serve.open_frames`: from the runs' digests, those missing
-    built first unless ``build`` is False, else from the rows). The result's ``source`` is
-    ``"digests"`` or ``"rows"``; ``note`` says why the rows were read. ``stage``, ``ranked``:
-    told as the digests are built (a progress bar's)."""
-    runs = [Path(p) for p in run_dirs]
-    frames, source, note = serve.open_frames(
-        runs, digest_frames, detected_warmup, evals, build, stage, ranked
-    )
-    steps = StoredSteps(runs, evals, frames=frames, source=source)
-    steps.note = note
-    return steps
+    """The step rows of ``run_dirs`` for the analysis: the frames the store opens with
+    :data:`RULES` (:func:`workbench.store.digests.serve.open_frames`: from the runs' digests,
+    those missing built first unless ``build`` is False, else from the rows) as
+    :class:`StoredSteps`. Its ``source`` is ``"digests"`` or ``"rows"``; ``note`` says why the
+    rows were read. ``stage``, ``ranked``: told as the digests are built (a progress bar's)."""
+    return StoredSteps(serve.open_frames(run_dirs, RULES, evals, build, stage, ranked))

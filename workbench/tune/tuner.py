@@ -1,11 +1,13 @@
 """``tune(run)``: try what the run's diagnosis calls for, predicted first, then measured.
 
-From a completed run: its diagnosis and the candidates it calls for
-(:mod:`workbench.analysis.advice.candidates`, the list the finding's advice is written from),
-asked of the analysis in one call (:func:`~workbench.analysis.advice.base_plan.base_plan`), each
-predicted by the scaling model; those whose predicted gain is below the noise
-(:data:`~workbench.analysis.advice.candidates.NOISE`), or that a script run's instrumentation cannot
-apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
+From a completed run: its frames, asked of the store (its row, and its step frames from its
+digest or its rows, as :func:`~workbench.store.digests.serve.open_frames` decides), then its
+diagnosis and the candidates it calls for (:mod:`workbench.analysis.advice.candidates`, the list
+the finding's advice is written from), asked of the analysis with those frames in one call
+(:func:`~workbench.analysis.advice.base_plan.base_plan`), each predicted by the scaling
+model; those whose predicted gain is below the noise
+(:data:`~workbench.analysis.advice.candidates.NOISE`), or that a script run's instrumentation
+cannot apply, are skipped and said so. The rest, highest prediction first, are run short (the base's
 config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
 (base then candidate, then candidate then base, ...), each run's throughput taken at its faster
 steps (:func:`~workbench.tune.measure.step_throughput`), and the gain's interval
@@ -18,7 +20,9 @@ Where the candidates hold the larger batch and nothing measured what of the comp
 a probe of four short runs first measures that (:mod:`workbench.tune.probe`), when the budget
 leaves room for it beside one candidate; the candidates are then predicted and ranked again with
 that split. It runs even where every prediction is under the noise: assuming all of the compute
-grows with the batch gives the least a larger batch can gain.
+grows with the batch gives the least a larger batch can gain. The short runs and the probe are
+the tune's own measurement: it reads them itself (:mod:`workbench.tune.measure`,
+:mod:`workbench.tune.probe`).
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ from workbench.analysis.advice.candidates import (
     predicted_gain,
     prediction_order,
 )
-from workbench.analysis.run_digests import open_steps
+from workbench.analysis.run_digests import RULES
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError, TuneError
 from workbench.run.backends.pool import warm_pool
+from workbench.store.digests.serve import open_frames
 from workbench.store.files import read_json, write_json
 from workbench.store.load import load_runs, load_traces
 from workbench.store.tunes import TUNE_FILE
@@ -289,10 +294,11 @@ def _load_base(
     runs = load_runs(path.parent.parent, [path.parent.name])
     runs = runs[runs["run_id"] == run_id]
     evals = load_traces([path], "eval")
-    # The run has ended: its digest (built here once if it has none) serves the plan.
-    with open_steps([path], evals if len(evals) else None) as steps:
+    # The store's frames of the run, from its digest (built here once if it has none, with the
+    # analysis's rules) or its rows, the store decides; then the analysis's plan, in one call.
+    with open_frames([path], RULES, evals if len(evals) else None) as frames:
         plan = base_plan(
-            runs, steps, config.to_dict(), config.is_script, changes, MIN_MEASURED_STEPS
+            runs, frames, config.to_dict(), config.is_script, changes, MIN_MEASURED_STEPS
         )
     measured = int(plan.diagnosis.get("measured_steps", 0))
     if measured < MIN_MEASURED_STEPS:

@@ -1,5 +1,6 @@
 """Where a tune starts, in one call: everything ``workbench tune`` needs from its base run's frames
-(:func:`base_plan`): the run's diagnosis, the scaling model's inputs, and the candidates the
+(:func:`base_plan`, given the frames the store opened: the run's row and its step frames, from its
+digest or its rows): the run's diagnosis, the scaling model's inputs, and the candidates the
 diagnosis calls for (:func:`~workbench.analysis.advice.candidates.candidates_for`) or those asked
 for, each marked when it changes the training's mathematics. The tune's own measurement (its
 short runs, their throughput and the gain's interval) is :mod:`workbench.tune.measure`'s. Pure
@@ -17,6 +18,7 @@ import pandas as pd
 from workbench.analysis.advice.candidates import SAID, Candidate, ModelInputs, candidates_for
 from workbench.analysis.advice.diagnosis import model_inputs, run_diagnosis
 from workbench.analysis.measured.stored import StoredSteps
+from workbench.store.digests.step_frames import StepFrames
 
 #: Fields whose change alters what the training computes (batch, accumulation, compression).
 MATH_FIELDS = ("per_device_batch_size", "global_batch_size", "gradient_accumulation_steps")
@@ -37,18 +39,21 @@ class BasePlan:
 
 def base_plan(
     runs: pd.DataFrame,
-    steps: pd.DataFrame | StoredSteps,
+    steps: pd.DataFrame | StoredSteps | StepFrames,
     config: Mapping[str, Any],
     script: bool = False,
     changes: Sequence[Mapping[str, Any]] | None = None,
     min_steps: int = 1,
 ) -> BasePlan:
     """The tune's start from one run's frames (``runs``: its row; ``steps``: its step rows,
-    a frame or stored; ``config``: its RunConfig as a dict, ``script``: whether it runs a
-    user's script): its diagnosis and the model's inputs, and the candidates its cause calls
+    a frame, or stored: the frames the store opened for it, which the caller closes;
+    ``config``: its RunConfig as a dict, ``script``: whether it runs a user's script): its
+    diagnosis and the model's inputs, and the candidates its cause calls
     for, or ``changes`` where given (each a RunConfig change, kept in the words of the
     communication-bound list where that list knows it). The model's inputs need ``min_steps``
     measured steps (None with fewer)."""
+    if isinstance(steps, StepFrames):
+        steps = StoredSteps(steps)
     if steps.empty:
         return BasePlan({"measured_steps": 0}, None, [])
     diagnosis = run_diagnosis(runs, steps)

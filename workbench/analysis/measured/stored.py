@@ -1,62 +1,45 @@
 """Step rows left in the store: what the analysis takes in place of a ``steps`` frame when a sweep
 is too large for pandas.
 
-:class:`StoredSteps` wraps the engine's digest of the runs' step rows
-(:class:`workbench.store.digests.query.StepDigest`, the warm-up rule of
-:func:`workbench.analysis.measured.warmup.detected_warmup` applied in it) and hands out its small
-frames, each computed once. The report's entry points (the run and scaling tables, the phase
-breakdown, communication, memory, the network fit and the scaling model, the finding, the
-figures' data) accept it wherever they accept ``steps``, and give the same columns and values as
-with ``load_traces`` of the same runs (``tests/test_stored_oracle.py``). No torch.
+:class:`StoredSteps` wraps the frames the store hands out for some runs
+(:class:`workbench.store.digests.step_frames.StepFrames`: read from the runs' digests, or passes
+over their rows in the engine; the store says which) and hands out their small frames, each
+computed once; it never opens or builds a digest, nor reads a row, itself. The report's entry
+points (the run and scaling tables, the phase breakdown, communication, memory, the network fit
+and the scaling model, the finding, the figures' data) accept it wherever they accept ``steps``,
+and give the same columns and values as with ``load_traces`` of the same runs
+(``tests/test_stored_oracle.py``). No torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Sequence
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from workbench.analysis.measured.rank_cells import HEATMAP_BINS
-from workbench.analysis.measured.warmup import detected_warmup
 from workbench.schema import STEP_COLUMNS
-from workbench.store.digests.on_disk import DigestFrames
-from workbench.store.digests.query import StepDigest
 from workbench.store.digests.step_frames import StepFrames
 from workbench.store.measured_query import KnownSteps
 from workbench.store.window_query import WindowParts
 
 
 class StoredSteps:
-    """The step rows of ``run_dirs`` (run folders), aggregated in the engine on request.
-
-    ``evals``: the runs' evaluation rows (small: one per rank and evaluation), for the time
-    each rank spends evaluating after a step. ``frames`` and ``source``: the frames the store
-    opened and where they came from (:func:`workbench.analysis.run_digests.open_steps`); without
-    them, the rows through the engine. ``columns`` lists the schema's step columns so
-    that the checks of frame inputs pass; there are no rows to index. Close it (or use it as a
-    context manager) to free the engine."""
+    """The step rows of some runs, as ``frames``: what the store opened for them
+    (:func:`workbench.store.digests.serve.open_frames`, from their digests or their rows;
+    :class:`workbench.store.digests.query.StepDigest`, the rows through the engine, with the
+    runs' evaluation rows for the time each rank spends evaluating after a step). ``columns``
+    lists the schema's step columns so that the checks of frame inputs pass; there are no rows
+    to index. Closing it (or leaving it as a context manager) closes the frames."""
 
     columns = pd.Index(list(STEP_COLUMNS))
 
-    def __init__(
-        self,
-        run_dirs: Iterable[str | Path],
-        evals: pd.DataFrame | None = None,
-        frames: StepFrames | None = None,
-        source: str = "rows",
-    ) -> None:
-        self.run_dirs = [Path(p) for p in run_dirs]
-        #: The frames, as the store opened them (``frames``, see
-        #: :func:`workbench.analysis.run_digests.open_steps`), or the engine over the rows.
-        self.digest: StepFrames = frames or StepDigest(self.run_dirs, detected_warmup, evals)
-        #: Where the frames came from, as the store said: ``"digests"`` or ``"rows"``.
-        self.source = source
-        #: Why the rows were read where digests could not serve (``open_steps`` says).
-        self.note = ""
+    def __init__(self, frames: StepFrames) -> None:
+        #: The frames, as the store opened them.
+        self.digest = frames
+        self.run_dirs = frames.run_dirs
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
         #: :func:`workbench.analysis.measured.windows.measured_window` by the evaluations it
         #: was given.
@@ -66,26 +49,25 @@ class StoredSteps:
         self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
-        #: The per-rank pass and DDP's timers' pass under way in a thread (:meth:`start_passes`).
-        self._passes: Future[tuple[pd.DataFrame, dict[str, pd.DataFrame]]] | None = None
+
+    @property
+    def source(self) -> str:
+        """Where the frames came from, as the store says: ``"digests"`` or ``"rows"``."""
+        return self.digest.source
+
+    @property
+    def note(self) -> str:
+        """Why the rows were read where the runs' digests could not serve (empty otherwise)."""
+        return self.digest.note
 
     def start_passes(self) -> None:
-        """Start the engine's per-rank pass and DDP's sampled timers' pass in a thread, on the
-        digest's connection, so that the straggler pass (which reads the rows through
-        connections of its own, and takes the per-step pass's :attr:`known`) runs beside them:
-        the engine and NumPy release the GIL, and each alone keeps two cores busy only part
-        of the time. :attr:`per_rank` and the timers' frames wait for them; nothing else may
-        use the digest's connection before. Nothing is started for frames read from digests."""
-        digest = self.digest
-        if self._passes is None and isinstance(digest, StepDigest):
-            pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-engine")
-            self._passes = pool.submit(lambda: (digest.per_rank(), digest.comm_frames()))
-            pool.shutdown(wait=False)
+        """Start the passes over the rows that :attr:`per_rank` and DDP's timers' frames need,
+        beside the straggler pass (:meth:`StepFrames.start_passes`: in a thread, on the
+        engine's connection, where the frames come from the rows; nothing for digests)."""
+        self.digest.start_passes()
 
     def close(self) -> None:
         """Free the engine (once the passes under way have ended)."""
-        if self._passes is not None:
-            wait([self._passes])
         self.digest.close()
 
     def __enter__(self) -> StoredSteps:
@@ -112,8 +94,6 @@ class StoredSteps:
     @cached_property
     def per_rank(self) -> pd.DataFrame:
         """:meth:`StepDigest.per_rank`."""
-        if self._passes is not None:
-            return self._passes.result()[0]
         return self.digest.per_rank()
 
     @cached_property
@@ -148,11 +128,6 @@ class StoredSteps:
     def _comm(self) -> dict[str, pd.DataFrame]:
         """DDP's sampled timers as the analysis reads them (:mod:`comm_samples`): from the
         runs' digests, or computed in the engine from the measured rows where a timer ran."""
-        if isinstance(self.digest, DigestFrames):
-            return self.digest.comm
-        assert isinstance(self.digest, StepDigest)
-        if self._passes is not None:
-            return self._passes.result()[1]
         return self.digest.comm_frames()
 
     @property
@@ -177,10 +152,7 @@ class StoredSteps:
 
     def backward_of(self, run_ids: Sequence[object]) -> pd.DataFrame:
         """:attr:`backward_rows` of ``run_ids``."""
-        if isinstance(self.digest, DigestFrames):
-            return self.digest.backward_of([str(r) for r in run_ids])
-        b = self._comm["backward_rows"]
-        return b[b["run_id"].isin([str(r) for r in run_ids])]
+        return self.digest.backward_of([str(r) for r in run_ids])
 
     def median(
         self, column: str, run_ids: Sequence[object], min_world_size: int | None = None
@@ -261,7 +233,7 @@ class StoredSteps:
     def digested_stragglers(self) -> pd.DataFrame | None:
         """The stragglers the runs' digests hold (the rule with its defaults), or None when
         the frames come from the rows."""
-        return self.digest.stragglers if isinstance(self.digest, DigestFrames) else None
+        return self.digest.stragglers
 
 
 def is_stored(steps: object) -> bool:

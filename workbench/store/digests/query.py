@@ -14,6 +14,7 @@ analysis composes them into its tables (``workbench.analysis.measured.stored``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,8 @@ class StepDigest(StepFrames):
     request. ``evals``: the runs' evaluation rows, for the evaluations after each step. Close it
     (or use it as a context manager) to free the engine."""
 
+    source = "rows"
+
     def __init__(
         self,
         run_dirs: Iterable[str | Path],
@@ -96,9 +99,26 @@ class StepDigest(StepFrames):
         self._evals = evals
         #: :meth:`per_rank`'s counts of gradient bytes and buckets (for :meth:`byte_counts`).
         self._byte_groups: pd.DataFrame | None = None
+        #: The per-rank pass and DDP's timers' pass under way in a thread (:meth:`start_passes`).
+        self._passes: Future[tuple[pd.DataFrame, dict[str, pd.DataFrame]]] | None = None
+        self._comm: dict[str, pd.DataFrame] | None = None
+
+    def start_passes(self) -> None:
+        """Start the per-rank pass and DDP's sampled timers' pass in a thread, on this digest's
+        connection, so that the straggler pass (which reads the rows through connections of its
+        own, and takes the per-step pass's :meth:`known`) runs beside them: the engine and NumPy
+        release the GIL, and each alone keeps two cores busy only part of the time.
+        :meth:`per_rank` and :meth:`comm_frames` wait for them; nothing else may use the
+        connection before."""
+        if self._passes is None:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-engine")
+            self._passes = pool.submit(lambda: (self._per_rank(), self._comm_frames()))
+            pool.shutdown(wait=False)
 
     def close(self) -> None:
-        """Free the engine's connection."""
+        """Free the engine's connection (once the passes under way have ended)."""
+        if self._passes is not None:
+            wait([self._passes])
         self.con.close()
 
     def _df(self, sql: str, params: dict[str, object] | None = None) -> pd.DataFrame:
@@ -170,6 +190,20 @@ class StepDigest(StepFrames):
         )
 
     def per_rank(self) -> pd.DataFrame:
+        """:meth:`_per_rank`, the pass started by :meth:`start_passes` where it was."""
+        if self._passes is not None:
+            return self._passes.result()[0]
+        return self._per_rank()
+
+    def comm_frames(self) -> dict[str, pd.DataFrame]:
+        """:meth:`_comm_frames`, computed once (by :meth:`start_passes` where it ran)."""
+        if self._passes is not None:
+            return self._passes.result()[1]
+        if self._comm is None:
+            self._comm = self._comm_frames()
+        return self._comm
+
+    def _per_rank(self) -> pd.DataFrame:
         """Per run and rank: over the measured rows ``measured_steps`` (rows), ``world_size``
         (largest), ``host`` (the first traced), for each of ``attempts.MOMENTS`` the mean and
         ``<name>_std`` (ddof 1), for each of ``attempts.MEANS`` the mean (missing values left
@@ -197,7 +231,7 @@ class StepDigest(StepFrames):
         merged = every.merge(measured, on=["run_id", "rank"], how="left")
         return merged.fillna({"measured_steps": 0})
 
-    def comm_frames(self) -> dict[str, pd.DataFrame]:
+    def _comm_frames(self) -> dict[str, pd.DataFrame]:
         """DDP's sampled timers as the analysis reads them, computed in the engine (the SQL of
         :mod:`workbench.analysis.measured.comm_samples`' three frames, whose docstrings define
         them): ``comm_steps`` a row per run, attempt and sampled step, ``comm_ranks`` a row per run

@@ -7,7 +7,8 @@ over the rows of the runs that have ended, once for them all, and keeps each run
 (:mod:`workbench.store.digests.on_disk`). :func:`open_frames` hands the frames of several runs
 out: from their digests where every run has one or can get one (it builds those missing, as the
 first reader), from the rows through the engine otherwise (a run still running), and says
-which. No torch.
+which (the frames' ``source`` and ``note``). The analysis hands both its rules in one value,
+:class:`Rules`. No torch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +50,16 @@ Passes = Callable[
 ]
 #: The analysis's warm-up rule, as :class:`StepDigest` takes it.
 Warmup = Callable[[pd.DataFrame], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the analysis hands the store to build and read run digests: its ``passes`` (the
+    frames a digest keeps) and its ``warmup`` rule (for reading the rows where no digest
+    serves): :data:`workbench.analysis.run_digests.RULES`."""
+
+    passes: Passes
+    warmup: Warmup
 
 
 def build(
@@ -87,25 +99,26 @@ def build_at_end(run_dir: str | Path, passes: Passes) -> bool:
 
 def open_frames(
     run_dirs: Iterable[str | Path],
-    passes: Passes,
-    warmup: Warmup,
+    rules: Rules,
     evals: pd.DataFrame | None = None,
     build_missing: bool = True,
     stage: Stage | None = None,
     ranked: Ranked | None = None,
-) -> tuple[StepFrames, str, str]:
-    """The frames of ``run_dirs``, where they come from (``"digests"`` or ``"rows"``) and why
-    the rows were read (empty from digests): from the runs' digests when every run has a valid
-    one (those missing or stale are built first with ``passes``, together, unless
-    ``build_missing`` is False), else from the rows through the engine with ``warmup``. Where a
-    run is still running, nothing is built: its rows are read anyway. ``stage``, ``ranked``:
-    told as the digests are built (a progress bar's)."""
+) -> StepFrames:
+    """The frames of ``run_dirs``: from the runs' digests when every run has a valid one (those
+    missing or stale are built first with the ``rules``' passes, together, unless
+    ``build_missing`` is False), else from the rows through the engine with the ``rules``'
+    warm-up. Where a run is still running, nothing is built: its rows are read anyway. The
+    frames' ``source`` says which (``"digests"`` or ``"rows"``), their ``note`` why the rows
+    were read (empty from digests). ``evals``: the runs' evaluation rows. ``stage``,
+    ``ranked``: told as the digests are built (a progress bar's). Close the frames (or use
+    them as a context manager) to free the engine."""
     runs = [Path(p) for p in run_dirs]
     found = {run: read_digest(run) for run in runs}
     states = {run: digest_state(run) for run, d in found.items() if d is None}
     todo = [r for r, state in states.items() if state in ("missing", "stale")]
     if build_missing and todo and "running" not in states.values():
-        built = build(todo, passes, evals, stage, ranked)  # used whether or not kept
+        built = build(todo, rules.passes, evals, stage, ranked)  # used whether or not kept
         found.update({run: built.get(run.name) for run in todo})
     note = ""
     for run, digest in found.items():
@@ -114,9 +127,23 @@ def open_frames(
             note = f"read from the step rows: run {run.name} {_WHY.get(state, state)}"
             break
     if note or not runs:
-        return StepDigest(runs, warmup, evals), "rows", note
+        return open_rows(runs, rules, evals, note)
     digests = [found[run] for run in runs]
-    return DigestFrames(runs, [d for d in digests if d is not None], evals), "digests", note
+    return DigestFrames(runs, [d for d in digests if d is not None], evals)
+
+
+def open_rows(
+    run_dirs: Iterable[str | Path],
+    rules: Rules,
+    evals: pd.DataFrame | None = None,
+    note: str = "",
+) -> StepFrames:
+    """The frames of ``run_dirs`` from their step rows, through the engine with the ``rules``'
+    warm-up, no digest read or built: what a digest's passes read, and the reference a digest
+    is checked against. ``note``: why the rows are read (the frames' ``note``)."""
+    frames = StepDigest(run_dirs, rules.warmup, evals)
+    frames.note = note
+    return frames
 
 
 _WHY = {

@@ -19,7 +19,12 @@ class StepFrames:
     """The frames that follow from :attr:`per_step` (per run, attempt and step), :attr:`cut`
     (the warm-up rule's answer), ``attempt_hosts`` and the per-rank pass's gradient byte groups.
     Subclasses set those and give :meth:`per_rank`, :meth:`median` and
-    :meth:`binned`."""
+    :meth:`binned`.
+
+    Whether the frames were kept (a run digest's) or are computed from the step rows is theirs
+    to know: :attr:`source` says which, :attr:`note` why the rows were read, and the
+    digest-or-rows choices (passes started in a thread, DDP's timers computed or kept, the
+    stragglers kept) are methods here, so that a reader of the frames asks nothing else."""
 
     run_dirs: list[Path]
     per_step: pd.DataFrame
@@ -27,9 +32,37 @@ class StepFrames:
     attempt_hosts: pd.DataFrame
     _evals: pd.DataFrame | None
     _byte_groups: pd.DataFrame | None
+    #: Where the frames come from: ``"digests"``, frames kept by the runs' digests (read as
+    #: they are), or ``"rows"``, the passes over the step rows in the engine
+    #: (:class:`workbench.store.digests.query.StepDigest` says so).
+    source: str = "digests"
+    #: Why the rows were read where the runs' digests could not serve (a run still running,
+    #: one without a digest); empty otherwise (:func:`workbench.store.digests.serve.open_frames`).
+    note: str = ""
+    #: The stragglers the runs' digests hold (the rule with its defaults); None where the
+    #: frames come from the rows, and the straggler pass reads them.
+    stragglers: pd.DataFrame | None = None
+    #: DDP's sampled timers as kept (``comm_steps``, ``comm_ranks``), where they are.
+    comm: dict[str, pd.DataFrame]
 
     def close(self) -> None:
         """Free what the frames hold open (nothing here)."""
+
+    def start_passes(self) -> None:
+        """Start the passes over the rows that a reader will want, where there are rows to pass
+        over (nothing to start for kept frames)."""
+
+    def comm_frames(self) -> dict[str, pd.DataFrame]:
+        """DDP's sampled timers as the analysis reads them
+        (:mod:`workbench.analysis.measured.comm_samples`): ``comm_steps``, ``comm_ranks`` and,
+        where not kept apart, ``backward_rows``."""
+        return self.comm
+
+    def backward_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """The backward timer's values (``backward_rows`` of :meth:`comm_frames`) of
+        ``run_ids``."""
+        b = self.comm_frames()["backward_rows"]
+        return b[b["run_id"].isin([str(r) for r in run_ids])]
 
     def __enter__(self) -> StepFrames:
         return self
