@@ -29,14 +29,13 @@ from workbench.analysis.advice.candidates import (
 )
 from workbench.analysis.advice.diagnosis import _hook_times, model_inputs
 from workbench.analysis.advice.finding import findings
-from workbench.analysis.model.batch_cost import fit_batch_cost
 from workbench.analysis.model.network import NetworkModel
 from workbench.analysis.model.scaling_model import Base
 from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.tune import TuneError, tune
 from workbench.tune.measure import paired_gain, step_throughput, t975, verdict
-from workbench.tune.probe import PROBED
+from workbench.tune.probe import PROBED, probe_split
 from workbench.tune.render import report_text, sweep_yaml
 from workbench.tune.tuner import _predict
 
@@ -232,9 +231,20 @@ def test_a_timed_hook_is_predicted_from_its_time_not_its_bytes() -> None:
     assert as_measured(plan["comm_hook bf16"], inputs).partial == HOOK_COST
 
 
+def test_the_probes_split_is_the_line_through_its_two_points() -> None:
+    # 38 ms of compute a step at 8 samples, 62 ms at 32: 24 ms for 24 more samples, 1 ms a
+    # sample; 38 - 8 x 1 = 30 ms a step; at the base's 8 samples 30 / 38 of it stays
+    cost = probe_split((8, 32), (38e-3, 62e-3), (8, 32), 1)
+    assert cost is not None and cost.how == PROBED and cost.batches == (8, 32)
+    assert cost.per_sample_s == pytest.approx(1e-3) and cost.per_step_s == pytest.approx(30e-3)
+    assert cost.per_step_share(8) == pytest.approx(30 / 38)
+    assert probe_split((8, 8), (38e-3, 39e-3), (8, 8), 1) is None  # one batch: no line
+    assert probe_split((8, 32), (38e-3, math.nan), (8, 32), 1) is None
+
+
 def test_a_compute_that_did_not_grow_with_the_batch_is_all_per_step() -> None:
     # the probe's two points: 1.0 ms of compute a step at 32, 0.95 ms at 128 (its noise)
-    cost = fit_batch_cost([32, 128], [1.0e-3, 0.95e-3], (32, 128), 2, PROBED)
+    cost = probe_split((32, 128), (1.0e-3, 0.95e-3), (32, 128), 2)
     assert cost is not None and cost.per_sample_s == 0.0
     assert cost.per_step_s == pytest.approx(0.975e-3) and cost.per_step_share(32) == 1.0
     assert cost.words().startswith("with all of its compute a step (975 us), none a sample")

@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.advice.candidates import NOISE
-from workbench.analysis.measured.windows import measured_steps
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces
@@ -89,14 +88,27 @@ def verdict(gain: float, low: float, high: float, noise: float = NOISE) -> str:
     return "same"
 
 
+def short_run_rows(steps: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A short run's measured rows: those after the warm-up the tune gave it (traced as
+    ``warmup``: :data:`SHORT_WARMUP` steps, or a script's own), with ``rank``, ``step`` and
+    those of ``columns`` it has. A short run has one attempt, no evaluation and no checkpoint:
+    nothing else stands between its steps. A slow step after the warm-up (a forked worker's
+    first, a descheduled rank's) stays in: the tune reads its runs at their faster steps
+    (:data:`STEP_QUANTILE`), which such a step does not move; the analysis's detected warm-up
+    (``workbench.analysis.measured.warmup``), made for a window's mean, is not needed here."""
+    keep = [c for c in dict.fromkeys(["rank", "step", *columns]) if c in steps.columns]
+    traced = steps["warmup"].fillna(False).astype(bool).to_numpy()
+    return steps.loc[~traced, keep]
+
+
 def step_throughput(steps: pd.DataFrame, quantile: float = STEP_QUANTILE) -> float:
-    """One run's samples per second at its faster steps: the samples of a step (all ranks,
-    median over measured steps) over the ``quantile`` of the wall times from one measured step's
-    start to the next (every rank's). Load on a shared host only ever slows a step: it moves
-    the window's mean (``samples_per_s``) by tens of percent, a low quantile of the step times
-    much less (as timing tools take the fastest of their repeats). NaN with fewer than two
-    measured steps."""
-    m = measured_steps(steps, ["t_start_s", "samples"])
+    """One short run's samples per second at its faster steps: the samples of a step (all
+    ranks, median over measured steps: :func:`short_run_rows`) over the ``quantile`` of the
+    wall times from one measured step's start to the next (every rank's). Load on a shared host
+    only ever slows a step: it moves the window's mean (``samples_per_s``) by tens of percent,
+    a low quantile of the step times much less (as timing tools take the fastest of their
+    repeats). NaN with fewer than two measured steps."""
+    m = short_run_rows(steps, ["t_start_s", "samples"])
     if m["step"].nunique() < 2:
         return float("nan")
     wall = m.sort_values("step").groupby("rank")["t_start_s"].diff().dropna()

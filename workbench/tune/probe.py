@@ -1,13 +1,15 @@
 """A tune's batch probe: what of the base's compute grows with the batch, measured where nothing
-fitted it (:mod:`workbench.analysis.model.batch_cost`). Short runs at the base's per-device batch
-and the candidate's; each one's compute a step (forward, backward's own compute,
-optimizer: :func:`~workbench.analysis.advice.losses.run_parts`) gives a point, and the line through
-the two splits the compute into a per-step and a per-sample part. Each batch runs twice, in turns
-(base, candidate, candidate, base), and each point is the less disturbed of its two runs, each
-run's compute taken at its faster steps (:func:`_compute_per_step`). The larger batch's gain is then
-predicted from that split instead of assuming all of the compute grows with it: on a small step,
-most of it is per-step cost (Python, kernel launches, the optimizer), so the assumption
-underestimates the gain several times over.
+fitted it (a study's runs at several batches: :mod:`workbench.analysis.model.batch_cost`). Short
+runs at the base's per-device batch and the candidate's; each one's compute a step (forward,
+backward's own compute, optimizer) gives a point, and the line through the two splits the
+compute into a per-step and a per-sample part (:func:`probe_split`). Each batch runs twice, in
+turns (base, candidate, candidate, base), and each point is the less disturbed of its two runs,
+each run's compute taken at its faster steps (:func:`_compute_per_step`). The larger batch's
+gain is then predicted from that split instead of assuming all of the compute grows with it: on
+a small step, most of it is per-step cost (Python, kernel launches, the optimizer), so the
+assumption underestimates the gain several times over. The probe is the tune's own measurement:
+its runs, its points and its line; the split is kept as the analysis's
+:class:`~workbench.analysis.model.batch_cost.BatchCost`, which the finding's study fit gives too.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.advice.candidates import Candidate, ModelInputs
-from workbench.analysis.measured.windows import measured_steps
-from workbench.analysis.model.batch_cost import BatchCost, fit_batch_cost
+from workbench.analysis.model.batch_cost import BatchCost
 from workbench.config.run_config import RunConfig
 from workbench.run.launch import launch
 from workbench.store.load import load_traces
-from workbench.tune.measure import SHORT_WARMUP, STEP_QUANTILE, short_config
+from workbench.tune.measure import SHORT_WARMUP, STEP_QUANTILE, short_config, short_run_rows
 
 #: Measured steps of each probe run (after :data:`SHORT_WARMUP`).
 PROBE_STEPS = 20
@@ -107,8 +108,32 @@ def probe_batch_cost(
     ]
     if not all(math.isfinite(c) for c in points):
         return None
-    samples = [base * accumulation, batch * accumulation]
-    return fit_batch_cost(samples, points, (base, batch), int(config.processes), PROBED)
+    samples = (base * accumulation, batch * accumulation)
+    return probe_split(samples, (points[0], points[1]), (base, batch), int(config.processes))
+
+
+def probe_split(
+    samples: tuple[float, float],
+    compute: tuple[float, float],
+    batches: tuple[int, int],
+    world_size: int,
+) -> BatchCost | None:
+    """The probe's split from its two points (``samples`` a rank computes a step at the base's
+    batch and at the candidate's, and the ``compute`` seconds a step measured at each): the
+    line through them, ``per_sample_s`` its slope and ``per_step_s`` what is left at no
+    sample. Where the compute did not grow with the samples (the larger batch measured within
+    its noise), all of it is per-step: the two points' mean (as a study's fit takes it,
+    :func:`workbench.analysis.model.batch_cost.fit_batch_cost`). ``None`` for one sample
+    count or a compute not measured."""
+    (s0, s1), (c0, c1) = samples, compute
+    if s0 == s1 or not (math.isfinite(c0) and math.isfinite(c1)):
+        return None
+    per_sample = (c1 - c0) / (s1 - s0)
+    if not per_sample > 0:
+        per_sample, per_step = 0.0, (c0 + c1) / 2
+    else:
+        per_step = c0 - per_sample * s0
+    return BatchCost(max(per_step, 0.0), per_sample, tuple(batches), world_size, PROBED)
 
 
 def _compute_per_step(path: Path) -> float:
@@ -118,7 +143,7 @@ def _compute_per_step(path: Path) -> float:
     the faster steps, as the tune measures throughput: a rank descheduled for a step on a shared
     host moves a mean by milliseconds, a low quantile much less."""
     columns = ["forward_s", "backward_s", "optimizer_s", "backward_compute_s", "comm_exposed_s"]
-    m = measured_steps(load_traces([path], "steps"), columns)
+    m = short_run_rows(load_traces([path], "steps"), columns)
     if m.empty:
         return float("nan")
     exposed = m.get("comm_exposed_s", pd.Series(0.0, index=m.index)).fillna(0.0)

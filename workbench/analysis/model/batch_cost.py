@@ -28,7 +28,8 @@ class BatchCost:
     per_sample_s: float
     batches: tuple[int, ...]
     world_size: int
-    #: How the points were got: ``fitted on`` a study's runs, or a tune's probe (``tune/probe.py``).
+    #: How the points were got: ``fitted on`` a study's runs (:func:`batch_cost`), or a tune's
+    #: probe (``workbench.tune.probe.probe_split``: the line through its two points).
     how: str = "fitted on"
 
     def per_step_share(self, samples: float) -> float:
