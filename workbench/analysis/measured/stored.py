@@ -37,6 +37,12 @@ class StoredSteps:
     columns = pd.Index(list(STEP_COLUMNS))
 
     def __init__(self, frames: StepFrames) -> None:
+        if not isinstance(frames, StepFrames):
+            raise TypeError(
+                "StoredSteps takes the frames the store opened for some runs "
+                "(workbench.store.digests.serve.open_frames, or open_rows for their rows), "
+                f"not {type(frames).__name__}"
+            )
         #: The frames, as the store opened them.
         self.digest = frames
         self.run_dirs = frames.run_dirs
