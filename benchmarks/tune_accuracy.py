@@ -143,8 +143,7 @@ def _folded(path: Path, inputs: Any, batch_cost: dict[str, Any]) -> Any:
         inputs = dataclasses.replace(inputs, network=network)
     if batch_cost:
         cost = BatchCost(**{**batch_cost, "batches": tuple(batch_cost["batches"])})
-        samples = inputs.per_device_batch_size * inputs.gradient_accumulation_steps
-        inputs = dataclasses.replace(inputs, per_step_share=cost.per_step_share(samples))
+        inputs = dataclasses.replace(inputs, batch_cost=cost)
     return inputs
 
 

@@ -249,7 +249,7 @@ def test_a_compute_that_did_not_grow_with_the_batch_is_all_per_step() -> None:
     assert cost.per_step_s == pytest.approx(0.975e-3) and cost.per_step_share(32) == 1.0
     assert cost.words().startswith("with all of its compute a step (975 us), none a sample")
     # all of the 6 ms compute stays for 4x the samples: 4 x 64 in 10 ms against 64 in 10 ms
-    inputs = dataclasses.replace(_inputs(), per_step_share=cost.per_step_share(32))
+    inputs = dataclasses.replace(_inputs(), batch_cost=cost)  # at the base's 32 samples
     assert predicted_gain({"per_device_batch_size": 128}, inputs)[0] == pytest.approx(3.0)
 
 

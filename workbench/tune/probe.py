@@ -58,10 +58,7 @@ def with_batch_probe(
     spent = time.monotonic() - started
     if cost is None:
         return inputs, {}, spent
-    samples = inputs.per_device_batch_size * inputs.gradient_accumulation_steps
-    share = cost.per_step_share(samples)
-    probed = dataclasses.replace(inputs, per_step_share=share, batch_split=cost.words())
-    return probed, dataclasses.asdict(cost), spent
+    return dataclasses.replace(inputs, batch_cost=cost), dataclasses.asdict(cost), spent
 
 
 def batch_to_probe(plan: Sequence[Candidate], config: RunConfig, inputs: ModelInputs) -> int:

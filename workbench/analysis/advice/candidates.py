@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.analysis.model.batch_cost import BatchCost
 from workbench.analysis.model.network import NetworkModel, ring_allreduce_time
 from workbench.analysis.model.scaling_model import Base, model_arrays
 
@@ -201,13 +202,26 @@ class ModelInputs:
     bucket_cap_mb: float = 25.0
     per_device_batch_size: int = 1
     gradient_accumulation_steps: int = 1
-    #: The share of the compute that does not grow with the batch (0: all of it grows, the
-    #: assumption where nothing measured it), and how it was measured (words; "" assumed).
-    per_step_share: float = 0.0
-    batch_split: str = ""
+    #: What of the compute grows with the batch, where something measured it (a study's fit,
+    #: a tune's probe); None: all of it, the assumption.
+    batch_cost: BatchCost | None = None
     #: Seconds per step of each comm hook on the base's own buckets, measured by its network
     #: micro-benchmark (``network.hooks``: compressing included); empty where not measured.
     hook_time_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def per_step_share(self) -> float:
+        """The share of the base's compute that does not grow with the batch, at its samples a
+        rank a step (0 where nothing measured it: all of it grows)."""
+        if self.batch_cost is None:
+            return 0.0
+        samples = self.per_device_batch_size * self.gradient_accumulation_steps
+        return self.batch_cost.per_step_share(samples)
+
+    @property
+    def batch_split(self) -> str:
+        """How the split was measured, in words (empty where it is assumed)."""
+        return "" if self.batch_cost is None else self.batch_cost.words()
 
     def hook_factor(self, hook: str) -> float:
         """How many times the plain allreduce's time ``hook`` took on the base's buckets (NaN:

@@ -156,9 +156,7 @@ def _changes(
         inputs, sampled = inputs_of(steps, runs, top, config, *spans)
         cost = batch_cost(every_run, parts, top, keys)
         if cost is not None:
-            samples = inputs.per_device_batch_size * inputs.gradient_accumulation_steps
-            fixed = cost.per_step_share(samples)
-            inputs = dataclasses.replace(inputs, per_step_share=fixed, batch_split=cost.words())
+            inputs = dataclasses.replace(inputs, batch_cost=cost)
     script = _is_script(every_run[every_run["run_id"].isin(top)])
     return ranked_changes(cause, share, config, inputs, sampled, script)
 
