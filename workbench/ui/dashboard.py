@@ -38,7 +38,7 @@ from workbench.ui.catalogue import (
     figure_spec,
 )
 from workbench.ui.finding_html import definition_toggle, finding_items
-from workbench.ui.plots import message_figure, split_definition
+from workbench.ui.plots import Figure, message_figure, split_definition
 from workbench.ui.tables import scaling_table_html
 from workbench.ui.what_if import WhatIf
 
@@ -65,33 +65,35 @@ TABLE_STYLE = (
 )
 
 
-def replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
-    """Show ``fig`` in ``widget`` in place: the same FigureWidget gets the new traces and layout.
+def replace_figure(widget: go.FigureWidget, fig: Figure | go.Figure) -> None:
+    """Show ``fig`` in ``widget`` in place: the same FigureWidget gets the new traces and layout
+    (validated once, by the widget).
 
     Assigning a layout only sends the new keys to the browser, so keys of the old layout are
     removed first (else a second subplot's axis or title would linger).
     """
+    spec = fig.spec if isinstance(fig, Figure) else fig.to_dict()
     widget.data = ()
     stale = [k for k in widget.layout.to_plotly_json() if k != "template"]
     if stale:
         widget.plotly_relayout({k: None for k in stale})
-    widget.add_traces(list(fig.data))
-    widget.layout = fig.layout
+    widget.add_traces(spec["data"])
+    widget.layout = spec["layout"]
 
 
-def lift_definition(fig: go.Figure) -> tuple[go.Figure, str]:
+def lift_definition(fig: Figure) -> tuple[Figure, str]:
     """``fig`` without its subtitle, and above it as HTML: the subtitle's notes as a caption and
     the figure's definition behind a toggle (in a FigureWidget the title is drawn over its
     subtitle, and a caption wraps at the cell's width)."""
     fig, definition = split_definition(fig)
-    text = fig.layout.title.subtitle.text
+    text = fig.value("title", "subtitle", "text")
     caption = ""
     if text:
         lines = text.count("<br>") + 1
-        above = 24 if fig.layout.annotations else 0
-        fig.update_layout(title_subtitle_text=None, margin_t=50 + above)
-        if fig.layout.height:
-            fig.update_layout(height=fig.layout.height - 14 * lines)
+        above = 24 if fig.value("annotations") else 0
+        fig.update_layout({"title": {"subtitle": {"text": None}}, "margin": {"t": 50 + above}})
+        if fig.value("height"):
+            fig.update_layout(height=fig.value("height") - 14 * lines)
         caption = f'<div style="{DEFINITION_STYLE}">{text.replace("<br>", " ")}</div>'
     return fig, caption + definition_toggle(definition)
 
@@ -163,7 +165,8 @@ class Dashboard(widgets.VBox):
         fig, table = self._build_or_explain()
         fig, definition = lift_definition(fig)
         self.definition = widgets.HTML(definition, layout=widgets.Layout(width="100%"))
-        self.figure = go.FigureWidget(data=fig.data, layout=fig.layout)
+        spec = fig.spec  # validated once, by the widget
+        self.figure = go.FigureWidget(data=spec["data"], layout=spec["layout"])
         self._show_text(table)
         picks = [self.figure_kind, self.focus_run, self.refresh_button]
         columns = widgets.HBox(
@@ -302,7 +305,7 @@ class Dashboard(widgets.VBox):
         self._fill_runs()
 
     # -- drawing
-    def _build_or_explain(self) -> tuple[go.Figure, FigureContext | None]:
+    def _build_or_explain(self) -> tuple[Figure, FigureContext | None]:
         self.focus_run.disabled = not figure_spec(self.figure_kind.value).one_run
         try:
             return self._draw()
@@ -352,7 +355,7 @@ class Dashboard(widgets.VBox):
             self._built = (key, ctx)
         return self._built[1]
 
-    def _draw(self) -> tuple[go.Figure, FigureContext | None]:
+    def _draw(self) -> tuple[Figure, FigureContext | None]:
         ctx = self._context()
         if ctx is None:
             return message_figure("No traced steps in the selected runs"), None
@@ -364,7 +367,7 @@ class Dashboard(widgets.VBox):
         fig.update_layout(autosize=True)  # the cell's width, not plotly's default 700 px
         return fig, ctx
 
-    def _speedup(self, ctx: FigureContext) -> go.Figure:
+    def _speedup(self, ctx: FigureContext) -> Figure:
         """The speedup figure without the groups whose only point is their own baseline (a
         speedup of 1 and 100 % by definition); the missing-baseline message when none is left."""
         if not len(ctx.table):
@@ -374,7 +377,7 @@ class Dashboard(widgets.VBox):
             return message_figure(NO_BASELINE)
         return draw("speedup", dataclasses.replace(ctx, table=rows))
 
-    def build(self) -> tuple[go.Figure, pd.DataFrame | None]:
+    def build(self) -> tuple[Figure, pd.DataFrame | None]:
         """The selected figure (from :data:`workbench.ui.catalogue.CATALOGUE`, or a message
         saying what the selection lacks) and the scaling table for the current controls."""
         fig, ctx = self._draw()

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
 from workbench.analysis.advice.finding import findings
 from workbench.analysis.measured.stored import StoredSteps, is_stored
@@ -40,7 +38,7 @@ from workbench.ui.catalogue import (
 )
 from workbench.ui.finding_html import definition_toggle, finding_items
 from workbench.ui.glossary import glossary_html
-from workbench.ui.plots import split_definition
+from workbench.ui.plots import Figure, split_definition
 from workbench.ui.report_stages import ReportProgress, Stages
 from workbench.ui.tables import fit_error_note, frame_html, model_table_html, scaling_table_html
 from workbench.ui.unmeasured import unmeasured_lines
@@ -89,7 +87,7 @@ def build_figures(
     network: str | NetworkModel | None = None,
     group_by: Sequence[str] | None = None,
     found: pd.DataFrame | None = None,
-) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame]]:
+) -> tuple[list[tuple[str, Figure]], dict[str, pd.DataFrame]]:
     """The report's (heading, figure) pairs, only those with data, and the tables behind them.
 
     Figures come from :data:`workbench.ui.catalogue.CATALOGUE`, in its order but the speedup
@@ -109,7 +107,7 @@ def _figures_tables_context(
     network: str | NetworkModel | None,
     group_by: Sequence[str] | None,
     found: pd.DataFrame | None,
-) -> tuple[list[tuple[str, go.Figure]], dict[str, pd.DataFrame], FigureContext | None]:
+) -> tuple[list[tuple[str, Figure]], dict[str, pd.DataFrame], FigureContext | None]:
     """:func:`build_figures`, and the figure context it computed (``None`` without steps), for
     the finding to reuse its tables."""
     if steps.empty:
@@ -176,7 +174,7 @@ TABLE_HEADINGS = {
 }
 
 
-def _toc_html(figs: list[tuple[str, go.Figure]], parts: list[str]) -> str:
+def _toc_html(figs: list[tuple[str, Figure]], parts: list[str]) -> str:
     """The table of contents as one short paragraph of links (it must leave the first screen to
     the finding and the speedup chart): every figure, every table present, the glossary."""
     esc = html.escape
@@ -213,7 +211,7 @@ def _finding_html(
     return f'<section class="finding"><h2>Finding</h2><ul>{finding_items(said)}</ul></section>'
 
 
-def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> list[str]:
+def _figures_html(figs: list[tuple[str, Figure]], plotly_js: PlotlyJs) -> list[str]:
     """One section per figure (id ``figure-N``); plotly.js once, with the first: inline, or a
     ``<script src="plotly.min.js">`` for the copy beside the report."""
     if plotly_js not in ("inline", "directory"):
@@ -224,8 +222,9 @@ def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> lis
         fig, definition = split_definition(fig)
         height = "460px"
         if i == 0 and heading == LEAD_FIGURE:  # shorter, to share the first screen
-            fig.update_layout(height=max(LEAD_HEIGHT, (fig.layout.height or 0) - 130))
-            height = f"{fig.layout.height}px"
+            fig.update_layout(height=max(LEAD_HEIGHT, (fig.value("height") or 0) - 130))
+            height = f"{fig.value('height')}px"
+        # the figure's spec as it is: plotly's validation would cost a report about a second
         div = fig.to_html(
             full_html=False,
             include_plotlyjs=first if i == 0 else False,  # later figures reuse it
@@ -244,6 +243,8 @@ def _figures_html(figs: list[tuple[str, go.Figure]], plotly_js: PlotlyJs) -> lis
 def _write_plotly_js(folder: Path) -> None:
     """plotly.js (minified) as ``plotly.min.js`` in ``folder``, unless that copy is current:
     the reports of a folder share one."""
+    from plotly.offline import get_plotlyjs
+
     path = folder / PLOTLY_FILE
     data = get_plotlyjs().encode("utf-8")
     if not (path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data):

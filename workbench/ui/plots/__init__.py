@@ -1,4 +1,6 @@
-"""Tables and frames to plotly figures: one function per figure, each returning a ``go.Figure``.
+"""Tables and frames to plotly figures: one function per figure, each returning a
+:class:`~workbench.ui.plots.figure.Figure` (plotly's plain spec, validated into a ``go.Figure``
+only where plotly's API is asked of it: ``fig.data``, ``fig.show()``).
 
 No function shows or writes a figure: the notebook, the widgets and the report decide. Inputs are
 the tables of :mod:`workbench.analysis` and :mod:`workbench.analysis.model.scaling_model` (or the
@@ -7,7 +9,7 @@ computed with. Units are in axis titles and hover text. No torch.
 
 ``scaling`` (against devices), ``timing`` (phases, heatmap), ``spread`` (a value across ranks over
 the steps), ``memory``, ``curves`` (loss, metric, evaluation parts), ``binning`` (how figures of
-many ranks and steps are binned) and ``style`` (what they share).
+many ranks and steps are binned), ``style`` (what they share) and ``figure`` (the spec).
 """
 
 from workbench.ui.plots.curves import (
@@ -16,6 +18,7 @@ from workbench.ui.plots.curves import (
     loss_curves_figure,
     metric_curves_figure,
 )
+from workbench.ui.plots.figure import Figure
 from workbench.ui.plots.memory import memory_figure
 from workbench.ui.plots.scaling import (
     epoch_time_figure,
@@ -36,6 +39,7 @@ from workbench.ui.plots.style import (
 from workbench.ui.plots.timing import PHASE_NAMES, phase_breakdown_figure, step_time_heatmap
 
 __all__ = [
+    "Figure",
     "split_definition",
     "GIB",
     "PHASE_NAMES",

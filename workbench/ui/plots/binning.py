@@ -117,7 +117,7 @@ def rank_rows(hosts: pd.Series, max_rows: int = MAX_ROWS) -> RankRows:
         return RankRows(row, labels, f"one row per host ({n_hosts} hosts of {count})")
     size = bin_size(len(ranks), max_rows)
     row = pd.Series(np.arange(len(ranks)) // size, index=ranks)
-    labels = [_span(ranks[(row == i).to_numpy()]) for i in range(int(row.max()) + 1)]
+    labels = [_span(ranks[i : i + size]) for i in range(0, len(ranks), size)]  # sorted ranks
     return RankRows(row, labels, f"one row per {size} consecutive ranks")
 
 

@@ -4,18 +4,20 @@ parts per run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from workbench.analysis.measured.display import downsample_for_display
 from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.windows import check_columns
 from workbench.analysis.throughput.breakdown import EVAL_PARTS
+from workbench.ui.plots.figure import Figure
 from workbench.ui.plots.style import LAYOUT, MS, subtitle
 
 
-def eval_breakdown_figure(evals_table: pd.DataFrame, ranks: str = "rank0") -> go.Figure:
+def eval_breakdown_figure(evals_table: pd.DataFrame, ranks: str = "rank0") -> Figure:
     """Stacked predict / gather / metric / broadcast seconds per evaluation, one bar per run.
 
     ``ranks="rank0"`` shows rank 0's times; ``"slowest"`` the parts of each evaluation's slowest
@@ -27,23 +29,24 @@ def eval_breakdown_figure(evals_table: pd.DataFrame, ranks: str = "rank0") -> go
     cols = [f"{p}{suffix}" for p in EVAL_PARTS]
     check_columns(evals_table, ["run_id", "world_size", *cols], "eval table")
     x = (evals_table["run_id"] + " (N=" + evals_table["world_size"].astype(str) + ")").tolist()
-    fig = go.Figure()
+    fig = Figure()
     for col, part in zip(cols, EVAL_PARTS, strict=True):
         name = part.removesuffix("_s")
         fig.add_trace(
-            go.Bar(
-                x=x,
-                y=evals_table[col] * MS,
-                name=name,
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}} ms per evaluation<extra></extra>",
-            )
+            {
+                "type": "bar",
+                "x": x,
+                "y": evals_table[col] * MS,
+                "name": name,
+                "hovertemplate": f"%{{x}}<br>{name}: %{{y:.3g}} ms per evaluation<extra></extra>",
+            }
         )
     who = "rank 0" if ranks == "rank0" else "slowest rank"
     fig.update_layout(
         barmode="stack",
-        title=f"Evaluation time ({who})",
-        xaxis_title="run",
-        yaxis_title="mean time per evaluation (ms)",
+        title={"text": f"Evaluation time ({who})"},
+        xaxis={"title": {"text": "run"}},
+        yaxis={"title": {"text": "mean time per evaluation (ms)"}},
         **LAYOUT,
     )
     return fig
@@ -91,21 +94,23 @@ def _overlap_notes(hidden: dict[str, str], batch: pd.Series) -> str:
 
 def _curve(
     x: pd.Series, y: pd.Series, name: str, hover: str, dashed: bool, markers: bool = True
-) -> go.Scatter:
-    """One run's curve; markers alone for a single point (a line needs two)."""
+) -> dict[str, Any]:
+    """One run's curve (a scatter trace); markers alone for a single point (a line needs
+    two)."""
     mode = "markers" if len(x) < 2 else "lines+markers" if markers else "lines"
-    return go.Scatter(
-        x=x,
-        y=y,
-        mode=mode,
-        marker={"size": 6 if len(x) > 1 else 10},
-        line={"dash": "dash"} if dashed else None,
-        name=name,
-        hovertemplate=f"{name}<br>step %{{x}}<br>{hover} %{{y:.4g}}<extra></extra>",
-    )
+    return {
+        "type": "scatter",
+        "x": x,
+        "y": y,
+        "mode": mode,
+        "marker": {"size": 6 if len(x) > 1 else 10},
+        "line": {"dash": "dash"} if dashed else None,
+        "name": name,
+        "hovertemplate": f"{name}<br>step %{{x}}<br>{hover} %{{y:.4g}}<extra></extra>",
+    }
 
 
-def loss_curves_figure(steps: pd.DataFrame, max_points: int = 500) -> go.Figure:
+def loss_curves_figure(steps: pd.DataFrame, max_points: int = 500) -> Figure:
     """Training loss (mean over ranks) against step, one line per run; down-sampled for display.
     A curve that another hides exactly says so in the subtitle, and the one on top is dashed."""
     if is_stored(steps):
@@ -120,18 +125,21 @@ def loss_curves_figure(steps: pd.DataFrame, max_points: int = 500) -> go.Figure:
         for run_id, rows in per_step.groupby("run_id", sort=True)
     }
     hidden = hidden_curves({r: rows.set_index("step")["loss"] for r, rows in shown.items()})
-    fig = go.Figure()
+    fig = Figure()
     for run_id, rows in shown.items():
         name = f"{run_id} (N={int(rows['world_size'].iloc[0])})"
         on_top = run_id in hidden.values()
         fig.add_trace(_curve(rows["step"], rows["loss"], name, "loss", on_top, markers=False))
     fig.update_layout(
-        title="Training loss", xaxis_title="step", yaxis_title="loss (mean over ranks)", **LAYOUT
+        title={"text": "Training loss"},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": "loss (mean over ranks)"}},
+        **LAYOUT,
     )
     return subtitle(fig, _overlap_notes(hidden, _global_batch(steps)))
 
 
-def metric_curves_figure(evals: pd.DataFrame) -> go.Figure:
+def metric_curves_figure(evals: pd.DataFrame) -> Figure:
     """Evaluation metric (rank 0's) against step, one line per run (markers for a run with one
     evaluation); a curve that another hides exactly says so in the subtitle."""
     check_columns(evals, ["run_id", "rank", "world_size", "step", "metric_value"], "evals")
@@ -144,12 +152,15 @@ def metric_curves_figure(evals: pd.DataFrame) -> go.Figure:
     hidden = hidden_curves(
         {r: rows.set_index("step")["metric_value"] for r, rows in per_run.items()}
     )
-    fig = go.Figure()
+    fig = Figure()
     for run_id, rows in per_run.items():
         name = f"{run_id} (N={int(rows['world_size'].iloc[0])})"
         on_top = run_id in hidden.values()
         fig.add_trace(_curve(rows["step"], rows["metric_value"], name, metric, on_top))
     fig.update_layout(
-        title=f"Evaluation {metric}", xaxis_title="step", yaxis_title=metric, **LAYOUT
+        title={"text": f"Evaluation {metric}"},
+        xaxis={"title": {"text": "step"}},
+        yaxis={"title": {"text": metric}},
+        **LAYOUT,
     )
     return subtitle(fig, _overlap_notes(hidden, pd.Series(dtype="float64")))

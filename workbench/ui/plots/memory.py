@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from workbench.analysis.measured.windows import check_columns
 from workbench.ui.plots.binning import (
@@ -12,6 +11,7 @@ from workbench.ui.plots.binning import (
     quantile_label,
     quantile_ranks,
 )
+from workbench.ui.plots.figure import Figure
 from workbench.ui.plots.style import GIB, LAYOUT, check_run, subtitle
 
 
@@ -28,7 +28,7 @@ def _at_quantiles(memory: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     return frame, pd.Series(labels, index=frame.index)
 
 
-def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
+def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> Figure:
     """Peak process RSS and CUDA peak per rank (GiB), grouped bars; past ``BAND_RANKS`` ranks in
     a run, the ranks at the quantiles of the RSS peak, each named."""
     check_columns(memory, ["run_id", "rank", "rss_peak_bytes"], "memory")
@@ -47,7 +47,7 @@ def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
             if one_run
             else memory["run_id"] + "/r" + memory["rank"].astype(str)
         )
-    fig = go.Figure()
+    fig = Figure()
     series = {
         "process RSS peak": "rss_peak_bytes",
         "CUDA peak": "cuda_peak_bytes",
@@ -56,20 +56,23 @@ def memory_figure(memory: pd.DataFrame, run_id: str | None = None) -> go.Figure:
     for name, col in series.items():
         if col in memory.columns and memory[col].notna().any():
             fig.add_trace(
-                go.Bar(
-                    x=x.tolist(),
-                    y=memory[col] / GIB,
-                    name=name,
-                    hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} GiB<extra></extra>",
-                )
+                {
+                    "type": "bar",
+                    "x": x.tolist(),
+                    "y": memory[col] / GIB,
+                    "name": name,
+                    "hovertemplate": f"%{{x}}<br>{name}: %{{y:.3f}} GiB<extra></extra>",
+                }
             )
+    x_title = ("rank" if one_run else "run / rank") + (" at a quantile of RSS peak" if note else "")
     fig.update_layout(
         barmode="group",
-        title="Peak memory per rank" + (f", run {memory['run_id'].iloc[0]}" if one_run else ""),
-        xaxis_title=("rank" if one_run else "run / rank")
-        + (" at a quantile of RSS peak" if note else ""),
-        yaxis_title="peak memory (GiB)",
+        title={
+            "text": "Peak memory per rank"
+            + (f", run {memory['run_id'].iloc[0]}" if one_run else "")
+        },
+        xaxis={"title": {"text": x_title}, "type": "category"},
+        yaxis={"title": {"text": "peak memory (GiB)"}},
         **LAYOUT,
     )
-    fig.update_xaxes(type="category")
     return subtitle(fig, note)

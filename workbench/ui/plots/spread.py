@@ -4,8 +4,9 @@ rank's own line, so 1,024 ranks draw as six lines, not 1,024."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
-import plotly.graph_objects as go
 
 from workbench.analysis.measured.stored import is_stored
 from workbench.ui.plots.binning import (
@@ -15,6 +16,7 @@ from workbench.ui.plots.binning import (
     rank_bands,
     slowest_rank,
 )
+from workbench.ui.plots.figure import Figure
 from workbench.ui.plots.style import COLORS, LAYOUT, MS, one_run, subtitle
 from workbench.ui.plots.timing import rank_step_values, stored_run, value_label
 
@@ -22,15 +24,16 @@ from workbench.ui.plots.timing import rank_step_values, stored_run, value_label
 BAND = "rgba(31, 119, 180, {alpha})"
 
 
-def _line(frame: pd.DataFrame, y: str, name: str, hover: str, **style: object) -> go.Scatter:
-    return go.Scatter(
-        x=frame["step"],
-        y=frame[y] * MS,
-        mode="lines",
-        name=name,
-        hovertemplate=f"{hover}<br>step %{{x}}<br>%{{y:.3g}} ms<extra></extra>",
+def _line(frame: pd.DataFrame, y: str, name: str, hover: str, **style: object) -> dict[str, Any]:
+    return {
+        "type": "scatter",
+        "x": frame["step"],
+        "y": frame[y] * MS,
+        "mode": "lines",
+        "name": name,
+        "hovertemplate": f"{hover}<br>step %{{x}}<br>%{{y:.3g}} ms<extra></extra>",
         **style,
-    )
+    }
 
 
 def rank_spread_figure(
@@ -39,7 +42,7 @@ def rank_spread_figure(
     value: str = "compute_s",
     max_steps: int = MAX_COLUMNS,
     max_ranks: int = BAND_RANKS,
-) -> go.Figure:
+) -> Figure:
     """``value`` (default ``compute_s``, what each rank computes itself) per rank against step,
     each rank's steps binned to at most ``max_steps`` points (the median per bin of consecutive
     steps, :func:`workbench.ui.plots.binning.bin_steps`). Up to ``max_ranks`` ranks: a line per
@@ -56,7 +59,7 @@ def rank_spread_figure(
         binned, size = bin_steps(frame, "v", max_steps)
     ranks = binned["rank"].nunique()
     per_bin = "" if size == 1 else f", median per bin of {size} steps"
-    fig = go.Figure()
+    fig = Figure()
     if ranks <= max_ranks:
         for i, (rank, rows) in enumerate(binned.groupby("rank", sort=True)):
             color = COLORS[i % len(COLORS)]
@@ -83,9 +86,9 @@ def rank_spread_figure(
             f"ranks{per_bin}, and the slowest rank"
         )
     fig.update_layout(
-        title=f"{label.capitalize()} across ranks, run {run_id}",
-        xaxis_title="step" + (" (bin start)" if size > 1 else ""),
-        yaxis_title=f"{label} (ms)",
+        title={"text": f"{label.capitalize()} across ranks, run {run_id}"},
+        xaxis={"title": {"text": "step" + (" (bin start)" if size > 1 else "")}},
+        yaxis={"title": {"text": f"{label} (ms)"}},
         **LAYOUT,
     )
     return subtitle(fig, how[0].upper() + how[1:] + ".")

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.colors import qualitative
 
 from workbench.analysis.measured.windows import check_columns
 from workbench.analysis.throughput.groups import FAMILY_COLUMNS, default_group_by
+from workbench.ui.plots.figure import Figure
 
 GIB = float(1 << 30)
 MS = 1e3  # seconds to milliseconds
@@ -24,32 +25,35 @@ LEGEND_CHARS = 39
 TRACE_TYPES = ("scatter", "bar", "heatmap")
 
 
-def _white_template() -> go.layout.Template:
+def _white_template() -> dict[str, Any]:
     """plotly's ``plotly_white``, less the defaults of traces and axes the workbench never draws
-    (polar, ternary, 3-D, maps): the same look. Each figure validates and copies its template,
-    and the whole one took 23 ms a figure (6 ms trimmed), set again by every ``update_layout``
-    that names it; each figure's JSON carries it too (7.1 KB, 2.4 KB trimmed). An object, not
-    a dict: ``update_layout`` merges a dict into the template it has, key by key (96 ms)."""
+    (polar, ternary, 3-D, maps): the same look. A figure's JSON carries its template (7.1 KB
+    whole, 2.4 KB trimmed), and a figure validated into plotly's objects validates and copies
+    it (23 ms whole, 6 ms trimmed)."""
     white = pio.templates["plotly_white"].to_plotly_json()
-    return go.layout.Template(
-        {
-            "data": {k: v for k, v in white["data"].items() if k in TRACE_TYPES},
-            "layout": {
-                k: v
-                for k, v in white["layout"].items()
-                if k not in ("polar", "ternary", "scene", "geo")
-            },
-        }
-    )
+    return {
+        "data": {k: v for k, v in white["data"].items() if k in TRACE_TYPES},
+        "layout": {
+            k: v
+            for k, v in white["layout"].items()
+            if k not in ("polar", "ternary", "scene", "geo")
+        },
+    }
 
 
 TEMPLATE = _white_template()
-LAYOUT = {
+LAYOUT: dict[str, Any] = {
     "template": TEMPLATE,
     "hovermode": "closest",
-    "legend_title_text": "",
     # below the plot, horizontal: long names never take the plot's width
-    "legend": {"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0},
+    "legend": {
+        "orientation": "h",
+        "yanchor": "top",
+        "y": -0.2,
+        "xanchor": "left",
+        "x": 0,
+        "title": {"text": ""},
+    },
     "showlegend": True,  # a single group still names its config
 }
 #: Characters per subtitle line (plotly does not wrap text).
@@ -163,19 +167,18 @@ def wrap(text: str, width: int = SUBTITLE_CHARS) -> str:
     return "<br>".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
 
 
-def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
+def subtitle(fig: Figure, *texts: str) -> Figure:
     """Add ``texts`` (notes, a definition) to ``fig``'s subtitle, each wrapped, after what it
     already says; the top margin and the height grow with the lines, so the plot keeps its
     height."""
-    old = fig.layout.title.subtitle.text
+    old = fig.value("title", "subtitle", "text")
     parts = [old] if old else []
     parts += [wrap(t) for t in texts if t]
     if not parts:
         return fig
     text = "<br>".join(parts)
     lines = text.count("<br>") + 1
-    above = 24 if fig.layout.annotations else 0  # subplot titles sit between it and the plot
-    # nested dicts, not magic underscores (title_subtitle_text): 1.6 ms a call against 4.7 ms
+    above = 24 if fig.value("annotations") else 0  # subplot titles sit between it and the plot
     fig.update_layout(
         {
             # from the top down: the title, then its subtitle, then the plot
@@ -194,58 +197,60 @@ def subtitle(fig: go.Figure, *texts: str) -> go.Figure:
     return fig
 
 
-def split_definition(fig: go.Figure) -> tuple[go.Figure, str]:
+def split_definition(fig: Figure) -> tuple[Figure, str]:
     """``fig`` without its definition (``layout.meta["definition"]``, which :func:`subtitle`
     wrapped last into the subtitle) and that definition, for a page that folds it behind a
     toggle; the margin and height shrink by its lines. ``(fig, "")`` when it has none."""
-    meta = fig.layout.meta
+    meta = fig.value("meta")
     definition = meta.get("definition", "") if isinstance(meta, dict) else ""
-    text = fig.layout.title.subtitle.text or ""
+    text = fig.value("title", "subtitle", "text") or ""
     part = wrap(definition)
     if not definition or not text.endswith(part):
         return fig, ""
     rest = text[: -len(part)].removesuffix("<br>")
     lines = part.count("<br>") + 1
+    height = fig.value("height")
     fig.update_layout(
         {
             "title": {"subtitle": {"text": rest or None}},
-            "margin": {"t": max(fig.layout.margin.t - 14 * lines, 50)},
-            "height": fig.layout.height - 14 * lines if fig.layout.height else None,
+            "margin": {"t": max((fig.value("margin", "t") or 0) - 14 * lines, 50)},
+            "height": height - 14 * lines if height else None,
         }
     )
     return fig, definition
 
 
-def note_shortened(fig: go.Figure) -> go.Figure:
+def note_shortened(fig: Figure) -> Figure:
     """Say in the subtitle when a legend name was shortened (the hover has it in full)."""
-    if any("…" in str(t.name or "") for t in fig.data):
+    if any("…" in str(t.get("name") or "") for t in fig.spec["data"]):
         subtitle(fig, "Legend names shortened: the hover names each group in full.")
     return fig
 
 
-def devices_axis(fig: go.Figure, table: pd.DataFrame, **where: int) -> None:
+def devices_axis(fig: Figure, table: pd.DataFrame, **where: int) -> None:
     """The x axis of a scaling figure: devices, a tick per measured world size."""
     ticks = sorted(pd.unique(table["world_size"]))
-    fig.update_xaxes(title_text="devices (world size)", tickvals=ticks, **where)
+    fig.update_xaxes(title={"text": "devices (world size)"}, tickvals=ticks, **where)
 
 
 def group_line(
     rows: pd.DataFrame, y: str, label: str, color: str, hover: str, showlegend: bool = True
-) -> go.Scatter:
-    """One configuration group's line against devices, with its spread as error bars (a
-    diamond: the point crossed nodes)."""
-    return go.Scatter(
-        x=rows["world_size"],
-        y=rows[y],
-        error_y=error_bars(rows, y),
-        mode="lines+markers" if len(rows) > 1 else "markers",
-        name=short_name(label),
-        legendgroup=label,
-        showlegend=showlegend,
-        line={"color": color},
-        marker=link_markers(rows),
-        hovertemplate=f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
-    )
+) -> dict[str, Any]:
+    """One configuration group's line against devices (a scatter trace), with its spread as
+    error bars (a diamond: the point crossed nodes)."""
+    return {
+        "type": "scatter",
+        "x": rows["world_size"],
+        "y": rows[y],
+        "error_y": error_bars(rows, y),
+        "mode": "lines+markers" if len(rows) > 1 else "markers",
+        "name": short_name(label),
+        "legendgroup": label,
+        "showlegend": showlegend,
+        "line": {"color": color},
+        "marker": link_markers(rows),
+        "hovertemplate": f"{label}<br>%{{x}} devices<br>{hover}<extra></extra>",
+    }
 
 
 def check_run(frame: pd.DataFrame, run_id: str) -> None:
@@ -273,9 +278,7 @@ def metric_title(table: pd.DataFrame) -> str:
     return "metric"
 
 
-def message_figure(text: str) -> go.Figure:
+def message_figure(text: str) -> Figure:
     """An empty figure that says why there is nothing to plot."""
-    fig = go.Figure(layout={"template": TEMPLATE, "title": {"text": text}})
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    return fig
+    layout = {"template": TEMPLATE, "title": {"text": text}}
+    return Figure(layout={**layout, "xaxis": {"visible": False}, "yaxis": {"visible": False}})

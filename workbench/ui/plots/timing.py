@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
+from plotly.colors import sequential
 
 from workbench.analysis.measured.stored import StoredSteps, is_stored
 from workbench.analysis.measured.windows import check_columns, measured_steps
@@ -19,6 +19,7 @@ from workbench.ui.plots.binning import (
     quantile_label,
     quantile_ranks,
 )
+from workbench.ui.plots.figure import Figure
 from workbench.ui.plots.style import LAYOUT, MS, check_run, one_run, subtitle
 
 #: The step columns a rank's own compute is made of.
@@ -44,6 +45,9 @@ PHASE_NAMES = {
 #: The backward segment split in two when the exposed communication is known.
 BACKWARD_COMPUTE = "backward compute"
 EXPOSED_COMM = "exposed communication"
+#: The heatmaps' colours: plotly's Viridis as the scale its validator makes of the name (the
+#: colours evenly spaced), not plotly.js's own Viridis, whose stops differ.
+VIRIDIS = [[i / (len(sequential.Viridis) - 1), c] for i, c in enumerate(sequential.Viridis)]
 
 
 def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
@@ -104,7 +108,7 @@ def phase_breakdown_figure(
     run_id: str | None = None,
     by: str = "rank",
     comm: pd.DataFrame | None = None,
-) -> go.Figure:
+) -> Figure:
     """Stacked mean milliseconds per step: the phases, then what follows each step (between
     steps, checkpoint, evaluation), so a bar is the rank's wall time per step (``wall_step_s``):
     per rank of one run, or per run (mean of ranks). Past ``BAND_RANKS`` ranks in a run, its
@@ -128,23 +132,24 @@ def phase_breakdown_figure(
         phases = _with_comm(phases, comm)
     segments = _segments(comm is not None)
     frame, x, x_title, note = _bars(phases, by)
-    fig = go.Figure()
+    fig = Figure()
     for col, name in segments.items():
         custom, extra = _hover_extra(col, frame)
         fig.add_trace(
-            go.Bar(
-                x=x,
-                y=frame[col] * MS,
-                name=name,
-                customdata=custom,
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3g}} ms per step{extra}<extra></extra>",
-            )
+            {
+                "type": "bar",
+                "x": x,
+                "y": frame[col] * MS,
+                "name": name,
+                "customdata": custom,
+                "hovertemplate": f"%{{x}}<br>{name}: %{{y:.3g}} ms per step{extra}<extra></extra>",
+            }
         )
     fig.update_layout(
         barmode="stack",
-        title="Where a step's time goes, " + ("per run" if by == "run" else "per rank"),
-        xaxis_title=x_title,
-        yaxis_title="mean wall time per step (ms)",
+        title={"text": "Where a step's time goes, " + ("per run" if by == "run" else "per rank")},
+        xaxis={"title": {"text": x_title}},
+        yaxis={"title": {"text": "mean wall time per step (ms)"}},
         **LAYOUT,
     )
     if by == "rank" and x and not isinstance(x[0], str):
@@ -256,7 +261,7 @@ def step_time_heatmap(
     value: str = "step_s",
     max_steps: int = MAX_COLUMNS,
     max_rows: int = MAX_ROWS,
-) -> go.Figure:
+) -> Figure:
     """Rank x step heatmap of one run's measured step time (or ``compute_s``, what each rank
     computes itself: data, forward, optimizer and DDP's backward compute timer, see
     :func:`workbench.analysis.stragglers.slow_ranks.rank_compute`; blank on steps DDP did not
@@ -281,26 +286,28 @@ def step_time_heatmap(
     who = "%{y}" if grid.rows.grouped else "rank %{y}"
     span = "" if grid.steps_per_bin == 1 else f" (bin of {grid.steps_per_bin} steps)"
     y: object = grid.rows.labels if grid.rows.grouped else [int(r) for r in grid.rows.row.index]
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid.z * MS,
-            x=grid.steps,
-            y=y,
-            colorscale="Viridis",
-            colorbar={"title": {"text": "ms"}},
-            name=label,
-            hovertemplate=f"{who}<br>step %{{x}}{span}<br>{label}: %{{z:.3g}} ms<extra></extra>",
-        )
+    fig = Figure()
+    fig.add_trace(
+        {
+            "type": "heatmap",
+            "z": grid.z * MS,
+            "x": grid.steps,
+            "y": y,
+            "colorscale": VIRIDIS,
+            "colorbar": {"title": {"text": "ms"}},
+            "name": label,
+            "hovertemplate": f"{who}<br>step %{{x}}{span}<br>{label}: %{{z:.3g}} ms<extra></extra>",
+        }
     )
     fig.update_layout(
-        title=f"{label.capitalize()} per rank and step, run {run_id}",
-        xaxis_title="step" + (" (bin start)" if grid.steps_per_bin > 1 else ""),
+        title={"text": f"{label.capitalize()} per rank and step, run {run_id}"},
+        xaxis={"title": {"text": "step" + (" (bin start)" if grid.steps_per_bin > 1 else "")}},
         **LAYOUT,
     )
     if grid.rows.grouped:
-        fig.update_yaxes(title_text="ranks", type="category")
+        fig.update_yaxes(title={"text": "ranks"}, type="category")
     else:  # ranks are whole numbers: one tick each, never -0.5 or 0.5
-        fig.update_yaxes(title_text="rank", dtick=1, tickformat="d", tick0=0)
+        fig.update_yaxes(title={"text": "rank"}, dtick=1, tickformat="d", tick0=0)
     return subtitle(
         fig, grid.statistic[:1].upper() + grid.statistic[1:] + "." if grid.statistic else ""
     )
