@@ -8,16 +8,17 @@ from (each file's name, size and modification time). A digest is valid while its
 this one, run.json records the run's end, and the trace files are as they were: a resumed
 attempt or a consolidation after a kill changes them, and the digest is built again. A run that
 is still running has none. :class:`DigestFrames` hands the frames of several runs' digests out
-as :class:`workbench.store.digests.query.StepDigest` computes them from the rows. No torch.
+as :class:`workbench.store.digests.query.StepDigest` computes them from the rows (read into
+pandas by :mod:`workbench.store.digests.read_frames`). No torch.
 """
 
 from __future__ import annotations
 
 import io
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,14 @@ from workbench.store.digests.query import (
     binned_measured,
     empty_comm,
     median_measured,
+)
+from workbench.store.digests.read_frames import (
+    DERIVED,
+    ReadDigest,
+    concat_frames,
+    joined_frames,
+    read_table,
+    table_frame,
 )
 from workbench.store.digests.step_frames import StepFrames
 from workbench.store.engine import steps_view
@@ -59,8 +68,6 @@ TABLES = (
 #: Tables read only when asked for (a base's backward timer: a row a rank and sampled step,
 #: of which a report reads one run's).
 LAZY = ("backward_rows",)
-#: Columns holding lists (Parquet gives them back as arrays; the analysis takes lists).
-_LIST_COLUMNS = ("hosts", "attempts", "all_attempts")
 
 
 def trace_signature(run_dir: str | Path) -> list[list[object]]:
@@ -112,38 +119,18 @@ def digest_state(run_dir: str | Path) -> str:
     return "valid"
 
 
-#: Columns of a frame that mostly hold what other columns of it give (a step without warm-up
-#: rows: its loss over measured rows is its loss over all, its last end is its measured end):
-#: written null where they hold exactly that, filled on read, so they cost a digest nothing.
-_DERIVED: dict[str, dict[str, Callable[[pd.DataFrame], pd.Series]]] = {
-    "per_step": {
-        "all_end_s": lambda f: f["end_s"],
-        "loss": lambda f: f["loss_sum"] / f["loss_n"].where(f["loss_n"] > 0),
-    },
-}
-
-
 def _derived_nulls(table: pa.Table, frame: pd.DataFrame, name: str) -> pa.Table:
     """``table`` with each derived column of ``name`` null where it equals what it is derived
     from, bit for bit (NaN where both are NaN); a value that differs keeps its own."""
     import pyarrow as pa
 
-    for column, derive in _DERIVED.get(name, {}).items():
+    for column, derive in DERIVED.get(name, {}).items():
         values = frame[column].to_numpy(dtype="float64")
         derived = derive(frame).to_numpy(dtype="float64")
         same = (values == derived) | (np.isnan(values) & np.isnan(derived))
         array = pa.array(values, mask=same, type=pa.float64())  # a NaN that differs stays NaN
         table = table.set_column(table.schema.get_field_index(column), column, array)
     return table
-
-
-def _filled(table: pa.Table, frame: pd.DataFrame, name: str) -> pd.DataFrame:
-    """``frame`` (read from ``table``) with the derived columns' nulls filled in."""
-    for column, derive in _DERIVED.get(name, {}).items():
-        if column in frame.columns:
-            null = table.column(column).is_null().to_numpy(zero_copy_only=False)
-            frame[column] = np.where(null, derive(frame).to_numpy(dtype="float64"), frame[column])
-    return frame
 
 
 def _to_parquet(frame: pd.DataFrame, name: str = "") -> bytes:
@@ -197,52 +184,15 @@ def write_digest(
     return folder / MANIFEST
 
 
-def _listed(value: object) -> object:
-    """A list column's value as the analysis takes it: a list, or NaN where the engine's merge
-    left one (a rank without measured rows)."""
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return list(value)
-    return float("nan") if value is None else value
-
-
-def _strings(column: object) -> np.ndarray:
-    """A string column as an object array whose equal values share one str (a run's id on a
-    million rows is one object, not a million)."""
-    encoded = column.dictionary_encode().combine_chunks()  # type: ignore[attr-defined]
-    values = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
-    codes = encoded.indices.to_numpy(zero_copy_only=False)
-    out = values[np.where(np.isnan(codes), 0, codes).astype("int64")] if len(values) else codes
-    if encoded.null_count:
-        out = np.where(encoded.is_null().to_numpy(zero_copy_only=False), None, out)
-    return np.asarray(out, dtype=object)
-
-
 def _from_parquet(path: Path, name: str = "") -> pd.DataFrame:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    # ParquetFile, not read_table: no dataset discovery, half the time on a small file
-    table = pq.ParquetFile(path).read()
-    strings = [
-        f.name
-        for f in table.schema
-        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-    ]
-    frame = _filled(table, table.drop_columns(strings).to_pandas(), name)
-    for c in strings:
-        frame[c] = _strings(table.column(c))
-    frame = frame[table.column_names]
-    for c in frame.columns:
-        if c in _LIST_COLUMNS:
-            # a rank without measured rows holds NaN there, as the engine's merge leaves it
-            frame[c] = [_listed(v) for v in frame[c]]
-    return frame
+    return table_frame(read_table(path), name)
 
 
-def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
-    """The run's digest frames, or None unless it is valid (:func:`digest_state`); the binned
-    frame carries its bins and their size in ``attrs`` (``bins``, ``size``). The tables of
-    :data:`LAZY` are their files' paths, read when asked for."""
+def read_digest(run_dir: str | Path) -> Mapping[str, Any] | None:
+    """The run's digest frames (a :class:`ReadDigest`: each made a pandas frame when first asked
+    for), or None unless it is valid (:func:`digest_state`); the binned frame carries its bins
+    and their size in ``attrs`` (``bins``, ``size``). The tables of :data:`LAZY` are their
+    files' paths, read when asked for."""
     run = Path(run_dir)
     if digest_state(run) != "valid":
         return None
@@ -251,16 +201,12 @@ def read_digest(run_dir: str | Path) -> dict[str, pd.DataFrame] | None:
     files = manifest.get("files")
     assert isinstance(files, dict)
     try:
-        frames = {
-            t: _from_parquet(run / DIGEST_DIR / str(files[t]), t) for t in TABLES if t not in LAZY
-        }
+        tables = {t: read_table(run / DIGEST_DIR / str(files[t])) for t in TABLES if t not in LAZY}
     except OSError:  # replaced by a newer digest while read
         return None
-    frames.update({t: run / DIGEST_DIR / str(files[t]) for t in LAZY})  # read when asked for
-    frames["binned"].attrs.update(
-        size=manifest.get("binned_size"), bins=manifest.get("binned_bins")
-    )
-    return frames
+    paths = {t: run / DIGEST_DIR / str(files[t]) for t in LAZY}  # read when asked for
+    binned = {"size": manifest.get("binned_size"), "bins": manifest.get("binned_bins")}
+    return ReadDigest(tables, paths, binned)
 
 
 def digest_bytes(run_dir: str | Path) -> int:
@@ -269,46 +215,28 @@ def digest_bytes(run_dir: str | Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*")) if folder.is_dir() else 0
 
 
-def _concat(parts: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
-    """Runs' frames as one, sorted by ``keys`` (``run_id`` first) as one pass over all their
-    rows gives it: the runs in order, each run's rows sorted (most already are: no copy)."""
-    kept = [p for p in parts if len(p.columns)]
-    if not kept:
-        return parts[0] if parts else pd.DataFrame()
-    nonempty = [p for p in kept if len(p)] or kept[:1]
-    present = [k for k in keys if k in nonempty[0].columns]
-    if present and len(nonempty) > 1:
-        nonempty = sorted(nonempty, key=lambda p: str(p[present[0]].iloc[0]))
-        nonempty = [_sorted(p, present) for p in nonempty]
-    return pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else nonempty[0]
-
-
-def _sorted(part: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """One run's frame sorted by ``keys`` (stable), left as it is when it already is."""
-    if len(part) > 1:
-        order = np.lexsort([part[k].to_numpy() for k in reversed(keys[1:])]) if keys[1:] else None
-        if order is not None and (np.diff(order) < 0).any():
-            return part.sort_values(keys, kind="stable", ignore_index=True)
-    return part
-
-
 class DigestFrames(StepFrames):
-    """Several runs' digests (``digests``: the frames of :func:`read_digest`, in the order of
-    ``run_dirs``) as :class:`workbench.store.digests.query.StepDigest` hands its frames out. Each
-    frame is per run, so the runs' frames side by side are what one pass over all their rows
-    gives. ``median`` (over rows of several runs) and a bin count other than the digest's go to
-    the rows, through the engine, as the only reads of them."""
+    """Several runs' digests (``digests``: the frames of :func:`read_digest`, or of a digest
+    just built, in the order of ``run_dirs``) as :class:`workbench.store.digests.query.StepDigest`
+    hands its frames out. Each frame is per run, so the runs' frames side by side are what one
+    pass over all their rows gives (made one pandas frame from the runs' Arrow tables where
+    every digest was read: :func:`workbench.store.digests.read_frames.joined_frames`).
+    ``median`` (over rows of several runs) and a bin count other than the digest's go to the
+    rows, through the engine, as the only reads of them."""
 
     def __init__(
         self,
         run_dirs: Iterable[str | Path],
-        digests: Sequence[dict[str, pd.DataFrame]],
+        digests: Sequence[Mapping[str, Any]],
         evals: pd.DataFrame | None = None,
     ) -> None:
         self.run_dirs = [Path(p) for p in run_dirs]
 
         def joined(table: str, keys: list[str]) -> pd.DataFrame:
-            return _concat([d[table] for d in digests], keys)
+            read = [d for d in digests if isinstance(d, ReadDigest)]
+            if len(read) == len(digests):  # one conversion, not one a run
+                return joined_frames([d.tables[table] for d in read], keys, table)
+            return concat_frames([d[table] for d in digests], keys)
 
         self.per_step = joined("per_step", ["run_id", "attempt", "step"])
         self.cut = joined("cut", ["run_id", "attempt"])
@@ -326,10 +254,9 @@ class DigestFrames(StepFrames):
             Path(r).name: d["backward_rows"] for r, d in zip(self.run_dirs, digests, strict=True)
         }
         self.stragglers = joined("stragglers", ["run_id", "attempt", "rank"])
-        #: Each run's binned frame (its ``attrs``: ``bins`` asked, ``size`` steps a bin).
-        self._binned = {
-            Path(r).name: d["binned"] for r, d in zip(self.run_dirs, digests, strict=True)
-        }
+        #: Each run's digest, for its binned frame (its ``attrs``: ``bins`` asked, ``size``
+        #: steps a bin), made a pandas frame when a figure asks for that run's.
+        self._binned = {Path(r).name: d for r, d in zip(self.run_dirs, digests, strict=True)}
         self._evals = evals
         self._byte_groups = None
         #: How many reads went to the rows (a ``median``, an odd bin count): none in a report.
@@ -352,7 +279,7 @@ class DigestFrames(StepFrames):
                 parts.append(found)
         if not parts:
             return empty_comm("backward_rows")
-        return _concat(parts, ["run_id"])
+        return concat_frames(parts, ["run_id"])
 
     def _rows(self, run_ids: Sequence[str]) -> duckdb.DuckDBPyConnection:
         """An engine connection whose view ``measured`` holds the measured rows of ``run_ids``
@@ -383,7 +310,8 @@ class DigestFrames(StepFrames):
     def binned(self, run_id: str, values: Sequence[str], max_bins: int) -> tuple[pd.DataFrame, int]:
         """The run's binned frame from its digest where it holds ``values`` at ``max_bins``
         (the heatmaps' step and compute time); otherwise from the rows."""
-        frame = self._binned.get(str(run_id))
+        digest = self._binned.get(str(run_id))
+        frame = digest["binned"] if digest is not None else None
         if frame is not None and frame.attrs.get("bins") == max_bins:
             if all(v in frame.columns for v in values):
                 size = int(frame.attrs.get("size", 1))
