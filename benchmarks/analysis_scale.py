@@ -18,10 +18,14 @@ and peak RSS):
 
 With ``--repeat N`` every stage runs N rounds (the order reversed every other round), each
 timed against the same round's pyarrow read: the median time and ratio and the ratios' range.
+``--digested``: only the stages that read a store's digests (the read, the report with digests
+present, the Dashboard's first screen; the digests are built first where missing).
+``--against DIR``: each of those stages also runs on the code of the checkout ``DIR`` (the code
+before), in the same rounds, and each round's ratio now / before is printed.
 
 Prints each figure and the ratios to (1). ``--smoke``: a small sweep (seconds). Usage:
 ``python benchmarks/analysis_scale.py [--smoke] [--max-ranks 512 --steps 10000] [--store DIR]
-[--report] [--frames] [--floor] [--repeat 3]``.
+[--report] [--frames] [--floor] [--digested] [--against DIR] [--repeat 3]``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ from workbench.store.digests.on_disk import DIGEST_DIR, digest_bytes  # noqa: E4
 UNREAD = ("local_rank", "epoch", "tokens", "lr", "mem_alloc_bytes")
 
 #: Each measured stage, run as ``python -c`` in a fresh process: it prints one JSON line with
-#: its wall time (s) and peak RSS (MiB).
+#: its wall time (s), the process's CPU time (s: on a loaded host, less noisy than the wall
+#: time) and peak RSS (MiB).
 _STAGE = """
 import json, resource, sys, time
 from pathlib import Path
@@ -56,7 +61,9 @@ start = time.perf_counter()
 out = {{}}
 {body}
 out["seconds"] = time.perf_counter() - start
-out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+usage = resource.getrusage(resource.RUSAGE_SELF)
+out["cpu_s"] = usage.ru_utime + usage.ru_stime  # the whole process, import included
+out["peak_rss_mib"] = usage.ru_maxrss / 1024
 print(json.dumps(out, default=str))
 """
 
@@ -133,7 +140,7 @@ out["straggler_named"] = {expect!r} in html.read_text()
 from workbench.ui.dashboard import Dashboard
 board = Dashboard(output_dir=root)
 fig, table = board.build()
-out["figure_traces"] = len(fig.data)
+out["figure_traces"] = len(fig.spec["data"] if hasattr(fig, "spec") else fig.data)
 out["runs_in_table"] = 0 if table is None else len(table)
 out["straggler_named"] = {expect!r} in board.finding.value
 """,
@@ -142,8 +149,18 @@ out["straggler_named"] = {expect!r} in board.finding.value
 DIGEST_STAGES = ["report, digests built", "report, digests present", "dashboard, first screen"]
 
 
-def stage(name: str, root: Path, expect: str = "") -> dict[str, object]:
-    """Run one stage in a fresh process; its figures. ``expect``: what the finding must say."""
+#: A stage run on the code of ``--against``: its name ends so.
+BEFORE = " (before)"
+
+
+def stage(
+    name: str, root: Path, expect: str = "", against: Path | None = None
+) -> dict[str, object]:
+    """Run one stage in a fresh process; its figures. ``expect``: what the finding must say.
+    A name ending in :data:`BEFORE` runs the stage on the code of ``against``."""
+    code_root = ROOT
+    if name.endswith(BEFORE):
+        name, code_root = name.removesuffix(BEFORE), against or ROOT
     if name == DIGEST_STAGES[0]:  # a store without digests: this report builds them
         for folder in root.glob(f"{SWEEP}/*/{DIGEST_DIR}"):
             shutil.rmtree(folder)
@@ -153,7 +170,8 @@ def stage(name: str, root: Path, expect: str = "") -> dict[str, object]:
         [sys.executable, "-c", code, str(root)],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        cwd=str(code_root),  # its own package first, whatever the working directory
+        env={"PYTHONPATH": str(code_root), "PATH": "/usr/bin:/bin"},
     )
     if done.returncode:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
@@ -185,6 +203,14 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds; each stage's ratio to the same round's read"
     )
+    parser.add_argument(
+        "--digested",
+        action="store_true",
+        help="only the read, the report with digests present and the Dashboard's first screen",
+    )
+    parser.add_argument(
+        "--against", type=Path, help="a checkout of the code before: its digested stages too"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.max_ranks, args.steps = 8, 300
@@ -198,13 +224,17 @@ def main() -> None:
         names += ["stragglers (frames)"] * args.frames
         names += [*DIGEST_STAGES, "report, from the rows"] * args.report
         names += ["floor: pyarrow columns", "floor: one engine pass"] * args.floor
-        stage("pyarrow read", root)  # warm the page cache: untimed
         run_id, rank = planted(counts)
         expect = f"rank {rank} of run {run_id} is a straggler"
+        if args.digested or args.against:
+            names = ["pyarrow read", *DIGEST_STAGES[1:]]
+            names += [n + BEFORE for n in DIGEST_STAGES[1:]] * bool(args.against)
+            stage(DIGEST_STAGES[1], root, expect)  # builds any digest missing: untimed
+        stage("pyarrow read", root)  # warm the page cache: untimed
         rounds = []
         for round_ in range(max(1, args.repeat)):  # the read beside each stage, order swapped
             order = names if round_ % 2 == 0 else names[::-1]
-            rounds.append({name: stage(name, root, expect) for name in order})
+            rounds.append({name: stage(name, root, expect, args.against) for name in order})
         folders = [d for d in (root / SWEEP).iterdir() if d.is_dir()]
         digests = sum(digest_bytes(d) for d in folders)
         traces = sum(p.stat().st_size for p in (root / SWEEP).glob("*/traces/*"))
@@ -228,13 +258,28 @@ def main() -> None:
         ratio = ratios[name]
         spread = f" ({ratio[0]:.2f}-{ratio[-1]:.2f})" if len(ratio) > 1 else ""
         each = f" ({seconds[0]:.2f}-{seconds[-1]:.2f} s)" if len(seconds) > 1 else ""
+        cpu = sorted(float(r[name].get("cpu_s", "nan")) for r in rounds)  # type: ignore[arg-type]
         print(
             f"  {name:<24} {seconds[len(seconds) // 2]:8.2f} s{each}  "
             f"{ratio[len(ratio) // 2]:6.2f}x pyarrow{spread}  peak RSS {peak:7.0f} MiB{extra}"
+            f"  CPU {cpu[len(cpu) // 2]:.2f} s ({cpu[0]:.2f}-{cpu[-1]:.2f})"
         )
-    found = got["stragglers (engine)"]["found"]
-    print(f"stragglers found: {found}")
-    assert [r[:2] for r in found] == [[run_id, rank]], "planted straggler not found"
+    for name in names:
+        if name.endswith(BEFORE):
+            for what in ("seconds", "cpu_s"):
+                now = sorted(
+                    float(r[name.removesuffix(BEFORE)][what]) / float(r[name][what])  # type: ignore[arg-type]
+                    for r in rounds
+                )
+                each = ", ".join(f"{v:.2f}" for v in now)
+                print(f"  {name.removesuffix(BEFORE)}: now / before, {what}, per round: {each}")
+    if "stragglers (engine)" in got:
+        found = got["stragglers (engine)"]["found"]
+        print(f"stragglers found: {found}")
+        assert [r[:2] for r in found] == [[run_id, rank]], "planted straggler not found"
+    for name in names[1:]:
+        if "straggler_named" in got[name] and not args.report:
+            assert got[name]["straggler_named"], f"{name} does not name the planted straggler"
     if args.report:
         share = 100 * digests / traces
         print(f"digests: {digests / 2**20:.2f} MiB, {share:.2f} % of the trace files")
