@@ -23,6 +23,7 @@ from workbench.errors import ConfigError
 from workbench.rank import memory_parts
 from workbench.rank.models import build_model, shard_blocks
 from workbench.store.files import read_rank_states
+from workbench.store.load import load_runs
 from workbench.sweeps.spec import SweepSpec
 
 from .helpers import WARM
@@ -272,6 +273,13 @@ def test_memory_parts_equal_the_bytes_worked_by_hand(runs) -> None:
         for part in ("param_bytes", "grad_bytes", "optimizer_bytes"):
             assert 0.49 < parts[part] / ddp[rank][part] < 0.51, (rank, part)
     assert two[0]["optimizer_bytes"] - two[1]["optimizer_bytes"] == 2 * fp32 * (64 + 1)
+    # run.json keeps each rank's parts; the runs frame the largest rank's
+    record = json.loads((runs["fsdp2"] / "run.json").read_text())
+    assert record["memory_parts"]["1"]["optimizer_bytes"] == two[1]["optimizer_bytes"]
+    frame = load_runs(runs["fsdp2"].parent.parent, [runs["fsdp2"].parent.name])
+    frame = frame[frame["world_size"] == 2]
+    assert frame["memory_optimizer_bytes_max"].tolist() == [two[0]["optimizer_bytes"]]
+    assert frame["memory_gathered_param_bytes_max"].tolist() == [gathered]
 
 
 @pytest.mark.slow

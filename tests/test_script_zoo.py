@@ -98,7 +98,9 @@ def _run(name: str, world_size: int, out: Path) -> ZooRun:
     shape = SHAPES[name]
     command = [str(Path(sys.executable).parent / "workbench"), "run"]
     command += ["--script", str(ZOO / f"{name}.py"), "--world-size", str(world_size)]
-    command += ["--output-dir", str(out), "--sweep", _sweep(name), "--no-progress", "--"]
+    # no network benchmark after the last step: nothing here reads it (test_script_runs does)
+    command += ["--output-dir", str(out), "--sweep", _sweep(name), "--no-progress"]
+    command += ["--no-network-benchmark", "--"]
     command += _args(name, shape, world_size)
     done = subprocess.run(
         command,

@@ -70,6 +70,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "comm_hook",
         "powersgd_rank",
     ),
+    "FSDP": ("reshard_after_forward", "fsdp_param_dtype", "fsdp_reduce_dtype"),
     "evaluation": (
         "eval_every_epochs",
         "eval_at_end",

@@ -174,6 +174,7 @@ def run_script_rank(
             ddp_kwargs=script_ddp_kwargs(config),
             on_ddp=script_comm_hook(config),
             at_end=network_at_buckets(config, env.world_size),
+            at_end_fsdp=network.fsdp_at_end(config.network_benchmark, env.world_size),
             local_rank=env.local_rank,
             local_world_size=env.local_world_size,
             rendezvous=(env.master_addr, env.master_port),
@@ -208,7 +209,7 @@ def _summary(
         "script": label,
         "ddp_modules": hooks.ddp_modules,
         "joined_process_group": hooks.joined_group,
-        "comm_method": hooks.sampler.method if hooks.sampler is not None else "none",
+        "comm_method": hooks.comm_method(),
         "measurement_warnings": list(dict.fromkeys(hooks.warnings)),
         **({"network": hooks.measured} if hooks.measured is not None else {}),
     }

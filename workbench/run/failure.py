@@ -163,7 +163,8 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
     ``network`` (the allreduce micro-benchmark, the same on every rank: rank 0's),
     ``dropped_samples_per_epoch`` (training samples left out of every epoch to keep every batch
     full, summed over the ranks; None unless every rank said) and ``flops`` (one training step's
-    FLOPs, counted on rank 0 before the measured window)."""
+    FLOPs, counted on rank 0 before the measured window) and ``memory_parts`` (each rank's
+    parameters, gradients and optimizer state, counted: :mod:`workbench.rank.memory_parts`)."""
     summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
     by_message: dict[str, list[int]] = {}
     for rank, summary in summaries.items():
@@ -179,6 +180,9 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         "dropped_samples_per_epoch": sum(dropped) if dropped and None not in dropped else None,
         # FLOPs of one training step, counted on rank 0 only (workbench.rank.flops)
         "flops": summaries.get(0, {}).get("step_flops"),
+        "memory_parts": {
+            str(r): s["memory_parts"] for r, s in summaries.items() if s.get("memory_parts")
+        },
     }
 
 

@@ -70,12 +70,23 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
     return row
 
 
+#: The parts of a rank's memory ``run.json`` keeps per rank, bytes.
+MEMORY_PARTS = (
+    "param_bytes",
+    "grad_bytes",
+    "optimizer_bytes",
+    "total_bytes",
+    "gathered_param_bytes",
+)
+
+
 def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
     """How the run's communication was measured (``comm_method``: one value, or the ranks'
     values joined by commas), what it could not measure (``measurement_warnings``, the messages
     joined; None if none) and the allreduce micro-benchmark (``network_*``: null when the run
     had one rank or ``network_benchmark`` off; ``network_hook_<hook>_s``: each comm hook's
-    seconds a step on the run's buckets, null where not timed)."""
+    seconds a step on the run's buckets, null where not timed) and the largest rank's memory
+    in its parts (``memory_<part>_max``, bytes; null where not counted)."""
     network = run.get("network") or {}
     methods = sorted(set((run.get("comm_method") or {}).values()))
     said = [w.get("message", "") for w in run.get("measurement_warnings") or ()]
@@ -90,6 +101,10 @@ def _measurement_columns(run: dict[str, Any]) -> dict[str, Any]:
     for hook in COMM_HOOKS:  # what each comm hook took on the run's buckets, seconds a step
         out[f"network_hook_{hook}_s"] = hooks.get(hook)
     out.update(_flops_columns(run))
+    parts = list((run.get("memory_parts") or {}).values())
+    for part in MEMORY_PARTS:  # counted per rank (workbench.rank.memory_parts): the largest
+        values = [p[part] for p in parts if p.get(part) is not None]
+        out[f"memory_{part}_max"] = max(values) if values else None
     return out
 
 
