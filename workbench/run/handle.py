@@ -113,9 +113,11 @@ class RunHandle:
 
     # -- control
     def wait(
-        self, timeout_s: float | None = None, poll_s: float = 0.5, raise_on_failure: bool = True
+        self, timeout_s: float | None = None, poll_s: float = 0.05, raise_on_failure: bool = True
     ) -> str:
         """Block until the run ends (or ``timeout_s`` passes: TimeoutError, the run goes on).
+        The store is read every ``poll_s`` (0.2 ms a read here: a run's end is seen within 0.05 s
+        for 0.4 % of a core; on Slurm, ``squeue`` is asked at its own, gentler pace).
         When one rank fails, its peers get ``FAILURE_GRACE_S`` to end on their own, then the job
         is killed, so a hung peer never holds the caller. Returns the final status; raises
         RunFailedError naming the root-cause rank when it failed (unless told not to)."""
