@@ -40,6 +40,7 @@ TARGET_BYTES = 20 * 10**6
 SAMPLED_FIRST, SAMPLED_EVERY = 10, 50
 CHROMIUM = "/usr/bin/chromium"
 RANKS_PER_HOST = 8
+FSDP_KINDS = ("all_gather", "reduce_scatter")
 
 
 def make_steps(run_id: str, ranks: int, steps: int, straggler: int | None) -> pd.DataFrame:
@@ -89,6 +90,9 @@ def make_steps(run_id: str, ranks: int, steps: int, straggler: int | None) -> pd
             "comm_exposed_s": timer(exposed),
             "comm_bytes": 4_000_000 if ranks > 1 else 0,
             "comm_buckets": 2,
+            # a DDP run: no FSDP2 collective (schema 2); 0, as tests/frames.py writes it (the
+            # tracer writes null, which these int64 columns cannot hold in pandas)
+            **{f"{k}_{w}": 0 for k in FSDP_KINDS for w in ("bytes", "s", "exposed_s", "calls")},
             "samples": 32,
             "tokens": 32 * 64,
             "loss": np.tile(2.0 * np.exp(-step / steps) + 0.01 * rng.standard_normal(steps), ranks),
