@@ -49,9 +49,10 @@ def add_predict(sub: Any) -> None:
         "their machine; none with 1) and across nodes (--busbw or --bandwidth); with --nodes, "
         "default: the ranks a node of the sweep's runs on more than one node",
     )
+    _add_strategies(parser)
     net = parser.add_argument_group(
-        "the network, across nodes where --per-node is given (one of)"
-    ).add_mutually_exclusive_group(required=True)
+        "the network, across nodes where --per-node is given (one of; needed without --strategy)"
+    ).add_mutually_exclusive_group()
     net.add_argument(
         "--busbw",
         help="allreduce bus bandwidth in nccl-tests' terms (what nccl-tests or the workbench's "
@@ -75,6 +76,52 @@ def add_predict(sub: Any) -> None:
     parser.set_defaults(func=predict_command)
 
 
+def _add_strategies(parser: argparse.ArgumentParser) -> None:
+    """``--strategy`` and ``--device-memory``."""
+    strategies = parser.add_argument_group("strategies (DDP or FSDP, and what fits)")
+    strategies.add_argument(
+        "--strategy",
+        type=_strategies,
+        metavar="S,S",
+        help="compare strategies, e.g. fsdp,ddp: each one's throughput, step time and memory "
+        "per rank at each size, from the sweep's runs of either (the default for a sweep with "
+        "FSDP runs: its own strategies); without a network given, on the one the runs measured",
+    )
+    strategies.add_argument(
+        "--device-memory",
+        metavar="BYTES",
+        help="a device's memory, e.g. 80GB or 141GiB: say which strategy fits at each size "
+        "(parameters, gradients, optimizer state and the working set; activations not counted)",
+    )
+
+
+def _strategies(text: str) -> list[str]:
+    """``fsdp,ddp`` as a list, each a strategy the model knows."""
+    from workbench.analysis.model.memory import STRATEGIES
+
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: comma-separated strategies, each one of {', '.join(STRATEGIES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def _layouts(dirs: list[Path]) -> dict[str, Any]:
+    """Run id -> the parameters' layout its first rank recorded (``memory_parts``)."""
+    from workbench.store.files import read_json
+
+    out = {}
+    for run_dir in dirs:
+        record = read_json(run_dir / "run.json")
+        parts = record.get("memory_parts") or {}
+        layout = next((p.get("layout") for p in parts.values() if p and p.get("layout")), None)
+        if layout:
+            out[str(record.get("run_id", run_dir.name))] = layout
+    return out
+
+
 def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
@@ -88,6 +135,14 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     # the runs' digests (built once each run has ended), with the evaluations as the report
     # counts them
     return runs, open_steps(dirs, load_traces(dirs, "eval"))
+
+
+def _dirs(sweep: str, output_dir: str) -> list[Path]:
+    from workbench.store.load import iter_run_dirs
+
+    path = Path(sweep)
+    root, name = (path.parent, path.name) if path.is_dir() else (Path(output_dir), sweep)
+    return iter_run_dirs(root, [name])
 
 
 def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:
@@ -127,29 +182,64 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def predict_command(args: argparse.Namespace) -> int:
+def _own_strategies(runs: Any, device_memory: float | None) -> list[str] | None:
+    """The strategies a sweep without --strategy is compared in: its completed runs' own, where
+    one is FSDP or a device's memory is asked about; None: the plain prediction."""
+    from workbench.analysis.model.memory import STRATEGIES
+
+    done = runs if "status" not in runs.columns else runs[runs["status"] == "completed"]
+    own = sorted({str(s) for s in done.get("strategy", ["ddp"] * len(done))} & set(STRATEGIES))
+    if "fsdp" in own or (device_memory is not None and own):
+        return own
+    return None
+
+
+def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] | None, Any]:
+    """The table, the network, the world sizes, the strategies compared (None: the plain
+    prediction) and the device memory asked about; ValueError for what does not fit."""
     from workbench.analysis.model.predict import (
-        PredictionError,
+        parse_bytes,
         predict,
         sweep_ranks_per_node,
         target_cluster,
     )
+    from workbench.analysis.model.strategies import compare_strategies
+
+    _check_where(args)
+    given = bool(args.busbw or args.bandwidth)
+    network = _network(args.busbw, args.bandwidth, args.latency) if given else None
+    memory = parse_bytes(args.device_memory) if args.device_memory else None
+    intra = None
+    if args.intra_busbw or args.intra_bandwidth:
+        intra = _network(args.intra_busbw, args.intra_bandwidth, args.intra_latency)
+    runs, steps = _load(args.sweep, args.output_dir)
+    with steps:
+        strategies = args.strategy or _own_strategies(runs, memory)
+        per_node = args.per_node
+        if per_node is None and args.nodes is not None:
+            per_node = sweep_ranks_per_node(runs)
+        if network is None and (per_node or not strategies):
+            raise ValueError(
+                "give the network: --busbw or --bandwidth (across nodes with --per-node or "
+                "--nodes); --strategy compares strategies on the network the runs measured"
+            )
+        if per_node:
+            network = target_cluster(network, per_node, intra, runs, steps)
+        sizes = _world_sizes(args, per_node)
+        if strategies:
+            layouts = _layouts(_dirs(args.sweep, args.output_dir))
+            table = compare_strategies(runs, steps, layouts, sizes, strategies, network, memory)
+        else:
+            table = predict(runs, steps, sizes, network)
+    return table, network, sizes, strategies, memory
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    from workbench.analysis.model.predict import PredictionError
     from workbench.ui.what_if import prediction_lines
 
     try:
-        _check_where(args)
-        network = _network(args.busbw, args.bandwidth, args.latency)
-        intra = None
-        if args.intra_busbw or args.intra_bandwidth:
-            intra = _network(args.intra_busbw, args.intra_bandwidth, args.intra_latency)
-        runs, steps = _load(args.sweep, args.output_dir)
-        with steps:
-            per_node = args.per_node
-            if per_node is None and args.nodes is not None:
-                per_node = sweep_ranks_per_node(runs)
-            if per_node:
-                network = target_cluster(network, per_node, intra, runs, steps)
-            table = predict(runs, steps, _world_sizes(args, per_node), network)
+        table, network, sizes, strategies, memory = _predict(args)
     except PredictionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -160,6 +250,65 @@ def predict_command(args: argparse.Namespace) -> int:
         rows = [{k: _clean(v) for k, v in row.items()} for row in table.to_dict("records")]
         print(json.dumps(rows, indent=2))
         return 0
+    if strategies:
+        print("\n".join(strategy_text(table, sizes, memory, network)))
+        return 0
     print(f"network: {network.description}")
     print("\n".join(prediction_lines(table)))
     return 0
+
+
+#: The strategies' table for a terminal: header, the row's column, how to write it.
+STRATEGY_COLUMNS = (
+    ("ranks", "world_size", str),
+    ("samples/s", "samples_per_s", "rate"),
+    ("step", "step_s", "seconds"),
+    ("compute", "compute_s", "seconds"),
+    ("exposed comm", "exposed_comm_s", "seconds"),
+    ("params+grads+optimizer", "state_bytes", "size"),
+    ("working set", "working_set_bytes", "size"),
+    ("a rank", "total_bytes", "size"),
+)
+
+
+def strategy_text(table: Any, sizes: list[int], memory: float | None, network: Any) -> list[str]:
+    """The finding in words, then the table (one row per strategy and size asked), then how
+    each was modelled."""
+    from workbench.analysis.measured import units
+    from workbench.analysis.model.strategy_words import curve_columns, finding, preferred, size
+
+    if table.empty:
+        return ["no completed run to predict from"]
+    lines = finding(table, sizes, memory)
+    where = (
+        network.description if network is not None else "as the runs measured it, per link class"
+    )
+    lines += ["", f"network: {where}"]
+    rows = preferred(table)
+    rows = rows[rows["world_size"].isin(sizes)]
+    write = {"rate": units.rate, "seconds": units.seconds, "size": size, str: str}
+    head = ["curve"] if curve_columns(table) else []
+    head += ["strategy", *(h for h, _, _ in STRATEGY_COLUMNS)] + (["fits"] if memory else [])
+    body = []
+    for _, row in rows.iterrows():
+        cells = [", ".join(str(row[c]) for c in curve_columns(table))] if head[0] == "curve" else []
+        mark = (
+            ""
+            if row["from_strategy"] == row["strategy"]
+            else f" (from {row['from_strategy'].upper()})"
+        )
+        cells.append(f"{row['strategy'].upper()}{mark}")
+        cells += [write[how](row[c]) for _, c, how in STRATEGY_COLUMNS]  # type: ignore[index]
+        if memory:
+            cells.append({True: "yes", False: "no"}.get(row["fits"], "n/a"))
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    for r in [head, *body]:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    lines += ["", *(f"model: {n}" for n in dict.fromkeys(rows["note"].dropna()))]
+    return lines

@@ -18,6 +18,13 @@ shard). So a part is what the rank's allocator holds for it:
   ``largest_group_gathered_bytes``, the largest single group's: the memory a forward adds
   while it computes. Worked out from the shards' shapes, the mesh size and the gather dtype.
 
+``layout`` says what the parts are made of, so that the analysis can work them out at another
+world size or for another strategy without torch (``workbench.analysis.model.memory``): per
+parameter group (FSDP2's, or for a module not sharded the groups ``strategy='fsdp'`` would make:
+its ``shard_blocks``, then the root), each distinct parameter shape's ``[dim0, elements a dim-0
+row, bytes an element, optimizer state bytes an element, optimizer state bytes a parameter
+besides (a 0-d step), how many]``, the shape the whole (unsharded) parameter's.
+
 Counted once per attempt, at its first optimizer step, after ``optimizer.step`` and before the
 gradients are dropped, inside that step's optimizer phase (a warm-up step unless
 ``warmup_steps=0``): measured on a loaded 2-core host, 81 us for the default mlp (6 tensors),
@@ -32,6 +39,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from workbench.rank.models import shard_blocks
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -94,6 +103,50 @@ def gathered_bytes(param: torch.Tensor, dtype: torch.dtype | None) -> int:
     return rows * math.prod(shape[1:]) * element
 
 
+def state_bytes(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> tuple[int, int]:
+    """The optimizer's state of ``param``: bytes an element of it (tensors shaped as the
+    parameter or its shard: moments, momentum) and bytes besides (0-d tensors: a step count)."""
+    per_element, fixed = 0, 0
+    for value in optimizer.state.get(param, {}).values():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() == 0:
+            fixed += value.element_size()
+        else:
+            per_element += value.element_size()
+    return per_element, fixed
+
+
+def unsharded_groups(model: nn.Module) -> list[list[nn.Parameter]]:
+    """The groups ``strategy='fsdp'`` would make of a module not sharded: each of its
+    ``shard_blocks`` (``workbench.rank.models.shard_blocks``), then the root's, the rest."""
+    blocks = [list(b.parameters()) for b in shard_blocks(model)]
+    held = {id(p) for b in blocks for p in b}
+    return [*blocks, [p for p in model.parameters() if id(p) not in held]]
+
+
+def layout(
+    model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool
+) -> list[dict[str, Any]]:
+    """Per parameter group (sharded: FSDP2's, the root's last; not: :func:`unsharded_groups`)
+    ``{"root": bool, "params": [[dim0, row, element bytes, state bytes an element, state
+    bytes besides, count], ...]}``, each distinct entry once with how many parameters have it,
+    in the order first seen. A 0-d parameter is one row of one element."""
+    found = groups(model) if sharded else unsharded_groups(model)
+    if sharded and found:  # model.modules() lists the root first
+        found = [*found[1:], found[0]]
+    out = []
+    for i, params in enumerate(found):
+        counts: dict[tuple[int, ...], int] = {}
+        for p in params:
+            shape = tuple(p.shape) or (1,)
+            key = (shape[0], math.prod(shape[1:]), p.element_size(), *state_bytes(optimizer, p))
+            counts[key] = counts.get(key, 0) + 1
+        entries = [[*key, n] for key, n in counts.items()]
+        out.append({"root": i == len(found) - 1, "params": entries})
+    return out
+
+
 def count(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -103,7 +156,7 @@ def count(
     ``grad_bytes``, ``optimizer_bytes``, their ``total_bytes``, ``sharded`` (whether FSDP2
     shards the parameters) and, sharded, ``gathered_param_bytes`` and
     ``largest_group_gathered_bytes`` at ``gather_dtype`` (FSDP's ``param_dtype``; None: the
-    parameters' own); None where not sharded."""
+    parameters' own); None where not sharded; and the parameters' :func:`layout`."""
     params = list(model.parameters())
     parts = {
         "param_bytes": held_bytes(params),
@@ -119,4 +172,5 @@ def count(
         "sharded": sharded,
         "gathered_param_bytes": sum(per_group) if sharded else None,
         "largest_group_gathered_bytes": max(per_group, default=0) if sharded else None,
+        "layout": layout(model, optimizer, sharded),
     }

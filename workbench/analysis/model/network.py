@@ -300,10 +300,20 @@ def benchmarked_network(
         name="benchmark",
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
-        description=f"measured allreduce, busbw {float(busbw.median()) / 1e9:.3g} GB/s"
+        description=f"measured {_collectives(keep.loc[busbw.index])}, "
+        f"busbw {float(busbw.median()) / 1e9:.3g} GB/s"
         + (f", {latency * 1e6:.3g} us a hop" if latency > 0 else ""),
     )
     return NetworkFit(model, note, world_sizes=sizes)
+
+
+def _collectives(runs: pd.DataFrame) -> str:
+    """What the runs' benchmarks timed: DDP's allreduce, FSDP's all-gather and reduce-scatter
+    (both rings of the same bus bandwidth, nccl-tests' terms), or both."""
+    strategies = set(runs["strategy"].astype(str)) if "strategy" in runs.columns else set()
+    if strategies == {"fsdp"}:
+        return "all-gather and reduce-scatter"
+    return "allreduce, all-gather and reduce-scatter" if "fsdp" in strategies else "allreduce"
 
 
 #: The largest share of a benchmarked bucket's time put down to its hops' latency: the bytes

@@ -88,6 +88,22 @@ def parse_rate(text: str, bits: bool = False) -> float:
     return out
 
 
+def parse_bytes(text: str) -> float:
+    """Bytes from ``80GB``, ``141GiB``, ``512MB`` or a plain number (bytes): decimal prefixes
+    k, M, G, T (``80GB`` is 80e9 bytes, as vendors state device memory), binary ones with
+    ``i`` (``80GiB`` is 80 x 2^30)."""
+    value, unit = _number_and_unit(text, "memory")
+    match = re.fullmatch(r"([kKMGT]?)(i?)(B?)", unit)
+    if not match or (match.group(2) and not match.group(1)):
+        raise ValueError(f"memory {text!r}: unknown unit {unit!r} (e.g. 80GB, 141GiB, 512MB)")
+    prefix, binary = match.group(1).lower(), bool(match.group(2))
+    power = "kmgt".index(prefix) + 1 if prefix else 0
+    out = value * ((2**10) ** power if binary else (1e3) ** power)
+    if not out > 0:
+        raise ValueError(f"memory {text!r} must be positive")
+    return out
+
+
 def parse_seconds(text: str) -> float:
     """Seconds from ``5us``, ``0.5ms``, ``2s`` or a plain number (seconds)."""
     value, unit = _number_and_unit(text, "latency")

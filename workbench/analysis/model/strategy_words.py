@@ -1,0 +1,94 @@
+"""The strategies' comparison in words: per curve and world size asked, which strategy is the
+faster, what a rank holds under each, and which fits a device's memory. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+
+from workbench.analysis.measured.units import rate
+from workbench.analysis.model.strategies import CONFIG
+
+
+def size(nbytes: float) -> str:
+    """Bytes for people: ``512 B``, ``79.2 KiB``, ``3.1 MiB``, ``12.4 GiB`` (never 0 GiB for a
+    small model)."""
+    if not math.isfinite(nbytes):
+        return "n/a"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return (
+                f"{nbytes / scale:,.3g} {unit}"
+                if nbytes < 1000 * scale
+                else f"{nbytes / scale:,.0f} {unit}"
+            )
+    return f"{nbytes:,.0f} B"
+
+
+def decimal_size(nbytes: float) -> str:
+    """Bytes in decimal units, as vendors state a device's memory: ``80 GB``, ``20 kB``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:,.4g} {unit}"
+    return f"{nbytes:,.0f} B"
+
+
+def curve_columns(table: pd.DataFrame) -> list[str]:
+    """The columns that tell a table's curves apart (the group columns but the strategies')."""
+    before = list(table.columns[: list(table.columns).index("from_strategy")])
+    return [c for c in before if c not in CONFIG and table[c].astype(str).nunique() > 1]
+
+
+def preferred(table: pd.DataFrame) -> pd.DataFrame:
+    """Per curve, strategy and point, the row from a curve of that strategy where the study
+    has one (its own runs), else the row from the other's."""
+    own = table["from_strategy"] == table["strategy"]
+    keys = [*curve_columns(table), "strategy", "world_size", "nodes"]
+    ranked = table.assign(_own=~own).sort_values("_own", kind="stable")
+    return ranked.drop_duplicates(keys).drop(columns="_own")
+
+
+def _fits(rows: pd.DataFrame, device_memory_bytes: float | None) -> str:
+    if device_memory_bytes is None or rows["fits"].isna().all():
+        return ""
+    fit = [s.upper() for s, f in zip(rows["strategy"], rows["fits"], strict=True) if f is True]
+    within = f"within {decimal_size(device_memory_bytes)} ({size(device_memory_bytes)})"
+    if len(fit) == len(rows):
+        return f"; {within}: {'both fit' if len(rows) == 2 else 'it fits'}"
+    if not fit:
+        return f"; {within}: {'neither fits' if len(rows) == 2 else 'it does not fit'}"
+    return f"; {within}: only {', '.join(fit)} fits"
+
+
+def finding(
+    table: pd.DataFrame, world_sizes: Sequence[int], device_memory_bytes: float | None = None
+) -> list[str]:
+    """One line per curve and world size asked: each strategy's throughput, the faster by how
+    much, what a rank holds (parameters, gradients, optimizer state and the working set), and
+    which fits ``device_memory_bytes``."""
+    rows = preferred(table)
+    rows = rows[rows["world_size"].isin([int(n) for n in world_sizes])]
+    curve = curve_columns(table)
+    lines = []
+    for key, point in rows.groupby([*curve, "world_size"], sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{c}={v}" for c, v in zip(curve, key, strict=False))
+        n = int(key[-1])
+        said = ", ".join(
+            f"{s.upper()} {rate(r)}"
+            for s, r in zip(point["strategy"], point["samples_per_s"], strict=True)
+        )
+        text = f"{label + ': ' if label else ''}{n} rank{'s' if n > 1 else ''}: {said}"
+        known = point.dropna(subset=["samples_per_s"]).sort_values("samples_per_s")
+        if len(known) == 2 and known["samples_per_s"].iloc[0] > 0:
+            times = known["samples_per_s"].iloc[1] / known["samples_per_s"].iloc[0]
+            text += f" ({known['strategy'].iloc[1].upper()} {times:.2f}x as fast)"
+        held = ", ".join(
+            f"{s.upper()} {size(t)}"
+            for s, t in zip(point["strategy"], point["total_bytes"], strict=True)
+        )
+        lines.append(f"{text}; a rank holds {held}{_fits(point, device_memory_bytes)}")
+    return lines
