@@ -24,6 +24,8 @@ import pytest
 from workbench.store.files import read_json
 from workbench.store.load import load_traces
 
+from .helpers import WARM
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +99,8 @@ class ZooRun:
 def _run(name: str, world_size: int, out: Path) -> ZooRun:
     shape = SHAPES[name]
     command = [str(Path(sys.executable).parent / "workbench"), "run"]
+    if not shape.spawn:  # forks of a warm template: no imports per rank (6 CPU s a 2-rank run)
+        command += ["--executor", WARM]
     command += ["--script", str(ZOO / f"{name}.py"), "--world-size", str(world_size)]
     # no network benchmark after the last step: nothing here reads it (test_script_runs does)
     command += ["--output-dir", str(out), "--sweep", _sweep(name), "--no-progress"]
