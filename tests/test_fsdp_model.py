@@ -253,3 +253,26 @@ def test_the_command_says_what_it_needs(tmp_path: Path, capsys: pytest.CaptureFi
     nodes = ["predict", "s", "--output-dir", str(tmp_path), "--nodes", "2", "--per-node", "2"]
     assert main([*nodes, "--strategy", "fsdp"]) == 2
     assert "give the network" in capsys.readouterr().err
+
+
+def test_a_one_rank_fsdp_run_beside_a_ddp_study_gives_fsdp_its_own_compute() -> None:
+    """FSDP's own work a step (its copies and hooks) is not in a DDP study: one FSDP run at 1
+    rank (2.0 s a step here, DDP's 1.0 s) gives FSDP its own compute, and the finding takes
+    that curve's rows over those from DDP's; the traffic from the layout, all exposed."""
+    runs, steps = _ddp_study()
+    fsdp_one = make_steps("f1", world_size=1, step_s=2.0, comm_s=0.0, comm_bytes=0)
+    runs = pd.concat(
+        [runs, make_runs([{"run_id": "f1", "world_size": 1, "strategy": "fsdp"}])],
+        ignore_index=True,
+    )
+    steps = pd.concat([steps, fsdp_one], ignore_index=True)
+    net = NetworkModel(name="given", bandwidth_bytes_per_s=1e6, latency_s=0.0)
+    layouts = {"w1": LAYOUT, "f1": LAYOUT}
+    out = compare_strategies(runs, steps, layouts, [2], ("fsdp",), net)
+    at2 = out[out["world_size"] == 2].set_index("from_strategy")
+    comm = 0.5 * 19_904 / 1e6
+    assert at2.loc["fsdp", "step_s"] == pytest.approx(2.0 + comm)
+    assert at2.loc["ddp", "step_s"] == pytest.approx(1.0 + comm)
+    assert "no multi-rank FSDP run" in at2.loc["fsdp", "note"]
+    (line,) = finding(out, [2])
+    assert line.startswith(f"2 ranks: FSDP {16 / (2.0 + comm):.2f}/s"), line

@@ -142,6 +142,7 @@ def _fsdp_base(src: SourceCurve, steps: pd.DataFrame | StoredSteps, base_runs: p
         exposed_b = exposed_b if np.isfinite(exposed_b) else summed("s", list(base_runs))
     src.compute_s = step_s - exposed_b
     if multi.empty:
+        src.exposed_share = 1.0
         src.notes.append("no multi-rank FSDP run: its traffic from the layout, all exposed")
         return
     src.traced_n = int(multi["world_size"].min())
