@@ -290,17 +290,21 @@ def benchmarked_network(
         if latency > 0
         else "; latency folded into that bandwidth"
     )
+    timed = _collectives(keep.loc[busbw.index])
+    factor = {"allreduce": "2(n-1)/n", "all-gather and reduce-scatter": "(n-1)/n"}.get(
+        timed, "2(n-1)/n for allreduce, (n-1)/n for the others"
+    )
     note = (
-        f"measured directly{where}: allreduce micro-benchmark at the runs' bucket sizes, bus "
+        f"measured directly{where}: {timed} micro-benchmark at the runs' own sizes, bus "
         "bandwidth "
-        f"(nccl-tests: bytes / time x 2(n-1)/n) median {float(busbw.median()) / 1e9:.3g} GB/s "
+        f"(nccl-tests: bytes / time x {factor}) median {float(busbw.median()) / 1e9:.3g} GB/s "
         f"over {len(busbw)} run(s) at world sizes {', '.join(map(str, sizes)) or '?'}{hops}"
     )
     model = NetworkModel(
         name="benchmark",
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
-        description=f"measured {_collectives(keep.loc[busbw.index])}, "
+        description=f"measured {timed}, "
         f"busbw {float(busbw.median()) / 1e9:.3g} GB/s"
         + (f", {latency * 1e6:.3g} us a hop" if latency > 0 else ""),
     )
