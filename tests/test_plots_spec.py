@@ -1,12 +1,11 @@
 """Figures as plotly's plain spec: what the report writes unvalidated is what plotly's validator
-makes of it (plotly is the reference, not our code), the layout helpers do what plotly's own do,
-and the report builds no plotly figure object at all."""
+makes of it (plotly is the reference, not our code), and the layout helpers do what plotly's own
+do (that the report builds no plotly figure object at all: tests/test_report.py)."""
 
 from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,6 @@ from plotly.subplots import make_subplots
 from workbench.ui.catalogue import CATALOGUE, available_figures, draw, figure_context
 from workbench.ui.plots import Figure, message_figure
 from workbench.ui.plots.figure import subplots
-from workbench.ui.report import build_figures, write_report
 
 from .frames import scaling_sweep
 
@@ -121,19 +119,3 @@ def test_subplots_lay_out_as_make_subplots(titles: tuple[str, ...]) -> None:
     want = plain(json.loads(pio.to_json(theirs)))
     del want["layout"]["template"]
     assert as_written(ours) == want
-
-
-def test_the_report_builds_no_plotly_figure_object(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Validating the report's figures cost a report about a second at 10.23 M rows: it writes
-    each figure's spec as it is."""
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the report built a plotly figure object")
-
-    runs, steps, evals = scaling_sweep()
-    monkeypatch.setattr(go.Figure, "__init__", refuse)
-    figs, _ = build_figures(runs, steps, evals)
-    page = write_report(runs, steps, evals, tmp_path / "report.html").read_text()
-    assert len(figs) > 10 and page.count('class="plotly-graph-div"') == len(figs)
