@@ -20,8 +20,16 @@ training samples/s (the scaling table of its stored sweep): ``error = predicted 
 of the bytes alone). The goal, bandwidth-bound: median |error| <= 5 %, worst <= 10 %. Needs
 root, tc, nsenter, Slurm and munge.
 
+With ``--strategy fsdp`` the workload is the built-in planted model (the same planted compute
+and gradient bytes, its layers FSDP's blocks) run with ``--strategy fsdp``: fitted on 1 and 2
+nodes (sweep ``<regime>-fit``), held out on 4 nodes at each held-out rate, each point predicted
+on its own FSDP collectives' bus bandwidth (all-gather and reduce-scatter, nccl-tests' terms).
+A DDP study of the same model at 1 and 2 nodes (sweep ``<regime>-ddp-fit``) predicts the same
+held-out FSDP runs too (``workbench predict ... --strategy fsdp``: ``error_from_ddp``), goal
+<= 10 %.
+
 Usage: ``python benchmarks/cluster_prediction.py [--smoke] [--regime R] [--ddp-always]
-[--out F]``;
+[--strategy fsdp] [--out F]``;
 ``--from-store FOLDER`` predicts and compares again the store a run left (no cluster).
 """
 
@@ -62,6 +70,18 @@ SMOKE = {
     "regimes": ["bandwidth-bound"],
     "hop": False,  # one prediction a point: each `workbench predict` is a process of its own
 }
+#: ``--strategy fsdp``: the planted model's options per regime (the script's costs above).
+PLANTED = {
+    "latency-bound": {"layers": 4, "forward_us": 4000, "backward_us": 8000, "gradient_kib": 16},
+    "bandwidth-bound": {
+        "layers": 4,
+        "forward_us": 20000,
+        "backward_us": 40000,
+        "gradient_kib": 8192,
+    },
+}
+#: ``--strategy fsdp``: held out on 4 nodes only (and the smoke on 3).
+FSDP_FULL = {**FULL, "nodes": [4], "hop": False}
 SLURM = ["--executor", "slurm", "--partition", "emu", "--poll-s", "1", "--time-min", "10"]
 
 
@@ -83,11 +103,41 @@ def _workbench(emu: Path, *argv: str) -> str:
     return done.stdout
 
 
+def _built_in(store: Path, sweep: str, steps: int, regime: str, strategy: str) -> list[str]:
+    """The flags every run of a built-in planted study shares (``--strategy fsdp`` mode)."""
+    argv = [*SLURM, "--no-progress", "--model", "planted", "--strategy", strategy]
+    argv += ["--model-options", json.dumps(PLANTED[regime]), "--per-device-batch-size", "8"]
+    argv += ["--max-steps", str(steps), "--warmup-steps", "4", "--train-samples", "4096"]
+    argv += ["--eval-samples", "64", "--eval-every-epochs", "0"]
+    if strategy == "ddp":  # DDP's timers on every step: its overlap, as the script's study
+        argv += ["--trace-comm-every-steps", "1"]
+    return [*argv, "--sweep", sweep, "--output-dir", str(store)]
+
+
 def _common(store: Path, sweep: str, steps: int, script_args: list[str]) -> list[str]:
     """The flags every run of the study shares, and the script's arguments after ``--``."""
     argv = [*SLURM, "--no-progress", "--script", str(SCRIPT), "--warmup-steps", "4"]
     argv += ["--trace-comm-every-steps", "1", "--sweep", sweep, "--output-dir", str(store)]
     return [*argv, "--", "--steps", str(steps), *script_args]
+
+
+def _flags(
+    store: Path, sweep: str, plan: dict[str, Any], regime: str, args: list[str]
+) -> list[str]:
+    """A run's flags: the script's study, or the built-in planted model's (``strategy``)."""
+    strategy = plan.get("strategy")
+    if strategy:
+        return _built_in(store, sweep, plan["steps"], regime, strategy)
+    return _common(store, sweep, plan["steps"], [*REGIMES[regime], *args])
+
+
+def _fit(emu: Path, store: Path, plan: dict[str, Any], regime: str, args: list[str]) -> None:
+    """The fit at 1 and 2 nodes (and, in the FSDP mode, DDP's study of the same model)."""
+    fit = ["scale", "--tasks-per-node", "1", "--world-sizes", "1,2"]
+    _workbench(emu, *fit, *_flags(store, f"{regime}-fit", plan, regime, args))
+    if plan.get("strategy") == "fsdp":
+        ddp = {**plan, "strategy": "ddp"}
+        _workbench(emu, *fit, *_flags(store, f"{regime}-ddp-fit", ddp, regime, args))
 
 
 def _sweeps(emu: Path, store: Path, plan: dict[str, Any], script_args: list[str]) -> None:
@@ -97,28 +147,30 @@ def _sweeps(emu: Path, store: Path, plan: dict[str, Any], script_args: list[str]
     for rate in rates:
         _cluster(emu, "up", "--nodes", str(max(plan["nodes"])), "--rate", f"{rate}mbit")
         for regime in regimes:
-            args = [*REGIMES[regime], *script_args]
             if rate == plan["fit"]:
-                fit = ["scale", "--tasks-per-node", "1", "--world-sizes", "1,2"]
-                fit += ["--report", str(store / f"{regime}-fit.html")]
-                _workbench(emu, *fit, *_common(store, f"{regime}-fit", plan["steps"], args))
+                _fit(emu, store, plan, regime, script_args)
                 print(f"  {regime}, {rate} Mbit/s, 1 and 2 nodes (the fit): done", flush=True)
             if rate not in plan["held"]:
                 continue
             for nodes in plan["nodes"]:
                 run = ["run", "--nodes", str(nodes), "--tasks-per-node", "1"]
                 run += ["--run-name", f"n{nodes}"]
-                held = _common(store, f"{regime}-held-{rate}", plan["steps"], args)
+                held = _flags(store, f"{regime}-held-{rate}", plan, regime, script_args)
                 _workbench(emu, *run, *held)
                 print(f"  {regime}, {rate} Mbit/s, {nodes} nodes (held out): done", flush=True)
 
 
-def _predicted(emu: Path, store: Path, fit: str, n: int, busbw: float, hop: float) -> float:
-    """``workbench predict`` of the fit sweep at ``n`` ranks on ``busbw`` B/s and ``hop`` s."""
+def _predicted(
+    emu: Path, store: Path, fit: str, n: int, busbw: float, hop: float, strategy: str = ""
+) -> float:
+    """``workbench predict`` of the fit sweep at ``n`` ranks on ``busbw`` B/s and ``hop`` s
+    (with ``strategy``: that strategy's row, ``--strategy`` given)."""
     argv = ["predict", fit, "--output-dir", str(store), "--world-sizes", f"2,{n}"]
     argv += ["--busbw", f"{busbw:.6g}", "--latency", f"{hop:.6g}", "--json"]
+    argv += ["--strategy", strategy] if strategy else []
     rows = json.loads(_workbench(emu, *argv))
-    return float(next(r["samples_per_s"] for r in rows if r["world_size"] == n))
+    mine = [r for r in rows if r["world_size"] == n and r.get("strategy", strategy) == strategy]
+    return float(mine[0]["samples_per_s"])
 
 
 def _bytes_busbw(run: pd.Series) -> float:
@@ -146,12 +198,15 @@ def held_out(emu: Path, store: Path, plan: dict[str, Any]) -> pd.DataFrame:
                 row["busbw_MBps"] = busbw / 1e6
                 row["hop_us"] = float(r["network_latency_s"]) * 1e6
                 row["measured"] = float(measured.loc[n, "samples_per_s"])
-                fit = f"{regime}-fit"
-                row["predicted"] = _predicted(emu, store, fit, n, busbw, 0.0)
+                fit, strategy = f"{regime}-fit", plan.get("strategy", "")
+                row["predicted"] = _predicted(emu, store, fit, n, busbw, 0.0, strategy)
                 hop = float(r["network_latency_s"])
+                if strategy == "fsdp":  # the same runs, from the DDP study of the same model
+                    ddp = f"{regime}-ddp-fit"
+                    row["predicted_from_ddp"] = _predicted(emu, store, ddp, n, busbw, 0.0, "fsdp")
                 if plan.get("hop", True):
                     row["predicted_hop"] = _predicted(emu, store, fit, n, _bytes_busbw(r), hop)
-                for k in ("", "_hop"):
+                for k in ("", "_hop", "_from_ddp"):
                     if f"predicted{k}" in row:
                         row[f"error{k}"] = row[f"predicted{k}"] / row["measured"] - 1
                 rows.append(row)
@@ -173,9 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--regime", action="append", choices=list(REGIMES), help="only this one (repeatable)"
     )
+    parser.add_argument(
+        "--strategy",
+        choices=["fsdp"],
+        help="fsdp: the built-in planted model with FSDP, and FSDP predicted from a DDP study",
+    )
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
-    plan = SMOKE if args.smoke else FULL
+    plan = SMOKE if args.smoke else (FSDP_FULL if args.strategy else FULL)
+    if args.strategy:  # the held-out claim is the bandwidth-bound regime's
+        plan = {**plan, "strategy": args.strategy, "regimes": ["bandwidth-bound"], "hop": False}
     if args.regime:
         plan = {**plan, "regimes": args.regime}
     if args.from_store:
@@ -195,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     nodes = ", ".join(map(str, plan["nodes"]))
     for regime, rows in table.groupby("regime", sort=False):
         where = f"{regime}: held out ({len(rows)} points at {nodes} nodes)"
-        for column, model in (("error", "bus bandwidth"), ("error_hop", "bus bandwidth + hop")):
+        for column, model in (
+            ("error", "bus bandwidth"),
+            ("error_hop", "bus bandwidth + hop"),
+            ("error_from_ddp", "FSDP from the DDP study, bus bandwidth"),
+        ):
             if column not in rows.columns:
                 continue
             errors = rows[column].abs()

@@ -123,33 +123,35 @@ def _fsdp_study() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_an_fsdp_study_predicts_fsdp_and_ddp_by_hand() -> None:
-    # Base: 1 rank, compute 1.0 s. Exposed share from the 2-rank run: (0.3 + 0.1) / 0.5 = 0.8.
-    # At 4 ranks on 1e4 B/s: the collectives 3/4 x 19,904 / 1e4 = 1.4928 s, 0.8 of it exposed:
-    # a step of 2.19424 s, 32 samples. DDP from it: a ring allreduce of the 6,752 B of
-    # gradients (one bucket), 2 x 3/4 x 6,752 / 1e4 = 1.0128 s, all exposed: 2.0128 s.
+    # Base: 1 rank, compute 1.0 s, of which the optimizer 0.1 s: FSDP steps a quarter of the
+    # parameters at 4 ranks, 0.925 s. Exposed share from the 2-rank run: (0.3 + 0.1) / 0.5 =
+    # 0.8. At 4 ranks on 1e4 B/s: the collectives 3/4 x 19,904 / 1e4 = 1.4928 s, 0.8 of it
+    # exposed: a step of 2.11924 s, 32 samples. DDP from it (its optimizer on every parameter,
+    # compute 1.0 s): a ring allreduce of the 6,752 B of gradients (one bucket),
+    # 2 x 3/4 x 6,752 / 1e4 = 1.0128 s, all exposed: 2.0128 s.
     runs, steps = _fsdp_study()
     layouts = {"f1": LAYOUT, "f2": LAYOUT}
     out = compare_strategies(runs, steps, layouts, [4], ("fsdp", "ddp"), NET, 20_000)
     at4 = out[out["world_size"] == 4].set_index("strategy")
-    assert at4.loc["fsdp", "compute_s"] == pytest.approx(1.0)
+    assert at4.loc["fsdp", "compute_s"] == pytest.approx(0.925)
     assert at4.loc["fsdp", "exposed_comm_s"] == pytest.approx(0.8 * 1.4928)
-    assert at4.loc["fsdp", "samples_per_s"] == pytest.approx(32 / 2.19424)
+    assert at4.loc["fsdp", "samples_per_s"] == pytest.approx(32 / 2.11924)
     assert at4.loc["ddp", "exposed_comm_s"] == pytest.approx(1.0128)
     assert at4.loc["ddp", "step_s"] == pytest.approx(2.0128)
-    assert at4.loc["fsdp", "speedup"] == pytest.approx(32 / 2.19424 / 8)
+    assert at4.loc["fsdp", "speedup"] == pytest.approx(32 / 2.11924 / 8)
     # memory: FSDP's quarter shards and working set (13,520 B); DDP's 33,776 B everywhere
     assert at4.loc["fsdp", "state_bytes"] == 1_688 * 2 + 3_392
     assert at4.loc["fsdp", "total_bytes"] == 13_520
     assert at4.loc["ddp", "total_bytes"] == 6_752 * 3 + 13_520
     assert at4.loc["fsdp", "fits"] is True and at4.loc["ddp", "fits"] is False
     assert (at4["from_strategy"] == "fsdp").all()
-    # the measured points: the base exactly; at 2 ranks 1.79616 s predicted, 1.5 s measured
+    # the measured points: the base exactly; at 2 ranks 1.74616 s predicted, 1.5 s measured
     at2 = out[(out["world_size"] == 2) & (out["strategy"] == "fsdp")].iloc[0]
-    assert at2["step_s"] == pytest.approx(1.0 + 0.8 * 0.5 * 19_904 / 1e4)
-    assert at2["relative_error"] == pytest.approx(1.5 / 1.79616 - 1)
+    assert at2["step_s"] == pytest.approx(0.95 + 0.8 * 0.5 * 19_904 / 1e4)
+    assert at2["relative_error"] == pytest.approx(1.5 / 1.74616 - 1)
     words = finding(out, [4], 20_000)
     assert words == [
-        "4 ranks: FSDP 14.6/s, DDP 15.9/s (DDP 1.09x as fast); a rank holds FSDP 13.2 KiB, "
+        "4 ranks: FSDP 15.1/s, DDP 15.9/s (DDP 1.05x as fast); a rank holds FSDP 13.2 KiB, "
         "DDP 33 KiB; within 20 kB (19.5 KiB): only FSDP fits"
     ], words
 
@@ -170,16 +172,17 @@ def _ddp_study() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_a_ddp_study_answers_and_with_fsdp() -> None:
     # DDP's own rows are the scaling model's (tests/test_predict.py: 1.5 s at 2 ranks on a
-    # 1e6 B/s bus). FSDP from it: the same 1.0 s of compute, and the layout's traffic,
-    # 1/2 x 19,904 B / 1e6 B/s at 2 ranks, all exposed.
+    # 1e6 B/s bus). FSDP from it: the same 1.0 s of compute but half the optimizer's 0.1 s
+    # (it steps half the parameters), and the layout's traffic, 1/2 x 19,904 B / 1e6 B/s at
+    # 2 ranks, all exposed.
     runs, steps = _ddp_study()
     net = NetworkModel(name="given", bandwidth_bytes_per_s=1e6, latency_s=0.0)
     out = compare_strategies(runs, steps, {"w1": LAYOUT}, [2], ("ddp", "fsdp"), net)
     at2 = out[out["world_size"] == 2].set_index("strategy")
     assert at2.loc["ddp", "step_s"] == pytest.approx(1.5)
-    assert at2.loc["fsdp", "compute_s"] == pytest.approx(1.0)
+    assert at2.loc["fsdp", "compute_s"] == pytest.approx(0.95)
     assert at2.loc["fsdp", "exposed_comm_s"] == pytest.approx(0.5 * 19_904 / 1e6)
-    assert at2.loc["fsdp", "samples_per_s"] == pytest.approx(16 / (1.0 + 0.5 * 19_904 / 1e6))
+    assert at2.loc["fsdp", "samples_per_s"] == pytest.approx(16 / (0.95 + 0.5 * 19_904 / 1e6))
     assert at2.loc["ddp", "measured_samples_per_s"] == pytest.approx(16 / 1.25)
     assert np.isnan(at2.loc["fsdp", "measured_samples_per_s"])
     assert out["fits"].isna().all()  # no device memory asked about
@@ -228,12 +231,12 @@ def test_the_command_compares_strategies(tmp_path: Path, capsys: pytest.CaptureF
     rows = json.loads(capsys.readouterr().out)
     assert {r["strategy"] for r in rows} == {"fsdp"}
     at4 = next(r for r in rows if r["world_size"] == 4)
-    assert at4["step_s"] == pytest.approx(2.19424)
+    assert at4["step_s"] == pytest.approx(2.11924)
     assert main([*argv, "--busbw", "1e4", "--strategy", "fsdp,ddp", "--device-memory", "20kB"]) == 0
     text = capsys.readouterr().out
     first = text.splitlines()[0]
-    assert first.startswith("4 ranks: FSDP 14.6/s, DDP 15.9/s") and "only FSDP fits" in first
-    assert "DDP (from FSDP)" in text and "2.19 s" in text and "13.2 KiB" in text, text
+    assert first.startswith("4 ranks: FSDP 15.1/s, DDP 15.9/s") and "only FSDP fits" in first
+    assert "DDP (from FSDP)" in text and "2.12 s" in text and "13.2 KiB" in text, text
     # without a network, on the one the runs measured (2e4 B/s): half the collectives' time
     assert main([*argv, "--strategy", "fsdp", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -257,8 +260,9 @@ def test_the_command_says_what_it_needs(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_a_one_rank_fsdp_run_beside_a_ddp_study_gives_fsdp_its_own_compute() -> None:
     """FSDP's own work a step (its copies and hooks) is not in a DDP study: one FSDP run at 1
-    rank (2.0 s a step here, DDP's 1.0 s) gives FSDP its own compute, and the finding takes
-    that curve's rows over those from DDP's; the traffic from the layout, all exposed."""
+    rank (2.0 s a step here, DDP's 1.0 s; 0.1 s the optimizer's in each, half of it saved at
+    2 ranks) gives FSDP its own compute, and the finding takes that curve's rows over those
+    from DDP's; the traffic from the layout, all exposed."""
     runs, steps = _ddp_study()
     fsdp_one = make_steps("f1", world_size=1, step_s=2.0, comm_s=0.0, comm_bytes=0)
     runs = pd.concat(
@@ -271,8 +275,8 @@ def test_a_one_rank_fsdp_run_beside_a_ddp_study_gives_fsdp_its_own_compute() -> 
     out = compare_strategies(runs, steps, layouts, [2], ("fsdp",), net)
     at2 = out[out["world_size"] == 2].set_index("from_strategy")
     comm = 0.5 * 19_904 / 1e6
-    assert at2.loc["fsdp", "step_s"] == pytest.approx(2.0 + comm)
-    assert at2.loc["ddp", "step_s"] == pytest.approx(1.0 + comm)
+    assert at2.loc["fsdp", "step_s"] == pytest.approx(1.95 + comm)
+    assert at2.loc["ddp", "step_s"] == pytest.approx(0.95 + comm)
     assert "no multi-rank FSDP run" in at2.loc["fsdp", "note"]
     (line,) = finding(out, [2])
-    assert line.startswith(f"2 ranks: FSDP {16 / (2.0 + comm):.2f}/s"), line
+    assert line.startswith(f"2 ranks: FSDP {16 / (1.95 + comm):.2f}/s"), line

@@ -8,7 +8,9 @@ Per point (``world_size`` ranks on ``nodes``, on the network of the link class i
 
 - compute: the source curve's base, its step less the communication it exposed (DDP's: the
   scaling model's, :mod:`workbench.analysis.model.scaling_model`; FSDP's:
-  :mod:`workbench.analysis.model.strategy_base`), the same for the other strategy.
+  :mod:`workbench.analysis.model.strategy_base`), the same for the other strategy but its
+  optimizer step (the base's ``optimizer_s``), which FSDP takes on 1/N of the parameters and
+  DDP on all of them.
 - DDP's traffic: a ring allreduce of the gradients, ``2 (N-1)/N`` of their bytes a rank, and
   ``2 (N-1)`` hop latencies a bucket. From a DDP curve, the scaling model itself (its measured
   overlap); from an FSDP curve, the gradients' bytes of the recorded layout in buckets of
@@ -187,6 +189,14 @@ def _point(
     """One strategy at one point: compute, exposed communication, step, rate, speedup, memory;
     ``own``: a DDP source's scaling model at the point."""
     compute = float(own["compute_s"]) if own is not None else src.compute_at(n)
+    if strategy == "fsdp" and src.strategy == "ddp":  # FSDP steps 1/N of the parameters
+        compute -= src.optimizer_s * (1 - 1 / n) if np.isfinite(src.optimizer_s) else 0.0
+    elif strategy == "ddp" and src.strategy == "fsdp":  # DDP steps all of them
+        scale = src.base_n / n if src.scaling == "strong" else 1.0
+        extra = src.full_optimizer_at_base() - (
+            src.optimizer_s if np.isfinite(src.optimizer_s) else 0
+        )
+        compute = (src.compute_s + extra) * scale
     traffic = None
     if strategy == "ddp" and src.strategy == "ddp":
         exposed = float(own["exposed_comm_s"]) if own is not None else np.nan

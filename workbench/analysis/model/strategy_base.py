@@ -65,10 +65,26 @@ class SourceCurve:
     exposed_share: float = float("nan")
     notes: list[str] = field(default_factory=list)
 
+    #: The base's optimizer step, seconds (median over its measured steps; NaN: not traced).
+    optimizer_s: float = float("nan")
+
     def compute_at(self, n: int) -> float:
-        """The FSDP base's compute a step at ``n`` ranks (weak: the same; strong: base N / N)."""
-        scale = self.base_n / n if self.scaling == "strong" else 1.0
-        return self.compute_s * scale
+        """The FSDP base's compute a step at ``n`` ranks (weak: the same but the optimizer's
+        step, which FSDP takes on 1/N of the parameters; strong: all of it base N / N)."""
+        if self.scaling == "strong":
+            return self.compute_s * self.base_n / n
+        return self.compute_s - self.sharded_optimizer_saving(n)
+
+    def sharded_optimizer_saving(self, n: int) -> float:
+        """What the base's optimizer step saves at ``n`` ranks when it steps 1/N of the
+        parameters (FSDP) instead of 1/base N of them (negative below the base)."""
+        opt = self.optimizer_s if np.isfinite(self.optimizer_s) else 0.0
+        return opt * (1 - self.base_n / n)
+
+    def full_optimizer_at_base(self) -> float:
+        """The optimizer step on every parameter (DDP's), from the base's on its 1/base N."""
+        opt = self.optimizer_s if np.isfinite(self.optimizer_s) else 0.0
+        return opt * self.base_n
 
     def samples_at(self, n: int) -> float:
         """Samples a step at ``n`` ranks (weak: per device x n; strong: the base's)."""
@@ -122,6 +138,7 @@ def source_curve(
         layout=layout_of(curve, layouts),
         knobs=knobs_of(curve),
     )
+    src.optimizer_s = column_median(steps, "optimizer_s", list(repeats["run_id"]))
     if src.strategy == "fsdp":
         _fsdp_base(src, steps, repeats["run_id"])
     return src
