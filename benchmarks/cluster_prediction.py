@@ -134,7 +134,8 @@ def _flags(
 def _fit(emu: Path, store: Path, plan: dict[str, Any], regime: str, args: list[str]) -> None:
     """The fit at 1 and 2 nodes (and, in the FSDP mode, DDP's study of the same model)."""
     fit = ["scale", "--tasks-per-node", "1", "--world-sizes", "1,2"]
-    _workbench(emu, *fit, *_flags(store, f"{regime}-fit", plan, regime, args))
+    report = ["--report", str(store / f"{regime}-fit.html")]
+    _workbench(emu, *fit, *report, *_flags(store, f"{regime}-fit", plan, regime, args))
     if plan.get("strategy") == "fsdp":
         ddp = {**plan, "strategy": "ddp"}
         _workbench(emu, *fit, *_flags(store, f"{regime}-ddp-fit", ddp, regime, args))
