@@ -84,6 +84,8 @@ def test_the_shares_add_up_to_the_loss() -> None:
         {
             "compute": 13 / 33,
             "exposed_transfer": 4 / 33,
+            "exposed_all_gather": 0.0,  # DDP: no FSDP collective
+            "exposed_reduce_scatter": 0.0,
             "wait": 0.0,
             "data": 0.0,
             "gaps": 0.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,10 @@ def _print_header(handle: Any, executor: str) -> None:
 
 def _print_summary(run_path: Path) -> None:
     """The run's headline figures from run.json: throughput in samples/s, times in ms (the
-    evaluation and checkpoint totals in their own unit), memory in GiB."""
+    evaluation and checkpoint totals in their own unit), FSDP's all-gathers and reduce-scatters
+    where traced (then no allreduce column), memory in GiB and per rank in its parts."""
     from workbench.analysis.measured.units import gib, number, percent, rate, seconds
+    from workbench.cli.tables import memory_text
     from workbench.store.files import read_json
 
     record = read_json(run_path / "run.json")
@@ -101,18 +104,34 @@ def _print_summary(run_path: Path) -> None:
     dropped = record.get("dropped_samples_per_epoch")
     if dropped is not None:
         print(f"samples dropped per epoch (to keep every batch full): {dropped}")
-    print(
-        "step time (ms): "
-        + ", ".join(
-            f"{p.replace('_s', '')} {fmt('mean_' + p, number, 1000)}"
-            for p in ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
-        )
-        + f"; between steps {fmt('mean_gap_s', number, 1000)}"
-    )
+    print("\n".join(_step_lines(s, functools.partial(fmt, unit=number, scale=1000))))
     print(f"peak memory: RSS {fmt('peak_rss_bytes', gib)}, CUDA {fmt('peak_cuda_bytes', gib)}")
+    parts = memory_text(record.get("memory_parts") or {})
+    if parts:
+        print(parts)
     metric = s.get("final_metric_name", "metric")
     shown = fmt("final_metric", percent if metric == "accuracy" else number)
     print(f"final loss {fmt('final_loss')}; {metric} {shown}")
+
+
+def _step_lines(summary: dict[str, Any], ms: Any) -> list[str]:
+    """The step's phases in ms (``ms``: a summary key's value in ms), and FSDP's collectives
+    where traced, in place of the allreduce's column."""
+    from workbench.cli.tables import fsdp_text
+
+    phases = ["data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s"]
+    fsdp = None if _known(summary.get("mean_comm_s")) else fsdp_text(summary)
+    if fsdp:  # FSDP's collectives, not an allreduce
+        phases.remove("comm_s")
+    line = "step time (ms): " + ", ".join(
+        f"{p.replace('_s', '')} {ms('mean_' + p)}" for p in phases
+    )
+    return [line + f"; between steps {ms('mean_gap_s')}", *([fsdp] if fsdp else [])]
+
+
+def _known(value: Any) -> bool:
+    """Whether a summary figure is a number (not None, not NaN)."""
+    return isinstance(value, (int, float)) and value == value
 
 
 def ls(args: argparse.Namespace) -> int:

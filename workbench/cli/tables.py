@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.measured.units import gib, number, percent, rate
+from workbench.analysis.measured.units import gib, number, percent, rate, seconds
+from workbench.analysis.throughput.fsdp_comm import KINDS, size
+from workbench.analysis.throughput.memory import MEMORY_WORDS
 
 #: Per-rank phase columns and their headers; the values are shown in milliseconds.
 PHASE_HEADERS = {
@@ -19,6 +21,8 @@ PHASE_HEADERS = {
     "backward_s": "backward",
     "optimizer_s": "optimizer",
     "comm_s": "comm",
+    "all_gather_exposed_s": "all-gather exposed",
+    "reduce_scatter_exposed_s": "reduce-scatter exposed",
     "step_s": "step",
 }
 #: ``workbench ls``: the run columns shown (those present) and their headers.
@@ -73,8 +77,14 @@ def text_table(
 
 def per_rank_text(table: pd.DataFrame) -> str:
     """``analysis.throughput.summary.per_rank_table``'s frame for people: one row per rank, the
-    phase means in ms, samples/s and peak RSS."""
-    phases = [c for c in PHASE_HEADERS if c in table.columns]
+    phase means in ms (FSDP's exposed all-gathers and reduce-scatters where traced, instead of
+    the allreduce's column), samples/s and peak RSS."""
+    fsdp = "all_gather_exposed_s" in table.columns  # no allreduce: no comm column
+    phases = [
+        c
+        for c in PHASE_HEADERS
+        if c in table.columns and not (fsdp and c == "comm_s" and table[c].isna().all())
+    ]
     headers = ["rank", *(PHASE_HEADERS[c] for c in phases), "samples/s", "peak RSS"]
     rows = []
     for rank, row in table.iterrows():
@@ -111,3 +121,57 @@ def runs_text(runs: pd.DataFrame) -> str:
         rows.append([cell(run[c], fmts.get(c, number)) for c in columns])
     text = ("sweep", "run_id", "status", "model", "precision")
     return text_table(headers, rows, left=[i for i, c in enumerate(columns) if c in text])
+
+
+#: What each of FSDP's collectives does to its bytes, in words.
+MOVED = {"all_gather": "gathered", "reduce_scatter": "reduce-scattered"}
+
+
+def fsdp_text(summary: Mapping[str, Any]) -> str | None:
+    """A run summary's FSDP communication for people (None where FSDP's collectives were not
+    traced; ``none`` where they moved nothing): ``exposed all-gather 150 ms (12 %; hidden 50
+    ms), exposed reduce-scatter ...``, and the bytes and calls a step."""
+    step = summary.get("mean_step_s")
+    said, moved, known = [], [], False
+    for kind, words in KINDS.items():
+        total, exposed = summary.get(f"mean_{kind}_s"), summary.get(f"mean_{kind}_exposed_s")
+        nbytes, calls = summary.get(f"mean_{kind}_bytes"), summary.get(f"mean_{kind}_calls")
+        known = known or not (_missing(total) and _missing(nbytes))
+        if not nbytes and not calls:  # none traced, or none at one rank
+            continue
+        if not _missing(exposed):
+            share = percent(exposed / step) if not _missing(step) and step > 0 else "n/a"
+            hidden = "n/a" if _missing(total) else max(total - exposed, 0.0)
+            hidden = seconds(hidden) if hidden else "0"
+            said.append(f"exposed {words} {seconds(exposed)} ({share}; hidden {hidden})")
+        elif not _missing(total):
+            said.append(f"{words} {seconds(total)} (exposed part not seen)")
+        if not _missing(nbytes):
+            n = "" if _missing(calls) else f" in {number(calls, trim=True)} calls"
+            moved.append(f"{size(nbytes)} {MOVED[kind]}{n}")
+    if not known:
+        return None
+    if not said and not moved:
+        return "FSDP communication a step: none (one rank gathers and reduces nothing)"
+    text = "FSDP communication a step: " + (", ".join(said) or "times not traced")
+    return text + (f"; {', '.join(moved)} (each call's whole buffer)" if moved else "")
+
+
+def memory_text(parts: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """``run.json``'s ``memory_parts`` (per rank: bytes of each part, counted at the first
+    step) for people: the ranks that hold the same parts on one line; None where none counted."""
+    lines: dict[str, list[str]] = {}
+    for rank, p in sorted(parts.items(), key=lambda kv: int(kv[0])):
+        if _missing(p.get("total_bytes")):
+            continue
+        words = [f"{w} {size(p[k])}" for k, w in MEMORY_WORDS.items() if not _missing(p.get(k))]
+        text = f"{size(p['total_bytes'])} ({', '.join(words)})"
+        if not _missing(p.get("gathered_param_bytes")):
+            text += f", parameters gathered {size(p['gathered_param_bytes'])}"
+        lines.setdefault(text, []).append(str(rank))
+    if not lines:
+        return None
+    said = [
+        f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(r)}: {text}" for text, r in lines.items()
+    ]
+    return "memory per rank (counted): " + "; ".join(said)

@@ -2,12 +2,14 @@
 and ``workbench tune`` read, so the two never disagree.
 
 :func:`diagnose` names the largest measured cause of one run's step (``exposed_transfer``,
-``wait``, ``data``, ``gaps``) when it takes at least :data:`DIAGNOSIS_SHARE` of the step, else
-``compute``. :func:`candidates_for` lists the RunConfig changes that cause calls for, each
-marked when it changes the training's mathematics (batch, accumulation, compression), and for a
-script run whether the workbench's instrumentation reaches it; :func:`prediction_order` ranks
-them for both. :func:`predicted_gain` feeds each change to the scaling model
-(:func:`workbench.analysis.model.scaling_model.model_curve`). Pure pandas/numpy; no torch.
+FSDP's ``exposed_all_gather`` and ``exposed_reduce_scatter``, ``wait``, ``data``, ``gaps``) when
+it takes at least :data:`DIAGNOSIS_SHARE` of the step, else ``compute``.
+:func:`candidates_for` lists the RunConfig changes that cause calls for, each marked when it
+changes the training's mathematics (batch, accumulation, compression), and for a script run
+whether the workbench's instrumentation reaches it; :func:`prediction_order` ranks them for both.
+:func:`predicted_gain` feeds each change to the scaling model
+(:func:`workbench.analysis.model.scaling_model.model_curve`; FSDP's own settings are not in it:
+measured, not predicted). Pure pandas/numpy; no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.analysis.advice.fsdp_words import (
+    DDP_KNOBS,
+    FSDP_SAID,
+    FSDP_SETTINGS,
+    KEEP_GATHERED,
+)
 from workbench.analysis.model.batch_cost import BatchCost
 from workbench.analysis.model.network import NetworkModel, ring_allreduce_time
 from workbench.analysis.model.scaling_model import Base, model_arrays
@@ -84,6 +92,7 @@ SAID = {
     "data": "load the data ahead (more loader workers, prefetching, data on local disk)",
     "gaps": "look at the work between steps (logging, host synchronisation)",
     "unexplained": "trace more steps or sample DDP's timers more often to see where it went",
+    **FSDP_SAID,
 }
 
 
@@ -101,6 +110,16 @@ def _bucket_sizes(current: float) -> list[float]:
     return [float(v) for v in dict.fromkeys(out) if v != current]
 
 
+def _keep_gathered(config: Mapping[str, Any], script: bool) -> list[Candidate]:
+    """FSDP's change for its exposed all-gathers: keep the gathered parameters until backward,
+    where the run reshards after forward (a script's FSDP is its own: no field reaches it)."""
+    resharded = _value(config, "reshard_after_forward")
+    kept = resharded is not None and not bool(resharded)
+    if script or kept or _value(config, "strategy") != "fsdp":
+        return []
+    return [Candidate({"reshard_after_forward": False}, KEEP_GATHERED, note="memory permitting")]
+
+
 def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) -> list[Candidate]:
     """The changes ``cause`` calls for, from the run's ``config`` (a RunConfig's dict).
 
@@ -109,7 +128,11 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
     :data:`BATCH_FACTOR` times as large and twice the micro-steps of gradient accumulation (one
     allreduce for them, DDP's no_sync). Straggler, data, compute, gaps: none (no RunConfig
     field reaches them; see :data:`SAID`). For a script run, the batch and accumulation are
-    the script's own: listed, not reachable."""
+    the script's own: listed, not reachable. FSDP's exposed all-gathers (``exposed_all_gather``)
+    call for ``reshard_after_forward`` false where it is true (its gain not modelled: measured);
+    an FSDP run never gets a DDP knob (:data:`DDP_KNOBS`)."""
+    if cause == "exposed_all_gather":
+        return _keep_gathered(config, script)
     if cause != "exposed_transfer":
         return []
     out: list[Candidate] = []
@@ -152,18 +175,22 @@ def candidates_for(cause: str, config: Mapping[str, Any], script: bool = False) 
             else dataclasses.replace(c, reachable=False)
             for c in out
         ]
+    if _value(config, "strategy") == "fsdp":
+        out = [c for c in out if not DDP_KNOBS & set(c.change)]
     return out
 
 
 def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:
     """The cause that calls for tuning and its share of the step: of ``parts`` (seconds per
     step: ``step_s`` and the causes of :mod:`workbench.analysis.advice.losses`), the largest of
-    ``exposed_transfer, wait, data, gaps`` at :data:`DIAGNOSIS_SHARE` of the step or more; else
-    ``compute`` (its share). Waiting in the allreduce counts as communication (ranks sharing a
-    host's cores reach it at different times step by step) unless it is more than twice the
-    exposed transfer: then a rank is slow, and the cause is ``wait``. A run whose allreduce
+    ``exposed_transfer, exposed_all_gather, exposed_reduce_scatter, wait, data, gaps`` at
+    :data:`DIAGNOSIS_SHARE` of the step or more; else ``compute`` (its share). Waiting in the
+    allreduce counts as communication (ranks sharing a host's cores reach it at different
+    times step by step) unless it is more than twice the exposed transfer: then a rank is
+    slow, and the cause is ``wait``. A run whose allreduce
     span (``comm_span``: DDP's timer, the smallest over ranks) covers :data:`SPAN_SHARE` of the
-    step or more is communication-bound (that share)."""
+    step or more is communication-bound (that share). FSDP's exposed all-gathers and
+    reduce-scatters reach the share together: the larger of the two is the cause."""
     step = float(parts.get("step_s", float("nan")))
     if not (math.isfinite(step) and step > 0):
         return "unexplained", float("nan")
@@ -180,11 +207,17 @@ def diagnose(parts: Mapping[str, float]) -> tuple[str, float]:
     comm = (transfer if straggler else transfer + wait) / step
     shares = {
         "exposed_transfer": max(comm, span if span >= SPAN_SHARE and not straggler else 0.0),
+        "exposed_all_gather": part("exposed_all_gather") / step,
+        "exposed_reduce_scatter": part("exposed_reduce_scatter") / step,
         "wait": (wait if straggler else 0.0) / step,
         "data": part("data") / step,
         "gaps": part("gaps") / step,
     }
     cause, share = max(shares.items(), key=lambda kv: kv[1])
+    fsdp = {k: shares.pop(k) for k in ("exposed_all_gather", "exposed_reduce_scatter")}
+    if sum(fsdp.values()) >= max(DIAGNOSIS_SHARE, *shares.values()):  # FSDP's, together
+        cause, share = max(fsdp.items(), key=lambda kv: kv[1])
+        return cause, share
     if share >= DIAGNOSIS_SHARE:
         return cause, share
     compute = float(parts.get("compute", float("nan")))
@@ -271,6 +304,8 @@ def predicted_gain(change: Mapping[str, Any], inputs: ModelInputs) -> tuple[floa
     measured the share);
     ``gradient_as_bucket_view`` and ``static_graph`` are not in the model (0). NaN when the
     base has no modelled compute."""
+    if FSDP_SETTINGS & set(change):
+        return float("nan"), "FSDP's settings are not in this model: measured, not predicted"
     b = inputs.base
     before = _rate(b, inputs)
     if not (math.isfinite(before) and before > 0):

@@ -23,8 +23,9 @@ from workbench.analysis.measured.units import gib, percent, rate, ratio, seconds
 from workbench.analysis.model.batch_cost import batch_cost
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.fsdp_comm import size
 from workbench.analysis.throughput.groups import resolve_group_by
-from workbench.analysis.throughput.memory import memory_by_rank
+from workbench.analysis.throughput.memory import MEMORY_WORDS, memory_by_rank
 from workbench.analysis.throughput.scaling import points_table, run_table
 from workbench.schema import SAMPLES_NOT_COUNTED
 
@@ -297,6 +298,29 @@ def _straggler_lines(steps: pd.DataFrame | StoredSteps, found: pd.DataFrame | No
     return out or ["no slow rank"]
 
 
+def _memory_parts(per_run: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The curve's memory per rank at its largest world size, in its parts as counted (the
+    largest rank's, the runs' largest), with FSDP's gathered parameters where sharded; nothing
+    where the runs did not count them."""
+    n = int(per_run["world_size"].max())
+    ids = per_run.loc[per_run["world_size"] == n, "run_id"]
+    mine = runs[runs["run_id"].isin(ids)] if "run_id" in runs.columns else runs.iloc[:0]
+
+    def largest(part: str) -> float:
+        column = f"memory_{part}_max"
+        if column not in mine.columns:
+            return float("nan")
+        return float(pd.to_numeric(mine[column], errors="coerce").max())
+
+    parts = [f"{words} {size(largest(p))}" for p, words in MEMORY_WORDS.items()]
+    total = largest("total_bytes")
+    if not math.isfinite(total):
+        return []
+    gathered = largest("gathered_param_bytes")
+    more = f"; parameters gathered: {size(gathered)}" if math.isfinite(gathered) else ""
+    return [f"memory per rank at {_ranks(n)}: {size(total)} ({', '.join(parts)}){more}"]
+
+
 def findings(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
@@ -308,7 +332,8 @@ def findings(
 ) -> list[str]:
     """The study's finding, a :class:`Finding` per scaling curve (``label: ...`` when there
     are several), then what each of ``tunes`` (``workbench tune``'s records of these runs)
-    verified, the stragglers and the peak memory. Empty without measured steps.
+    verified, the stragglers and the peak memory; after each curve, its memory per rank in
+    its parts where counted. Empty without measured steps.
     ``found``: the stragglers when the caller has them (:func:`stragglers` of ``steps``, or
     ``stragglers_in_store`` of their runs); computed from ``steps`` when None. ``comm``:
     :func:`workbench.analysis.throughput.comm.communication` of these steps and runs with these
@@ -335,6 +360,7 @@ def findings(
         sentence = _curve_sentence(points, mine, parts, steps, runs, per_run, keys)
         label = _label(mine.iloc[0], varying)
         out.append(_labelled(label, sentence))
+        out += [_labelled(label, line) for line in _memory_parts(mine, runs)]
     out += [verified(t) for t in tunes]
     out += _straggler_lines(steps, found)
     memory = memory_by_rank(steps)

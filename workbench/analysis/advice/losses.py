@@ -5,9 +5,13 @@ Per run, the training step (the training window over its measured steps, evaluat
 checkpoints left out: ``samples per step / samples_per_s``) is the sum, averaged over ranks, of
 
 - ``compute``: forward + backward compute (DDP's timer on its sampled steps, else backward less
-  the exposed communication) + optimizer;
+  the exposed communication) + optimizer, less FSDP's exposed all-gathers and reduce-scatters
+  (which FSDP2 calls inside forward and backward);
 - ``exposed_transfer``: the allreduce that no backward compute hid, even on the last rank to
   reach it (:func:`workbench.analysis.throughput.comm.communication`);
+- ``exposed_all_gather`` and ``exposed_reduce_scatter``: FSDP's collectives that no compute hid
+  (:mod:`workbench.analysis.throughput.fsdp_comm`; any wait for the other ranks inside them
+  included);
 - ``wait``: waiting in the allreduce for the slowest rank;
 - ``data``: loading the batch (``data_s``);
 - ``gaps``: between steps (the training step less the traced ``step_s``);
@@ -30,11 +34,23 @@ from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.windows import measured_steps
 
 #: The measured causes, in the order they are told.
-CAUSES = ("compute", "exposed_transfer", "wait", "data", "gaps")
+CAUSES = (
+    "compute",
+    "exposed_transfer",
+    "exposed_all_gather",
+    "exposed_reduce_scatter",
+    "wait",
+    "data",
+    "gaps",
+)
+#: The causes that are communication: none at one rank.
+COMMUNICATION = ("exposed_transfer", "exposed_all_gather", "exposed_reduce_scatter", "wait")
 #: The causes in words.
 CAUSE_WORDS = {
     "compute": "compute grown",
     "exposed_transfer": "exposed allreduce transfer",
+    "exposed_all_gather": "exposed all-gather",
+    "exposed_reduce_scatter": "exposed reduce-scatter",
     "wait": "waiting for the slowest rank",
     "data": "data loading",
     "gaps": "time between steps",
@@ -68,8 +84,12 @@ def run_parts(steps: pd.DataFrame, comm: pd.DataFrame, per_run: pd.DataFrame) ->
     throughput = per_run["samples_per_s"].to_numpy(dtype="float64")
     with np.errstate(divide="ignore", invalid="ignore"):
         out["step_s"] = np.where(throughput > 0, samples_per_step / throughput, np.nan)
-    c = comm.groupby("run_id")[["exposed_comm_s", "exposed_transfer_s", "wait_s"]].mean()
-    c = c.reindex(out.index)
+    fsdp = ["all_gather_exposed_s", "reduce_scatter_exposed_s"]
+    cols = ["exposed_comm_s", "exposed_transfer_s", "wait_s", *fsdp]
+    c = comm.reindex(columns=["run_id", *cols])
+    c[cols] = c[cols].apply(pd.to_numeric, errors="coerce").astype("float64")
+    c = c.groupby("run_id")[cols].mean().reindex(out.index)
+    fsdp_exposed = c[fsdp].fillna(0.0).sum(axis=1)
     timer = _mean(m, "backward_compute_s").reindex(out.index)
     backward = _mean(m, "backward_s").reindex(out.index) - c["exposed_comm_s"].fillna(0.0)
     backward_compute = timer.where(timer.notna(), backward)
@@ -77,8 +97,11 @@ def run_parts(steps: pd.DataFrame, comm: pd.DataFrame, per_run: pd.DataFrame) ->
         _mean(m, "forward_s").reindex(out.index)
         + backward_compute
         + _mean(m, "optimizer_s").reindex(out.index)
+        - fsdp_exposed
     )
     out["exposed_transfer"] = c["exposed_transfer_s"].fillna(0.0)
+    out["exposed_all_gather"] = c["all_gather_exposed_s"].fillna(0.0)
+    out["exposed_reduce_scatter"] = c["reduce_scatter_exposed_s"].fillna(0.0)
     out["wait"] = c["wait_s"].fillna(0.0)
     out["data"] = _mean(m, "data_s").reindex(out.index)
     out["gaps"] = out["step_s"] - _mean(m, "step_s").reindex(out.index)
@@ -118,7 +141,7 @@ def efficiency_loss(
     rows = []
     for cause in CAUSES:
         b, t = float(base[cause].mean()), float(top[cause].mean())
-        if base_world_size == 1 and cause in ("exposed_transfer", "wait"):
+        if base_world_size == 1 and cause in COMMUNICATION:
             b = 0.0  # one rank neither communicates nor waits
         rows.append((cause, b, t, b * work, (t - b * work) / step))
     loss = (step - step0 * work) / step

@@ -1,5 +1,6 @@
 """Communication per run and rank: the allreduce's share of the step, how much of it is exposed
-(not hidden behind backward compute) and the bus bandwidth it reached.
+(not hidden behind backward compute) and the bus bandwidth it reached; beside it, FSDP's
+all-gathers and reduce-scatters (:mod:`workbench.analysis.throughput.fsdp_comm`).
 
 (The module is not named ``communication``: the package exports :func:`communication`, and a
 function of the submodule's own name would shadow the submodule.)
@@ -15,6 +16,7 @@ import pandas as pd
 from workbench.analysis.measured import comm_samples
 from workbench.analysis.measured.stored import StoredSteps, is_stored
 from workbench.analysis.measured.windows import check_columns, measured_steps
+from workbench.analysis.throughput.fsdp_comm import fsdp_communication
 from workbench.analysis.throughput.groups import (
     BATCH_COLUMNS,
     FAMILY_COLUMNS,
@@ -57,7 +59,10 @@ def communication(
     Also ``overlapped_comm_s = hidden_comm_s = comm_s - exposed_comm_s``, ``exposed_share``,
     the exposed part split (:func:`_with_parts`) into ``wait_s`` (for the slowest rank: not
     communication) and ``exposed_transfer_s`` with their shares, and
-    ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`).
+    ``bus_bandwidth_bytes_per_s`` from the collective's own time (:func:`_with_bus_bandwidth`);
+    and FSDP's all-gathers and reduce-scatters, exposed and hidden, with their shares, bytes
+    and calls a step (:func:`workbench.analysis.throughput.fsdp_comm.fsdp_communication`; NaN
+    for a run without FSDP, whose allreduce columns are in turn NaN for an FSDP run).
     """
     if is_stored(steps):
         out, per_run_times = _stored_means(steps)
@@ -73,7 +78,8 @@ def communication(
         out = _with_reference(out, per_run_times, runs, group_by)
     out = _with_exposed(out)
     out = _with_parts(out, parts)
-    return _with_bus_bandwidth(out, timed_runs, runs)
+    out = _with_bus_bandwidth(out, timed_runs, runs)
+    return out.merge(fsdp_communication(steps, runs), on=["run_id", "rank"], how="left")
 
 
 def _frame_means(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -1,4 +1,5 @@
-"""Memory per rank: peak process RSS and CUDA / NVML peaks."""
+"""Memory per rank: peak process RSS and CUDA / NVML peaks; the parts a rank's memory is counted
+in (``run.json``'s ``memory_parts``), in words."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import pandas as pd
 
 from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.windows import check_columns
+
+#: The parts of a rank's memory counted from its tensors (``run.json``'s ``memory_parts``, the
+#: runs frame's ``memory_<part>_max``), in words.
+MEMORY_WORDS = {
+    "param_bytes": "parameters",
+    "grad_bytes": "gradients",
+    "optimizer_bytes": "optimizer state",
+}
 
 
 def memory_by_rank(steps: pd.DataFrame) -> pd.DataFrame:

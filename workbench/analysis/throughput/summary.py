@@ -12,6 +12,8 @@ import pandas as pd
 
 from workbench.analysis.measured.windows import gap_filled, measured_steps, measured_window
 from workbench.analysis.throughput.completeness import missing_ranks
+from workbench.analysis.throughput.fsdp_comm import COLUMNS as FSDP_COLUMNS
+from workbench.analysis.throughput.fsdp_comm import summary_key
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
@@ -53,6 +55,10 @@ def run_summary(
         )
         for phase in PHASES:
             out[f"mean_{phase}"] = float(measured[phase].mean())
+        for column in FSDP_COLUMNS:  # FSDP's collectives, where traced (schema 2, FSDP found)
+            values = measured[column].dropna() if column in measured.columns else []
+            if len(values):
+                out[summary_key(column)] = float(values.mean())
         gap = gap_filled(steps)[measured.index].dropna()
         out["mean_gap_s"] = float(gap.mean()) if len(gap) else None
         saves = measured["save_s"].dropna() if "save_s" in measured.columns else []
@@ -74,8 +80,9 @@ def run_summary(
 
 
 def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """One row per rank of one run's ``steps`` frame: mean phase times over measured steps,
-    samples/s of that rank and peak RSS (MiB).
+    """One row per rank of one run's ``steps`` frame: mean phase times over measured steps
+    (and FSDP's exposed all-gathers and reduce-scatters where traced), samples/s of that rank
+    and peak RSS (MiB).
 
     A rank's samples/s is on the run's own time basis: its samples over its wall window (per
     attempt, its first measured step's start to its last step's end, summed), the time between
@@ -83,6 +90,9 @@ def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:
     measured = measured_steps(steps)
     grouped = measured.groupby("rank")
     table = grouped[list(PHASES)].mean()
+    for column in ("all_gather_exposed_s", "reduce_scatter_exposed_s"):  # FSDP's, where traced
+        if column in measured.columns and measured[column].notna().any():
+            table[column] = grouped[column].mean()
     ends = measured["t_start_s"] + measured["step_s"]
     per_attempt = measured.assign(_end=ends).groupby(["rank", "attempt"])
     wall = (per_attempt["_end"].max() - per_attempt["t_start_s"].min()).groupby("rank").sum()
