@@ -236,7 +236,7 @@ def test_the_terminal_names_fsdps_collectives_and_memory_parts() -> None:
     assert fsdp_text(summary) == (
         "FSDP communication a step: exposed all-gather 150 ms (12 %; hidden 50 ms), exposed "
         "reduce-scatter 100 ms (8 %; hidden 0); 18.3 KiB gathered in 5 calls, "
-        "9,656 B reduce-scattered in 3 calls (each call's whole buffer)"
+        "9.43 KiB reduce-scattered in 3 calls (each call's whole buffer)"
     )
     one = {k: 0.0 for k in summary} | {"mean_step_s": 1.0}
     none = "FSDP communication a step: none (one rank gathers and reduces nothing)"

@@ -102,11 +102,12 @@ def has_fsdp(frame: pd.DataFrame) -> bool:
 
 
 def size(nbytes: float) -> str:
-    """Bytes for people, in binary units: ``18,768 B``, ``9.43 KiB``, ``1.5 MiB``, ``2.31 GiB``."""
+    """Bytes for people, in binary units, three significant digits: ``512 B``, ``9.43 KiB``,
+    ``3.08 MiB``, ``2.31 GiB``, ``140 GiB``."""
     if not math.isfinite(nbytes):
         return "n/a"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= 10 * scale:
+        if abs(nbytes) >= scale:
             value = nbytes / scale
             return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
     return f"{nbytes:,.0f} B"
