@@ -86,6 +86,9 @@ def _rank_table(
     target = arrow_schema(schema.STEP_COLUMNS)
     arrays = []
     for f in target:
+        if f.name not in cols:  # FSDP2's collectives (schema 2): null in a DDP run, as traced
+            arrays.append(pa.nulls(steps, f.type))
+            continue
         value = cols[f.name]
         if f.type == pa.float64():  # nulls where the tracer writes none, never NaN
             arr = np.asarray(value, dtype="float64")

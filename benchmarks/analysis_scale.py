@@ -126,11 +126,13 @@ out["from_digests"] = "read from their digests" in html.read_text()
     "report, from the rows": """
 from workbench.analysis.stragglers.slow_ranks import stragglers_in_store
 from workbench.analysis.measured.stored import StoredSteps
+from workbench.analysis.run_digests import RULES
+from workbench.store.digests.serve import open_rows
 from workbench.store.load import load_runs, load_traces
 from workbench.ui.report import write_report
 runs = load_runs(root, [{sweep!r}])
 evals = load_traces(dirs, "eval")
-with StoredSteps(dirs, evals) as steps:
+with StoredSteps(open_rows(dirs, RULES, evals)) as steps:
     found = stragglers_in_store(dirs, stored=steps)
     html = write_report(runs, steps, evals, root / "rows.html", found=found)
 out["html_mb"] = html.stat().st_size / 1e6
