@@ -156,7 +156,7 @@ def test_the_finding_speaks_fsdps_terms(study) -> None:
         memory_gathered_param_bytes_max=[26_392, 26_648, None, None],
     )
     said = findings(runs, steps)
-    fsdp = next(line for line in said if line.startswith("strategy=fsdp: 2 ranks"))
+    fsdp = next(line for line in said if line.startswith("FSDP: 2 ranks"))
     assert "1.60x the throughput of 1 rank (80 % of ideal)" in fsdp
     assert "largest cause: exposed all-gather, 12 % of the 2-rank step" in fsdp
     assert "most promising: reshard_after_forward true -> false" in fsdp
@@ -164,12 +164,12 @@ def test_the_finding_speaks_fsdps_terms(study) -> None:
     losses = {cause: (share, detail) for cause, share, detail in fsdp.losses}
     assert losses["exposed all-gather"] == ("12 %", "0 -> 150 ms per step")
     assert losses["exposed reduce-scatter"] == ("8 %", "0 -> 100 ms per step")
-    memory = next(line for line in said if line.startswith("strategy=fsdp: memory per rank"))
+    memory = next(line for line in said if line.startswith("FSDP: memory per rank"))
     assert memory == (
-        "strategy=fsdp: memory per rank at 2 ranks: 52.3 KiB (parameters 13 KiB, gradients "
+        "FSDP: memory per rank at 2 ranks: 52.3 KiB (parameters 13 KiB, gradients "
         "13 KiB, optimizer state 26.3 KiB); parameters gathered: 26 KiB"
     )
-    ddp = next(line for line in said if line.startswith("strategy=ddp: 2 ranks"))
+    ddp = next(line for line in said if line.startswith("DDP: 2 ranks"))
     assert "all-gather" not in ddp and "reduce-scatter" not in ddp
 
 

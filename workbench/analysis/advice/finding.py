@@ -24,7 +24,7 @@ from workbench.analysis.model.batch_cost import batch_cost
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.fsdp_comm import size
-from workbench.analysis.throughput.groups import resolve_group_by
+from workbench.analysis.throughput.groups import curve_words, resolve_group_by
 from workbench.analysis.throughput.memory import MEMORY_WORDS, memory_by_rank
 from workbench.analysis.throughput.scaling import points_table, run_table
 from workbench.schema import SAMPLES_NOT_COUNTED
@@ -45,14 +45,15 @@ def _ranks(n: int) -> str:
 
 
 def _label(curve: pd.Series, keys: Sequence[str]) -> str:
-    """What tells this curve from the others: ``model=mlp, per-device batch 32``."""
+    """What tells this curve from the others: ``model=mlp, per-device batch 32``; a strategy by
+    its name (``FSDP``)."""
     parts = []
     for key in keys:
         if key == "fixed_batch_size":  # the batch a family holds fixed (see throughput.groups)
             strong = curve.get("scaling") == "strong"
             parts.append(f"{'global' if strong else 'per-device'} batch {curve[key]}")
         else:
-            parts.append(f"{key}={curve[key]}")
+            parts.append(curve_words(key, curve[key]))
     return ", ".join(parts)
 
 

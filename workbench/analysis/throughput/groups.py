@@ -59,6 +59,8 @@ BATCH_COLUMNS = ("per_device_batch_size", "global_batch_size")
 #: that puts both on one curve) and the batch it holds fixed (per-device for weak, global for
 #: strong). The default grouping uses both instead of the two batch columns.
 FAMILY_COLUMNS = ("scaling", "fixed_batch_size")
+#: Each strategy in words, as a curve that differs from the others by it is named.
+STRATEGY_WORDS = {"ddp": "DDP", "fsdp": "FSDP", "dp": "DataParallel", "single": "one device"}
 #: Config columns shown first, in this order, when present.
 LEADING_COLUMNS = ("model", "precision", "optimizer", "learning_rate", "train_samples")
 
@@ -66,6 +68,14 @@ LEADING_COLUMNS = ("model", "precision", "optimizer", "learning_rate", "train_sa
 class ScalingFamilyWarning(UserWarning):
     """Runs of a study hold both the per-device and the global batch fixed (or a grouping puts
     runs of different batches on one curve)."""
+
+
+def curve_words(column: str, value: object) -> str:
+    """What a curve's ``column`` says of it, for people: its strategy by name (``FSDP``), any
+    other column as ``column=value``."""
+    if column == "strategy" and isinstance(value, str) and value in STRATEGY_WORDS:
+        return STRATEGY_WORDS[value]
+    return f"{column}={value}"
 
 
 def _is_config(name: object, fields: set[str]) -> bool:
