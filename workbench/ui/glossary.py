@@ -48,6 +48,15 @@ last rank to reach the allreduce waits for no one): waiting for the slowest rank
 communication. The exposed transfer is what even that last rank could not hide (the smallest
 exposed time over ranks). Hidden: the part overlapped with backward compute. Advice about the
 network follows the exposed transfer alone.</li>
+<li><b>exposed all-gather</b>, <b>exposed reduce-scatter</b> (FSDP: <i>all_gather_exposed_s</i>,
+<i>reduce_scatter_exposed_s</i> and their <i>_share</i> of the traced step; <i>_hidden_s</i>
+the rest): FSDP2's collectives inside forward (each block's gather) and backward (the re-gather
+of a block resharded after forward, and each group's reduce-scatter), each call timed from its
+start to its end; exposed is the part the computing thread waited in (on CPU FSDP2 calls both
+synchronously: all of it), any wait for the other ranks inside the call included. Per run, the
+mean over its measured rows (its summary), for every rank. An FSDP run has no allreduce: its
+comm_s and exposed communication are empty, and its compute is forward, backward and optimizer
+less both exposed parts.</li>
 <li><b>straggler</b>: a rank whose own compute (data, forward, optimizer and DDP's backward compute
 timer on the steps it sampled; a rank that waits for the others is not slow) exceeds the median of
 the other ranks' by more than the threshold on most steps of a window, from the reported step on;
