@@ -55,6 +55,8 @@ PHASES = (
     "optimizer_s",
     "comm_s",
     "comm_exposed_s",
+    "all_gather_s",
+    "reduce_scatter_s",
     "samples",
     "tokens",
     "loss",
@@ -87,6 +89,8 @@ SHAPES = {
     "grad_accum_no_sync": Shape(f"{ZOO}/grad_accum_no_sync.py"),
     "mp_spawn": Shape(f"{ZOO}/mp_spawn.py", ("--world-size", "2"), spawn=True),
     "hf_trainer": Shape("examples/scripts/hf_trainer.py", own=TRAINER, warmup=0),
+    # plain FSDP2 (fully_shard per block, then the root), no DataLoader
+    "fsdp": Shape("tests/scripts/fsdp_no_dataloader.py", ("--width", "33")),
 }
 #: What ``--smoke`` runs: one shape, one pair, a few steps (a check of the harness).
 SMOKE_SHAPE = "no_dataloader"
