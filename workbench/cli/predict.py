@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,13 @@ def add_predict(sub: Any) -> None:
         "(an ideal ring: an upper bound; prefer a measured --busbw)",
     )
     parser.add_argument("--latency", default="0", help="per hop and bucket, e.g. 5us (default 0)")
+    _add_intra(parser)
+    parser.add_argument("--json", action="store_true", help="a JSON list, one object per row")
+    parser.set_defaults(func=predict_command)
+
+
+def _add_intra(parser: argparse.ArgumentParser) -> None:
+    """The link within a node."""
     intra = parser.add_argument_group("within a node (with --per-node; at most one)")
     one = intra.add_mutually_exclusive_group()
     one.add_argument("--intra-busbw", help="bus bandwidth inside one node, e.g. 150GB/s")
@@ -72,8 +80,6 @@ def add_predict(sub: Any) -> None:
     intra.add_argument(
         "--intra-latency", default="0", help="per hop and bucket inside a node (default 0)"
     )
-    parser.add_argument("--json", action="store_true", help="a JSON list, one object per row")
-    parser.set_defaults(func=predict_command)
 
 
 def _add_strategies(parser: argparse.ArgumentParser) -> None:
@@ -224,12 +230,14 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
                 "--nodes); --strategy compares strategies on the network the runs measured"
             )
         if per_node:
+            assert network is not None  # said above
             network = target_cluster(network, per_node, intra, runs, steps)
         sizes = _world_sizes(args, per_node)
         if strategies:
             layouts = _layouts(_dirs(args.sweep, args.output_dir))
             table = compare_strategies(runs, steps, layouts, sizes, strategies, network, memory)
         else:
+            assert network is not None  # said above
             table = predict(runs, steps, sizes, network)
     return table, network, sizes, strategies, memory
 
@@ -260,7 +268,7 @@ def predict_command(args: argparse.Namespace) -> int:
 
 #: The strategies' table for a terminal: header, the row's column, how to write it.
 STRATEGY_COLUMNS = (
-    ("ranks", "world_size", str),
+    ("ranks", "world_size", "count"),
     ("samples/s", "samples_per_s", "rate"),
     ("step", "step_s", "seconds"),
     ("compute", "compute_s", "seconds"),
@@ -286,7 +294,12 @@ def strategy_text(table: Any, sizes: list[int], memory: float | None, network: A
     lines += ["", f"network: {where}"]
     rows = preferred(table)
     rows = rows[rows["world_size"].isin(sizes)]
-    write = {"rate": units.rate, "seconds": units.seconds, "size": size, str: str}
+    write: dict[str, Callable[[Any], str]] = {
+        "rate": units.rate,
+        "seconds": units.seconds,
+        "size": size,
+        "count": lambda v: str(int(v)),
+    }
     head = ["curve"] if curve_columns(table) else []
     head += ["strategy", *(h for h, _, _ in STRATEGY_COLUMNS)] + (["fits"] if memory else [])
     body = []
@@ -298,7 +311,7 @@ def strategy_text(table: Any, sizes: list[int], memory: float | None, network: A
             else f" (from {row['from_strategy'].upper()})"
         )
         cells.append(f"{row['strategy'].upper()}{mark}")
-        cells += [write[how](row[c]) for _, c, how in STRATEGY_COLUMNS]  # type: ignore[index]
+        cells += [write[how](row[c]) for _, c, how in STRATEGY_COLUMNS]
         if memory:
             cells.append({True: "yes", False: "no"}.get(row["fits"], "n/a"))
         body.append(cells)

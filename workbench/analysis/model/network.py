@@ -290,10 +290,7 @@ def benchmarked_network(
         if latency > 0
         else "; latency folded into that bandwidth"
     )
-    timed = _collectives(keep.loc[busbw.index])
-    factor = {"allreduce": "2(n-1)/n", "all-gather and reduce-scatter": "(n-1)/n"}.get(
-        timed, "2(n-1)/n for allreduce, (n-1)/n for the others"
-    )
+    timed, factor = _collectives(keep.loc[busbw.index])
     note = (
         f"measured directly{where}: {timed} micro-benchmark at the runs' own sizes, bus "
         "bandwidth "
@@ -304,20 +301,21 @@ def benchmarked_network(
         name="benchmark",
         bandwidth_bytes_per_s=bandwidth,
         latency_s=latency,
-        description=f"measured {timed}, "
-        f"busbw {float(busbw.median()) / 1e9:.3g} GB/s"
+        description=f"measured {timed}, busbw {float(busbw.median()) / 1e9:.3g} GB/s"
         + (f", {latency * 1e6:.3g} us a hop" if latency > 0 else ""),
     )
     return NetworkFit(model, note, world_sizes=sizes)
 
 
-def _collectives(runs: pd.DataFrame) -> str:
+def _collectives(runs: pd.DataFrame) -> tuple[str, str]:
     """What the runs' benchmarks timed: DDP's allreduce, FSDP's all-gather and reduce-scatter
-    (both rings of the same bus bandwidth, nccl-tests' terms), or both."""
+    (both rings of the same bus bandwidth, nccl-tests' terms), or both; and the bus factor."""
     strategies = set(runs["strategy"].astype(str)) if "strategy" in runs.columns else set()
     if strategies == {"fsdp"}:
-        return "all-gather and reduce-scatter"
-    return "allreduce, all-gather and reduce-scatter" if "fsdp" in strategies else "allreduce"
+        return "all-gather and reduce-scatter", "(n-1)/n"
+    if "fsdp" in strategies:
+        return "allreduce, all-gather and reduce-scatter", "2(n-1)/n, (n-1)/n for the others"
+    return "allreduce", "2(n-1)/n"
 
 
 #: The largest share of a benchmarked bucket's time put down to its hops' latency: the bytes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -30,9 +30,10 @@ def column_median(
     ids = [str(r) for r in run_ids]
     if is_stored(steps):
         return float(steps.median(column, ids))
-    if column not in steps.columns:
+    frame = cast(pd.DataFrame, steps)
+    if column not in frame.columns:
         return float("nan")
-    rows = measured_steps(steps[steps["run_id"].astype(str).isin(ids)], [column])
+    rows = measured_steps(frame[frame["run_id"].astype(str).isin(ids)], [column])
     return float(rows[column].median()) if len(rows) else float("nan")
 
 
