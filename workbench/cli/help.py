@@ -66,6 +66,7 @@ EXAMPLES: dict[str, str] = {
   workbench predict quickstart-sweep --world-sizes 2,8,64 --busbw 9.5GB/s --latency 5us
   workbench predict study1 --world-sizes 16 --bandwidth 25Gbit/s --json
   workbench predict study1 --nodes 4,8 --busbw 1.2GB/s           a sweep of 1- and 2-node runs
+  workbench predict study1 --world-sizes 4,8 --strategy fsdp,ddp --device-memory 80GB   what fits
   workbench predict experiments/results/study1 --world-sizes 4,8 --busbw 2.5e9""",
 }
 
