@@ -36,6 +36,7 @@ from workbench.cli.tables import fsdp_text, memory_text
 from workbench.schema import EVAL_COLUMNS, RUN_FILE
 from workbench.store.files import read_json, write_json
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui.report import build_figures, report_from_store
 
 from .frames import FSDP_KINDS, FSDP_PARTS, make_runs, make_steps, write_run
 
@@ -192,33 +193,50 @@ def test_an_fsdp_run_gets_fsdps_changes_and_never_ddps_knobs() -> None:
     assert candidates_for("exposed_all_gather", {**config, "strategy": "ddp"}) == []
 
 
-def _write_study(store: Path, steps: pd.DataFrame) -> Path:
-    """The FSDP runs as the launcher leaves them, run.json's summary included."""
-    for run_id, world in (("f1", 1), ("f2", 2)):
-        rows = steps[steps["run_id"] == run_id]
-        path = write_run(store, "s", run_id, rows, NO_EVALS, world_size=world,
-                         per_device_batch_size=8, strategy="fsdp")  # fmt: skip
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, study) -> Path:
+    """The study's runs as the launcher leaves them, run.json's summary included: the store."""
+    runs, steps = study
+    root = tmp_path_factory.mktemp("fsdp-finding")
+    for run in runs.itertuples():
+        rows = steps[steps["run_id"] == run.run_id]
+        path = write_run(root, "s", str(run.run_id), rows, NO_EVALS, world_size=run.world_size,
+                         per_device_batch_size=8, strategy=run.strategy)  # fmt: skip
         record = read_json(path / RUN_FILE)
         record["summary"] = run_summary(rows, NO_EVALS)
         write_json(path / RUN_FILE, record)
-    return store / "s"
+    return root
 
 
-def test_the_store_and_its_digests_read_the_same(tmp_path: Path, study) -> None:
-    _, steps = study
-    _write_study(tmp_path, steps)
-    runs = load_runs(tmp_path, ["s"])
-    record = read_json(tmp_path / "s" / "f2" / RUN_FILE)["summary"]
+def test_the_store_and_its_digests_read_the_same(store: Path) -> None:
+    runs = load_runs(store, ["s"])
+    record = read_json(store / "s" / "f2" / RUN_FILE)["summary"]
     assert record["mean_all_gather_exposed_s"] == pytest.approx(0.15)
-    dirs = list(iter_run_dirs(tmp_path, ["s"]))
+    dirs = list(iter_run_dirs(store, ["s"]))
     frames = load_traces(dirs, "steps")
     with open_steps(dirs) as stored:
         from_store = communication(stored, runs).set_index(["run_id", "rank"]).sort_index()
         said = findings(runs, stored)
     from_rows = communication(frames, runs).set_index(["run_id", "rank"]).sort_index()
     for column in ("all_gather_exposed_s", "reduce_scatter_exposed_share", "all_gather_bytes"):
-        assert from_store[column].tolist() == pytest.approx(from_rows[column].tolist()), column
-    assert "largest cause: exposed all-gather, 12 % of the 2-rank step" in said[0]
+        left, right = from_store[column].tolist(), from_rows[column].tolist()
+        assert left == pytest.approx(right, nan_ok=True), column
+    fsdp = next(line for line in said if line.startswith("FSDP: 2 ranks"))
+    assert "largest cause: exposed all-gather, 12 % of the 2-rank step" in fsdp
+
+
+def test_the_report_draws_one_speedup_curve_per_strategy(store: Path) -> None:
+    runs = load_runs(store, ["s"])
+    figures, tables = build_figures(runs, load_traces(runs["path"], "steps"), None)
+    speedup = next(fig for heading, fig in figures if heading.startswith("Speedup"))
+    assert [trace["name"] for trace in speedup.data] == ["DDP", "FSDP", "ideal"]
+    comm = tables["communication"]
+    assert comm.loc["f2", "all_gather_exposed_share"] == pytest.approx(0.12)
+    assert comm.loc["f2", "reduce_scatter_exposed_s"] == pytest.approx(0.1)
+    assert math.isnan(comm.loc["d2", "all_gather_exposed_s"])
+    out = report_from_store("s", store / "report.html", output_dir=store, plotly_js="directory")
+    page = out.read_text()
+    assert "largest cause: exposed all-gather" in page and "reduce_scatter_exposed_share" in page
 
 
 def test_the_terminal_names_fsdps_collectives_and_memory_parts() -> None:

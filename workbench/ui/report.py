@@ -24,6 +24,7 @@ from workbench.analysis.model.scaling_model import NetworkModel
 from workbench.analysis.run_digests import open_steps
 from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.comm import communication
+from workbench.analysis.throughput.fsdp_comm import KINDS
 from workbench.analysis.throughput.groups import resolve_group_by
 from workbench.store.digests.on_disk import digest_state
 from workbench.store.engine import parquet_rows
@@ -129,6 +130,7 @@ def _figures_tables_context(
             [
                 *("world_size", "step_s", "comm_s", "comm_share", "exposed_comm_s"),
                 *("exposed_share", "exposed_transfer_s", "wait_s", "hidden_comm_s"),
+                *FSDP_TABLE,
             ]
         ].mean(),
     }
@@ -166,6 +168,8 @@ def _section(anchor: str, heading: str, body: str) -> str:
     return f'<section class="table" id="{anchor}"><h2>{html.escape(heading)}</h2>{body}</section>'
 
 
+#: FSDP's columns of the communication table (left out where no run traced them: empty).
+FSDP_TABLE = [f"{k}_{w}" for k in KINDS for w in ("exposed_s", "exposed_share", "hidden_s")]
 TABLE_HEADINGS = {
     "table-scaling": "Scaling",
     "table-stragglers": "Stragglers",

@@ -3,6 +3,7 @@ and the empty figure that says why there is nothing to plot. No torch."""
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ import plotly.io as pio
 from plotly.colors import qualitative
 
 from workbench.analysis.measured.windows import check_columns
-from workbench.analysis.throughput.groups import FAMILY_COLUMNS, default_group_by
+from workbench.analysis.throughput.groups import FAMILY_COLUMNS, curve_words, default_group_by
 from workbench.ui.plots.figure import Figure
 
 GIB = float(1 << 30)
@@ -84,16 +85,20 @@ def _family_part(rows: pd.DataFrame) -> pd.Series:
 
 def group_labels(table: pd.DataFrame, group_by: Sequence[str] | None = None) -> pd.Series:
     """A legend label per row: ``col=value`` for the group columns that differ between groups (the
-    family columns as ``weak, per-device batch 32``); with one group, its first two columns."""
+    family columns as ``weak, per-device batch 32``, the strategy by name: ``FSDP``); with one
+    group, its first two columns."""
     cols = group_keys(table, group_by)
     varying = [c for c in cols if table[c].nunique(dropna=False) > 1]
     if not varying:
-        label = ", ".join(f"{c}={table[c].iloc[0]}" for c in cols[:2]) if len(table) else ""
+        label = ", ".join(curve_words(c, table[c].iloc[0]) for c in cols[:2]) if len(table) else ""
         return pd.Series(label or "all runs", index=table.index)
     family = [c for c in varying if c in FAMILY_COLUMNS]
-    # map(str), not astype(str): pandas 3 keeps a missing value missing through astype(str),
-    # and one missing option (model_options.x of another model) would blank the whole label
-    parts = [c + "=" + table[c].map(str) for c in varying if c not in FAMILY_COLUMNS]
+    # map (each value as text), not astype(str): pandas 3 keeps a missing value missing through
+    # astype(str), and one missing option (model_options.x of another model) would blank the
+    # whole label
+    parts = [
+        table[c].map(functools.partial(curve_words, c)) for c in varying if c not in FAMILY_COLUMNS
+    ]
     if family:
         parts.append(_family_part(table) if "scaling" in table.columns else table[family[0]])
     out = parts[0]
