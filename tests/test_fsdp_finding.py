@@ -29,6 +29,7 @@ from workbench.analysis.advice.fsdp_words import DDP_KNOBS
 from workbench.analysis.advice.losses import efficiency_loss, run_parts
 from workbench.analysis.advice.ranked_advice import ranked_changes
 from workbench.analysis.run_digests import open_steps
+from workbench.analysis.throughput.breakdown import phase_breakdown
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.scaling import run_table
 from workbench.analysis.throughput.summary import run_summary
@@ -36,6 +37,7 @@ from workbench.cli.tables import fsdp_text, memory_text
 from workbench.schema import EVAL_COLUMNS, RUN_FILE
 from workbench.store.files import read_json, write_json
 from workbench.store.load import iter_run_dirs, load_runs, load_traces
+from workbench.ui.plots.timing import EXPOSED_COMM, FSDP_INSIDE, phase_breakdown_figure
 from workbench.ui.report import build_figures, report_from_store
 
 from .frames import FSDP_KINDS, FSDP_PARTS, make_runs, make_steps, write_run
@@ -234,6 +236,11 @@ def test_the_report_draws_one_speedup_curve_per_strategy(store: Path) -> None:
     assert comm.loc["f2", "all_gather_exposed_share"] == pytest.approx(0.12)
     assert comm.loc["f2", "reduce_scatter_exposed_s"] == pytest.approx(0.1)
     assert math.isnan(comm.loc["d2", "all_gather_exposed_s"])
+    steps = load_traces(runs["path"], "steps")
+    bars = phase_breakdown_figure(phase_breakdown(steps), by="run", comm=communication(steps, runs))
+    exposed = next(t for t in bars.data if t["name"] == EXPOSED_COMM)
+    methods = dict(zip(exposed["x"], [row[1] for row in exposed["customdata"]], strict=True))
+    assert methods["f2"] == FSDP_INSIDE and methods["d2"] != FSDP_INSIDE
     out = report_from_store("s", store / "report.html", output_dir=store, plotly_js="directory")
     page = out.read_text()
     assert "largest cause: exposed all-gather" in page and "reduce_scatter_exposed_share" in page

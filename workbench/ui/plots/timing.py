@@ -45,6 +45,11 @@ PHASE_NAMES = {
 #: The backward segment split in two when the exposed communication is known.
 BACKWARD_COMPUTE = "backward compute"
 EXPOSED_COMM = "exposed communication"
+#: What the breakdown says of an FSDP rank's communication, which it does not split out.
+FSDP_INSIDE = (
+    "FSDP: its all-gathers inside forward and backward, its reduce-scatters inside backward "
+    "(the communication table has their exposed parts)"
+)
 #: The heatmaps' colours: plotly's Viridis as the scale its validator makes of the name (the
 #: colours evenly spaced), not plotly.js's own Viridis, whose stops differ.
 VIRIDIS = [[i / (len(sequential.Viridis) - 1), c] for i, c in enumerate(sequential.Viridis)]
@@ -55,20 +60,24 @@ def _with_comm(phases: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
     less exposed communication) per run and rank from ``comm``
     (:func:`workbench.analysis.communication`); a rank with no communication timed
     (``trace_comm='off'``) has 0 exposed, its whole backward as compute and method
-    ``not traced``."""
+    ``not traced`` (an FSDP rank: :data:`FSDP_INSIDE`)."""
     check_columns(comm, ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s"], "comm")
-    cols = ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s", "method"]
+    cols = ["run_id", "rank", "exposed_comm_s", "overlapped_comm_s", "method", "fsdp_exposed_s"]
     found = comm[[c for c in cols if c in comm.columns]]
     out = phases.drop(columns=["exposed_comm_s", "method"], errors="ignore")
     out = out.merge(found, on=["run_id", "rank"], how="left")
     known = out["exposed_comm_s"].notna()
     exposed = out["exposed_comm_s"].fillna(0.0).clip(upper=out["backward_s"])
     method = out["method"] if "method" in out.columns else pd.Series("", index=out.index)
+    fsdp = out.pop("fsdp_exposed_s") if "fsdp_exposed_s" in out.columns else None
+    unknown = pd.Series("not traced", index=out.index)
+    if fsdp is not None:  # no allreduce: FSDP's collectives sit inside forward and backward
+        unknown = unknown.where(fsdp.isna(), FSDP_INSIDE)
     return out.assign(
         exposed_comm_s=exposed,
         hidden_comm_s=out["overlapped_comm_s"].fillna(0.0),
         backward_compute_s=out["backward_s"] - exposed,
-        method=method.where(known, "not traced"),
+        method=method.where(known, unknown),
     )
 
 
