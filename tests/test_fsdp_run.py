@@ -202,9 +202,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         workbench("run", "--world-size", "2", "--sweep", "ddp", "--output-dir", str(store),
                   *TINY),
     ]  # fmt: skip
-    for process in started:
+    for process, name in zip(started, ("scale", "zero2", "ddp"), strict=True):
         out, err = process.communicate(timeout=300)
         assert process.returncode == 0, (process.args, out[-3000:], err[-3000:])
+        (store / f"{name}.out").write_text(out)  # what the terminal printed
     found = {}
     for run in store.glob("*/*/run.json"):
         record = json.loads(run.read_text())
@@ -298,3 +299,17 @@ def test_the_knobs_reach_fsdp(runs) -> None:
     for rank, parts in memory(runs["zero22"]).items():
         assert parts["gathered_param_bytes"] == gathered_fp32 // 2, rank
         assert parts["param_bytes"] == memory(runs["fsdp2"])[rank]["param_bytes"], "fp32 shards"
+
+
+@pytest.mark.slow
+def test_the_terminal_speaks_fsdps_terms(runs) -> None:
+    """What ``workbench run`` and ``scale`` print for FSDP: its exposed collectives, never
+    "comm n/a", and a finding that names one of them and the memory per rank."""
+    store = runs["fsdp1"].parents[1]
+    run, scale = (store / "zero2.out").read_text(), (store / "scale.out").read_text()
+    assert "FSDP communication a step: exposed all-gather" in run, run
+    assert "comm n/a" not in run and "comm n/a" not in scale, scale
+    # one curve: its finding names FSDP's collective as the largest cause, in the loss table too
+    causes = ("largest cause: exposed all-gather", "largest cause: exposed reduce-scatter")
+    assert any(cause in scale for cause in causes), scale
+    assert "exposed reduce-scatter" in scale and "memory per rank at 2 ranks" in scale, scale
