@@ -7,18 +7,15 @@ that lost a private DDP call (bytes only, one warning, the run completes)."""
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from workbench import schema
 from workbench.config.choices import COMM_HOOKS
-from workbench.ports import free_port
 from workbench.rank.hook_cost import bucket_shapes, measure_hooks
 from workbench.rank.models import build_model, gradient_bytes
 from workbench.rank.network import LOOPS, bucket_params, measure_allreduce
@@ -26,6 +23,7 @@ from workbench.run.launch import launch
 from workbench.store.files import read_json
 
 from .conftest import base_config
+from .gloo_pair import in_two_ranks
 from .helpers import WARM
 
 # timing: its claims are durations measured on this host; they run alone (tests/README.md)
@@ -151,27 +149,6 @@ def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:
     assert hooks["duration_s"] < 1.0, "its budget is 0.4 s of rounds and 3 rounds to warm up"
 
 
-def _gloo_rank(rank: int, port: int, target, args: tuple, out: dict) -> None:
-    """One of two gloo ranks on one thread each: ``target(*args)`` between the process group's
-    start and end; rank 0's returned dict goes to ``out``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    result = target(*args)
-    if rank == 0:
-        out.update(result)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _in_two_ranks(target, *args) -> dict:
-    """``target(*args)`` in two fresh processes joined by a gloo group; rank 0's result."""
-    with mp.Manager() as manager:
-        out = manager.dict()
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_gloo_rank, args=(free_port(), target, args, out), nprocs=2, join=True)
-        return dict(out)
-
-
 def _bare_beside_benchmark(nbytes: int, rounds: int) -> dict:
     """In turns, a bare loop of allreduces of ``nbytes`` of float32 (nothing of the workbench)
     and the workbench's micro-benchmark at that size, ``rounds`` times each."""
@@ -197,7 +174,7 @@ BARE_ITERATIONS = 100
 def test_network_busbw_within_2x_of_a_bare_allreduce_loop_in_turns(comm_runs) -> None:
     _, run = _measured(comm_runs["two"])
     nbytes = max(run["network"]["sizes"], key=lambda r: r["bytes"])["bytes"]  # the run's bucket
-    out = _in_two_ranks(_bare_beside_benchmark, nbytes, 5)
+    out = in_two_ranks(_bare_beside_benchmark, nbytes, 5)
     bare_time, busbw = out["bare_time_s"], out["busbw"]
     # n = 2: busbw = algbw x 2(2-1)/2 = bytes / time.
     bare_busbw = nbytes / bare_time
@@ -245,7 +222,7 @@ def test_the_plain_hook_costs_what_bare_single_allreduces_of_the_buckets_cost(co
     shapes = bucket_shapes(bucket_params(build_model("mlp", WIDE), CAP_MB))
     sizes = [4 * sum(math.prod(s) for s in bucket) for bucket in shapes]
     assert sizes == run["network"]["bucket_sizes_bytes"], "the run's own buckets"
-    out = _in_two_ranks(_bare_beside_hooks, shapes, 3)
+    out = in_two_ranks(_bare_beside_hooks, shapes, 3)
     bare_s, hook_s = out["bare_s"], out["hook_s"]
     ratio = hook_s / bare_s
     print(

@@ -22,14 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from workbench import RunConfig, launch, schema
-from workbench.ports import free_port
 from workbench.rank.network import measure_fsdp
 from workbench.store.files import read_json
 
 from .conftest import base_config
+from .gloo_pair import in_two_ranks
 from .helpers import WARM
 
 # timing: the ratios against bare calls are durations measured on this host (tests/README.md)
@@ -168,25 +167,6 @@ def test_times_are_measured_and_exposed_is_within_them(runs) -> None:
     assert run["measurement_warnings"] == []
 
 
-def _gloo_rank(rank: int, port: int, target, args: tuple, out: dict) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    result = target(*args)
-    if rank == 0:
-        out.update(result)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _in_two_ranks(target, *args) -> dict:
-    """``target(*args)`` in two fresh processes joined by a gloo group; rank 0's result."""
-    with mp.Manager() as manager:
-        out = manager.dict()
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_gloo_rank, args=(free_port(), target, args, out), nprocs=2, join=True)
-        return dict(out)
-
-
 #: Bare calls per kind in one turn, and loops of them for the bandwidth.
 BARE_CALLS, BARE_LOOP = 30, 50
 
@@ -242,7 +222,7 @@ def _bare_beside_benchmark(nbytes: int, turns: int) -> dict:
 def bare(runs) -> dict:
     """Bare calls and loops at one block's size (what each traced call moved), in two fresh
     ranks, after the runs."""
-    return _in_two_ranks(_bare_beside_benchmark, gathered_bytes(2) // BLOCKS, 5)
+    return in_two_ranks(_bare_beside_benchmark, gathered_bytes(2) // BLOCKS, 5)
 
 
 def test_traced_calls_against_bare_calls_of_the_same_size(runs, bare) -> None:
