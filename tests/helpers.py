@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +15,19 @@ T = TypeVar("T")
 #: cold start, Slurm): forks of the warm pool's template, so a run pays no imports per rank.
 #: ``test_pool.py`` holds that a pool run equals a local run bit for bit.
 WARM = "pool"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_cli(*args: str) -> subprocess.Popen[str]:
+    """``workbench ARGS`` started as a user would, from the repository's root, its output
+    captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def job_processes(run_path: Path) -> list[int]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +24,7 @@ from workbench.store.files import read_rank_states
 from workbench.store.load import load_runs
 from workbench.sweeps.spec import SweepSpec
 
-from .helpers import WARM
+from .helpers import WARM, start_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = {"input_dim": 32, "hidden_dim": 64, "num_layers": 2, "num_classes": 5}
@@ -173,17 +171,6 @@ def test_a_bare_module_holds_its_parameters_gradients_and_momentum_in_full() -> 
 # ----------------------------------------------------------------------------- real runs
 
 
-def workbench(*args: str) -> subprocess.Popen[str]:
-    """``workbench ARGS`` started as a user would, its output captured."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "workbench.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-
-
 #: FSDP's knobs away from their defaults: ZeRO-2-like, gathered in bf16, reduced in fp32.
 KNOBS = ["--no-reshard-after-forward", "--fsdp-param-dtype", "bf16", "--fsdp-reduce-dtype", "fp32"]
 
@@ -195,11 +182,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     name -> run folder."""
     store = tmp_path_factory.mktemp("fsdp-store")
     started = [
-        workbench("scale", "--world-sizes", "1,2", "--strategy", "fsdp", "--sweep", "fsdp",
+        start_cli("scale", "--world-sizes", "1,2", "--strategy", "fsdp", "--sweep", "fsdp",
                   "--output-dir", str(store), *TINY),
-        workbench("run", "--world-size", "2", "--strategy", "fsdp", *KNOBS, "--sweep", "zero2",
+        start_cli("run", "--world-size", "2", "--strategy", "fsdp", *KNOBS, "--sweep", "zero2",
                   "--output-dir", str(store), *TINY),
-        workbench("run", "--world-size", "2", "--sweep", "ddp", "--output-dir", str(store),
+        start_cli("run", "--world-size", "2", "--sweep", "ddp", "--output-dir", str(store),
                   *TINY),
     ]  # fmt: skip
     for process, name in zip(started, ("scale", "zero2", "ddp"), strict=True):

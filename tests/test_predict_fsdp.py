@@ -24,7 +24,7 @@ from workbench.rank import memory_parts
 from workbench.rank.models import build_model
 from workbench.store.files import read_rank_states
 
-from .helpers import WARM
+from .helpers import WARM, start_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = {"input_dim": 32, "hidden_dim": 64, "num_layers": 2, "num_classes": 5}
@@ -55,26 +55,15 @@ def test_a_bare_modules_layout_gives_its_counted_parts_back() -> None:
         assert ddp[part] == parts[part], part
 
 
-def workbench(*args: str) -> subprocess.Popen[str]:
-    """``workbench ARGS`` started as a user would, its output captured."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "workbench.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sweep ``fit`` (FSDP at 1 and 2 ranks, `workbench scale`) and ``held`` (FSDP at 4,
     `workbench run`), launched together on the warm pool."""
     root = tmp_path_factory.mktemp("fsdp-predict")
     started = [
-        workbench("scale", "--world-sizes", "1,2", "--sweep", "fit", "--output-dir", str(root),
+        start_cli("scale", "--world-sizes", "1,2", "--sweep", "fit", "--output-dir", str(root),
                   *TINY),
-        workbench("run", "--world-size", "4", "--sweep", "held", "--output-dir", str(root),
+        start_cli("run", "--world-size", "4", "--sweep", "held", "--output-dir", str(root),
                   *TINY),
     ]  # fmt: skip
     for process in started:
