@@ -26,7 +26,6 @@ from workbench.sweeps.spec import SweepSpec
 
 from .helpers import WARM, start_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = {"input_dim": 32, "hidden_dim": 64, "num_layers": 2, "num_classes": 5}
 #: The mlp's parameters as nn.Linear makes them: (out, in) weights and (out,) biases, in order.
 SHAPES = [(64, 32), (64,), (64, 64), (64,), (5, 64), (5,)]
