@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from workbench import schema
 from workbench.config.choices import COMM_HOOKS
-from workbench.rank.hook_cost import bucket_shapes, measure_hooks
+from workbench.rank.hook_cost import BUDGET_S, MAX_ROUNDS, MIN_ROUNDS, bucket_shapes, measure_hooks
 from workbench.rank.models import build_model, gradient_bytes
 from workbench.rank.network import LOOPS, bucket_params, measure_allreduce
 from workbench.run.launch import launch
@@ -146,7 +146,13 @@ def test_each_comm_hook_is_timed_on_the_run_buckets(comm_runs) -> None:
     # PowerSGD at rank 1 makes three allreduces of each bucket (its bias uncompressed, then the
     # factors P and Q) where the plain hook makes one, and computes between them
     assert hooks["time_s"]["powersgd"] > hooks["time_s"]["allreduce"]
-    assert hooks["duration_s"] < 1.0, "its budget is 0.4 s of rounds and 3 rounds to warm up"
+    # The timed rounds are sized to the 0.4 s budget from a warm-up round (3 rounds warm up
+    # first): the rounds at their faster quarter fit it. (Their wall time is the host's: 1.0 s
+    # in all on a quiet hour, more where the hypervisor takes a quarter of the CPU.)
+    round_s = sum(hooks["time_s"].values())
+    print(f"hooks: {hooks['rounds']} rounds of {round_s * 1e3:.1f} ms, {hooks['duration_s']:.2f} s")
+    assert hooks["rounds"] == MIN_ROUNDS or hooks["rounds"] * round_s <= 1.5 * BUDGET_S, hooks
+    assert MIN_ROUNDS <= hooks["rounds"] <= MAX_ROUNDS, hooks
 
 
 def _bare_beside_benchmark(nbytes: int, rounds: int) -> dict:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from tests.frames import make_runs, make_steps
 from workbench import schema
@@ -547,6 +549,33 @@ dist.destroy_process_group()
 
 
 STEP_SLEEP_S, SAMPLE_SLEEP_S = 0.030, 0.001
+#: Steps of each side of the bare loop the batch probe is compared with, at each batch.
+BARE_STEPS = 12
+
+
+def _bare_batch_split(batches: tuple[int, int]) -> tuple[float, float]:
+    """The planted model's compute a step at each of ``batches``, timed by a bare loop in this
+    process (forward, backward, SGD step; nothing of the workbench), taken at the same quantile
+    the probe takes (its faster quarter), and the line through the two points: (per-step
+    seconds, per-sample seconds). What a sleep's late wake-up and the MLP's arithmetic add on
+    this host in these minutes is in both sides alike."""
+    from tests.plugins import batch_cost_mlp
+
+    model = batch_cost_mlp(STEP_SLEEP_S, SAMPLE_SLEEP_S)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    points = []
+    for batch in batches:
+        x, y = torch.randn(batch, 32), torch.randint(0, 4, (batch,))
+        times = []
+        for _ in range(BARE_STEPS):
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+        points.append(float(np.quantile(times, 0.25)))
+    per_sample = (points[1] - points[0]) / (batches[1] - batches[0])
+    return points[0] - per_sample * batches[0], per_sample
 
 
 @pytest.mark.timing
@@ -581,10 +610,18 @@ def test_the_batch_probe_splits_the_planted_compute_and_the_gain_meets_its_measu
         assert handle.wait(timeout_s=300) == "completed"
     lines: list[str] = []
     change = {"per_device_batch_size": 32}
+    bare_before = _bare_batch_split((8, 32))
     result = tune(handle.path, changes=[change], repeats=2, budget_s=300, progress=lines.append)
+    bare_after = _bare_batch_split((8, 32))
     cost = result.batch_cost
     assert cost["how"] == PROBED and list(cost["batches"]) == [8, 32], cost
-    assert STEP_SLEEP_S * 0.98 <= cost["per_step_s"] <= STEP_SLEEP_S + 0.003, cost
+    # The planted per-step sleep, and at most what a bare loop of the same model, timed just
+    # before and just after the probe, adds to it on this host (a loaded or stolen-from host
+    # wakes every sleep late: 33 ms measured once where 30.3 ms is usual), plus 5 %.
+    bare_per_step = max(bare_before[0], bare_after[0])
+    print(f"probe {cost['per_step_s'] * 1e3:.2f} ms a step; bare loop {bare_before[0] * 1e3:.2f}"
+          f" and {bare_after[0] * 1e3:.2f} ms")
+    assert STEP_SLEEP_S * 0.98 <= cost["per_step_s"] <= bare_per_step * 1.05, (cost, bare_per_step)
     assert SAMPLE_SLEEP_S * 0.95 <= cost["per_sample_s"] <= SAMPLE_SLEEP_S * 1.1, cost
     assert any("batch probe, per-device batch 32" in line for line in lines), lines
     (row,) = result.candidates
