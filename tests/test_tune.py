@@ -619,8 +619,10 @@ def test_the_batch_probe_splits_the_planted_compute_and_the_gain_meets_its_measu
     # before and just after the probe, adds to it on this host (a loaded or stolen-from host
     # wakes every sleep late: 33 ms measured once where 30.3 ms is usual), plus 5 %.
     bare_per_step = max(bare_before[0], bare_after[0])
-    print(f"probe {cost['per_step_s'] * 1e3:.2f} ms a step; bare loop {bare_before[0] * 1e3:.2f}"
-          f" and {bare_after[0] * 1e3:.2f} ms")
+    print(
+        f"probe {cost['per_step_s'] * 1e3:.2f} ms a step; bare loop {bare_before[0] * 1e3:.2f}"
+        f" and {bare_after[0] * 1e3:.2f} ms"
+    )
     assert STEP_SLEEP_S * 0.98 <= cost["per_step_s"] <= bare_per_step * 1.05, (cost, bare_per_step)
     assert SAMPLE_SLEEP_S * 0.95 <= cost["per_sample_s"] <= SAMPLE_SLEEP_S * 1.1, cost
     assert any("batch probe, per-device batch 32" in line for line in lines), lines
