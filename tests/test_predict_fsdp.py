@@ -109,3 +109,32 @@ def test_fsdp_at_four_predicted_from_one_and_two(store: Path) -> None:
     assert row["samples_per_s"] > 0 and row["exposed_comm_s"] > 0
     rate = record["summary"]["samples_per_s"]
     print(f"FSDP at 4 ranks: predicted {row['samples_per_s']:.0f}/s, measured {rate:.0f}/s")
+
+
+@pytest.mark.slow
+def test_the_dashboards_what_if_compares_the_strategies_as_the_command_does(store: Path) -> None:
+    """An FSDP study's Dashboard: its what-if control predicts in FSDP's terms, the same
+    words and figures as `workbench predict` on the same network, not "No prediction"."""
+    import html
+
+    from workbench.ui.dashboard import Dashboard
+
+    (held,) = store.glob("held/*/run.json")
+    busbw = str(json.loads(held.read_text())["network"]["busbw_bytes_per_s"])
+    argv = ["predict", "fit", "--output-dir", str(store), "--world-sizes", "4", "--busbw", busbw]
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    board = Dashboard(store, sweeps=["fit"])
+    board.what_if.world_sizes.value = "4"
+    board.what_if.network_kind.value = "busbw"
+    board.what_if.rate.value = busbw
+    shown = board.what_if.predict()
+    assert "Predicted" in shown and "FSDP" in shown, shown
+    said = html.unescape(shown.split("<pre>")[1].split("</pre>")[0])
+    assert said == done.stdout.rstrip("\n"), (said, done.stdout)

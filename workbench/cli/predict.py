@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +113,6 @@ def _strategies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _layouts(dirs: list[Path]) -> dict[str, Any]:
-    """Run id -> the parameters' layout its first rank recorded (``memory_parts``)."""
-    from workbench.store.files import read_json
-
-    out = {}
-    for run_dir in dirs:
-        record = read_json(run_dir / "run.json")
-        parts = record.get("memory_parts") or {}
-        layout = next((p.get("layout") for p in parts.values() if p and p.get("layout")), None)
-        if layout:
-            out[str(record.get("run_id", run_dir.name))] = layout
-    return out
-
-
 def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
@@ -188,18 +173,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _own_strategies(runs: Any, device_memory: float | None) -> list[str] | None:
-    """The strategies a sweep without --strategy is compared in: its completed runs' own, where
-    one is FSDP or a device's memory is asked about; None: the plain prediction."""
-    from workbench.analysis.model.memory import STRATEGIES
-
-    done = runs if "status" not in runs.columns else runs[runs["status"] == "completed"]
-    own = sorted({str(s) for s in done.get("strategy", ["ddp"] * len(done))} & set(STRATEGIES))
-    if "fsdp" in own or (device_memory is not None and own):
-        return own
-    return None
-
-
 def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] | None, Any]:
     """The table, the network, the world sizes, the strategies compared (None: the plain
     prediction) and the device memory asked about; ValueError for what does not fit."""
@@ -210,6 +183,8 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
         target_cluster,
     )
     from workbench.analysis.model.strategies import compare_strategies
+    from workbench.analysis.model.strategy_words import own_strategies
+    from workbench.store.load import parameter_layouts
 
     _check_where(args)
     given = bool(args.busbw or args.bandwidth)
@@ -220,7 +195,7 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
         intra = _network(args.intra_busbw, args.intra_bandwidth, args.intra_latency)
     runs, steps = _load(args.sweep, args.output_dir)
     with steps:
-        strategies = args.strategy or _own_strategies(runs, memory)
+        strategies = args.strategy or own_strategies(runs, memory)
         per_node = args.per_node
         if per_node is None and args.nodes is not None:
             per_node = sweep_ranks_per_node(runs)
@@ -234,7 +209,7 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
             network = target_cluster(network, per_node, intra, runs, steps)
         sizes = _world_sizes(args, per_node)
         if strategies:
-            layouts = _layouts(_dirs(args.sweep, args.output_dir))
+            layouts = parameter_layouts(_dirs(args.sweep, args.output_dir))
             table = compare_strategies(runs, steps, layouts, sizes, strategies, network, memory)
         else:
             assert network is not None  # said above
@@ -244,6 +219,7 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
 
 def predict_command(args: argparse.Namespace) -> int:
     from workbench.analysis.model.predict import PredictionError
+    from workbench.analysis.model.strategy_words import strategy_lines
     from workbench.ui.what_if import prediction_lines
 
     try:
@@ -259,69 +235,8 @@ def predict_command(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     if strategies:
-        print("\n".join(strategy_text(table, sizes, memory, network)))
+        print("\n".join(strategy_lines(table, sizes, memory, network)))
         return 0
     print(f"network: {network.description}")
     print("\n".join(prediction_lines(table)))
     return 0
-
-
-#: The strategies' table for a terminal: header, the row's column, how to write it.
-STRATEGY_COLUMNS = (
-    ("ranks", "world_size", "count"),
-    ("samples/s", "samples_per_s", "rate"),
-    ("step", "step_s", "seconds"),
-    ("compute", "compute_s", "seconds"),
-    ("exposed comm", "exposed_comm_s", "seconds"),
-    ("params+grads+optimizer", "state_bytes", "size"),
-    ("working set", "working_set_bytes", "size"),
-    ("a rank", "total_bytes", "size"),
-)
-
-
-def strategy_text(table: Any, sizes: list[int], memory: float | None, network: Any) -> list[str]:
-    """The finding in words, then the table (one row per strategy and size asked), then how
-    each was modelled."""
-    from workbench.analysis.measured import units
-    from workbench.analysis.model.strategy_words import curve_columns, finding, preferred, size
-
-    if table.empty:
-        return ["no completed run to predict from"]
-    lines = finding(table, sizes, memory)
-    where = (
-        network.description if network is not None else "as the runs measured it, per link class"
-    )
-    lines += ["", f"network: {where}"]
-    rows = preferred(table)
-    rows = rows[rows["world_size"].isin(sizes)]
-    write: dict[str, Callable[[Any], str]] = {
-        "rate": units.rate,
-        "seconds": units.seconds,
-        "size": size,
-        "count": lambda v: str(int(v)),
-    }
-    head = ["curve"] if curve_columns(table) else []
-    head += ["strategy", *(h for h, _, _ in STRATEGY_COLUMNS)] + (["fits"] if memory else [])
-    body = []
-    for _, row in rows.iterrows():
-        cells = [", ".join(str(row[c]) for c in curve_columns(table))] if head[0] == "curve" else []
-        mark = (
-            ""
-            if row["from_strategy"] == row["strategy"]
-            else f" (from {row['from_strategy'].upper()})"
-        )
-        cells.append(f"{row['strategy'].upper()}{mark}")
-        cells += [write[how](row[c]) for _, c, how in STRATEGY_COLUMNS]
-        if memory:
-            cells.append({True: "yes", False: "no"}.get(row["fits"], "n/a"))
-        body.append(cells)
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    for r in [head, *body]:
-        lines.append(
-            "  ".join(
-                c.rjust(w) if i else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
-    lines += ["", *(f"model: {n}" for n in dict.fromkeys(rows["note"].dropna()))]
-    return lines

@@ -191,3 +191,17 @@ def load_traces(runs: str | Path | Iterable[str | Path], kind: str = "steps") ->
     return frame[list(columns)].sort_values(
         ["run_id", "rank", "step"], kind="stable", ignore_index=True
     )
+
+
+def parameter_layouts(run_dirs: Iterable[str | Path]) -> dict[str, Any]:
+    """Run id -> the parameters' layout its first rank recorded (``run.json``'s
+    ``memory_parts``: what a strategy comparison works each rank's memory out from); runs that
+    recorded none are left out."""
+    out = {}
+    for run_dir in run_dirs:
+        record = read_json(Path(run_dir) / schema.RUN_FILE)
+        parts = record.get("memory_parts") or {}
+        layout = next((p.get("layout") for p in parts.values() if p and p.get("layout")), None)
+        if layout:
+            out[str(record.get("run_id", Path(run_dir).name))] = layout
+    return out

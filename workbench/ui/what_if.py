@@ -1,8 +1,11 @@
 """What if: the scaling model's prediction for the selected runs at other world sizes on another
 network, as a control under the dashboard (the same figures and words as ``workbench predict``).
 
-The widget only composes :func:`workbench.analysis.model.predict.predict`; the lines it shows come
-from :func:`prediction_lines`, which the command prints too.
+The widget only composes :func:`workbench.analysis.model.predict.predict` (a study with FSDP
+runs: :func:`workbench.analysis.model.strategies.compare_strategies`, its own strategies
+compared, as ``workbench predict`` compares them without ``--strategy``); the lines it shows come
+from :func:`prediction_lines` (:func:`~workbench.analysis.model.strategy_words.strategy_lines`),
+which the command prints too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from workbench.analysis.model.predict import (
     predict,
     target_network,
 )
+from workbench.analysis.model.strategies import compare_strategies
+from workbench.analysis.model.strategy_words import own_strategies, strategy_lines
+from workbench.store.load import parameter_layouts
 
 #: The network control's choices: label -> what the number means.
 NETWORK_KINDS = (("bus bandwidth (nccl-tests)", "busbw"), ("link rate", "link"))
@@ -135,15 +141,27 @@ class WhatIf(widgets.VBox):
                 latency_s=parse_seconds(self.latency.value),
             )
             runs, steps = self.data()
-            table = predict(runs, steps, sizes, network)
+            strategies = own_strategies(runs, None)
+            if strategies:
+                layouts = parameter_layouts(runs["path"]) if "path" in runs.columns else {}
+                table = compare_strategies(runs, steps, layouts, sizes, strategies, network)
+            else:
+                table = predict(runs, steps, sizes, network)
         except (PredictionError, ValueError) as exc:
             self.output.value = _box("#c60", "#fff4e5", "No prediction", [str(exc)])
         else:
-            lines = [f"network: {network.description}", *prediction_lines(table)]
-            self.output.value = _box("#3a6ea5", "#f3f7fc", "Predicted", lines)
+            if strategies:
+                text = html.escape("\n".join(strategy_lines(table, sizes, None, network)))
+                self.output.value = _box("#3a6ea5", "#f3f7fc", "Predicted", [], pre=text)
+            else:
+                lines = [f"network: {network.description}", *prediction_lines(table)]
+                self.output.value = _box("#3a6ea5", "#f3f7fc", "Predicted", lines)
         return self.output.value
 
 
-def _box(edge: str, fill: str, title: str, lines: list[str]) -> str:
+def _box(edge: str, fill: str, title: str, lines: list[str], pre: str = "") -> str:
+    """A titled box of ``lines`` as a list, or of ``pre``: text already escaped, kept as it is
+    laid out (the strategies' table)."""
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f'<div style="{BOX.format(edge, fill)}"><b>{title}</b><ul>{items}</ul></div>'
+    body = f"<pre>{pre}</pre>" if pre else f"<ul>{items}</ul>"
+    return f'<div style="{BOX.format(edge, fill)}"><b>{title}</b>{body}</div>'

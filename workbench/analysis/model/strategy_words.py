@@ -5,11 +5,13 @@ faster, what a rank holds under each, and which fits a device's memory. No torch
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.measured.units import rate
+from workbench.analysis.measured.units import rate, seconds
+from workbench.analysis.model.memory import STRATEGIES
 from workbench.analysis.model.strategies import CONFIG
 
 
@@ -91,4 +93,74 @@ def finding(
             for s, t in zip(point["strategy"], point["total_bytes"], strict=True)
         )
         lines.append(f"{text}; a rank holds {held}{_fits(point, device_memory_bytes)}")
+    return lines
+
+
+def own_strategies(runs: pd.DataFrame, device_memory: float | None) -> list[str] | None:
+    """The strategies a study is compared in when none is asked for: its completed runs' own,
+    where one is FSDP or a device's memory is asked about; None: the plain prediction."""
+    done = runs if "status" not in runs.columns else runs[runs["status"] == "completed"]
+    own = sorted({str(s) for s in done.get("strategy", ["ddp"] * len(done))} & set(STRATEGIES))
+    if "fsdp" in own or (device_memory is not None and own):
+        return own
+    return None
+
+
+#: The strategies' table for a terminal: header, the row's column, how to write it.
+STRATEGY_COLUMNS = (
+    ("ranks", "world_size", "count"),
+    ("samples/s", "samples_per_s", "rate"),
+    ("step", "step_s", "seconds"),
+    ("compute", "compute_s", "seconds"),
+    ("exposed comm", "exposed_comm_s", "seconds"),
+    ("params+grads+optimizer", "state_bytes", "size"),
+    ("working set", "working_set_bytes", "size"),
+    ("a rank", "total_bytes", "size"),
+)
+
+
+def strategy_lines(
+    table: pd.DataFrame, sizes: Sequence[int], memory: float | None, network: Any
+) -> list[str]:
+    """The finding in words, then the table (one row per strategy and size asked), then how
+    each was modelled."""
+    if table.empty:
+        return ["no completed run to predict from"]
+    lines = finding(table, sizes, memory)
+    where = (
+        network.description if network is not None else "as the runs measured it, per link class"
+    )
+    lines += ["", f"network: {where}"]
+    rows = preferred(table)
+    rows = rows[rows["world_size"].isin(sizes)]
+    write: dict[str, Callable[[Any], str]] = {
+        "rate": rate,
+        "seconds": seconds,
+        "size": size,
+        "count": lambda v: str(int(v)),
+    }
+    head = ["curve"] if curve_columns(table) else []
+    head += ["strategy", *(h for h, _, _ in STRATEGY_COLUMNS)] + (["fits"] if memory else [])
+    body = []
+    for _, row in rows.iterrows():
+        cells = [", ".join(str(row[c]) for c in curve_columns(table))] if head[0] == "curve" else []
+        mark = (
+            ""
+            if row["from_strategy"] == row["strategy"]
+            else f" (from {row['from_strategy'].upper()})"
+        )
+        cells.append(f"{row['strategy'].upper()}{mark}")
+        cells += [write[how](row[c]) for _, c, how in STRATEGY_COLUMNS]
+        if memory:
+            cells.append({True: "yes", False: "no"}.get(row["fits"], "n/a"))
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    for r in [head, *body]:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    lines += ["", *(f"model: {n}" for n in dict.fromkeys(rows["note"].dropna()))]
     return lines
