@@ -136,6 +136,8 @@ class Dashboard(widgets.VBox):
         self._cache: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
         # the selected runs' step rows, left in the engine (by the runs' folders)
         self._stored: tuple[tuple[str, ...], StoredSteps] | None = None
+        # the selection's runs and evaluations, by (sweeps, runs) chosen
+        self._selected: tuple[tuple[Any, ...], pd.DataFrame, pd.DataFrame] | None = None
         self._busy = False  # set while controls are filled in code: one redraw, not many
         self._built: tuple[Any, FigureContext | None] | None = None
         self._said: list[str] = []  # the finding for the selection of ``_built``
@@ -195,7 +197,21 @@ class Dashboard(widgets.VBox):
 
     def selection(self) -> tuple[pd.DataFrame, StoredSteps, pd.DataFrame]:
         """runs, steps (left in the engine: a sweep of a thousand ranks stays small here) and
-        evals of the selected runs."""
+        evals of the selected runs; the same frames while the selection stays (what the
+        analysis computed for them is kept with the steps, by frame)."""
+        key = (self.sweeps.value, self.runs.value)
+        if self._selected is None or self._selected[0] != key or self._stored is None:
+            runs, evals = self._select()
+            self._selected = (key, runs, evals)
+        _, runs, evals = self._selected
+        paths = tuple(str(p) for p in runs["path"])
+        if self._stored is None or self._stored[0] != paths:
+            self._close_stored()
+            self._stored = (paths, open_steps(paths, evals))  # digests once each run has ended
+        return runs, self._stored[1], evals
+
+    def _select(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The selected runs and their evaluations, from the sweeps' frames."""
         parts = [self._sweep_data(s) for s in self.sweeps.value]
         if parts:
             runs, evals = (pd.concat([p[i] for p in parts], ignore_index=True) for i in range(2))
@@ -204,11 +220,7 @@ class Dashboard(widgets.VBox):
             evals = evals[evals["run_id"].isin(chosen)].reset_index(drop=True)
         else:
             runs, evals = pd.DataFrame(columns=["run_id", "path"]), load_traces([], "eval")
-        key = tuple(str(p) for p in runs["path"])
-        if self._stored is None or self._stored[0] != key:
-            self._close_stored()
-            self._stored = (key, open_steps(key, evals))  # digests once each run has ended
-        return runs, self._stored[1], evals
+        return runs, evals
 
     def _close_stored(self) -> None:
         if self._stored is not None:
@@ -299,6 +311,7 @@ class Dashboard(widgets.VBox):
     def refresh(self) -> None:
         """Reload the store (new runs, finished runs) and redraw."""
         self._cache.clear()
+        self._selected = None
         self._close_stored()
         self._built = None
         self._fill_sweeps(None)

@@ -53,6 +53,8 @@ class StoredSteps:
         #: :func:`workbench.analysis.throughput.scaling.run_table` by the frames and grouping
         #: it was given.
         self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
+        # the scaling model's error on its own points, per runs and grouping (what-if presses)
+        self.model_errors: dict[tuple[object, ...], tuple[object, pd.DataFrame]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
 

@@ -194,7 +194,21 @@ def sweep_ranks_per_node(runs: pd.DataFrame) -> int:
 
 def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per curve: the RMS relative error of the model on its own measured points other than the
-    base (each on the network its link class measured); NaN without such a point."""
+    base (each on the network its link class measured); NaN without such a point. It depends
+    on neither the network asked about nor the world sizes: computed once per stored runs and
+    grouping."""
+    if not is_stored(steps):
+        return _model_error_of(runs, steps, keys)
+    key = (id(runs), tuple(keys))
+    held = steps.model_errors.get(key)
+    if held is None or held[0] is not runs:
+        held = (runs, _model_error_of(runs, steps, keys))
+        steps.model_errors[key] = held
+    return held[1].copy()
+
+
+def _model_error_of(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """:func:`_model_error`, computed."""
     own = predicted_vs_measured(runs, steps, None, group_by=keys)
     curve = [c for c in keys if c in own.columns]
     beyond = (own["world_size"] != own["base_world_size"]) | (own["nodes"] != own["base_nodes"])

@@ -98,6 +98,7 @@ def run_table(
     """
     check_columns(runs, ("run_id",), "runs")
     group_by = resolve_group_by(runs, group_by)
+    evals = evals if evals is not None and len(evals) else None  # none given, or none run: alike
     if not is_stored(steps):
         return _run_table(runs, steps, evals, group_by, statuses)
     # A report, a Dashboard's first screen and a prediction ask for it several times over
