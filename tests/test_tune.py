@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -348,9 +349,14 @@ def test_too_few_steps_is_refused(tmp_path: Path) -> None:
 
 def test_a_budget_smaller_than_one_candidate_is_refused(tmp_path: Path, capsys) -> None:
     path = _hand_built_run(tmp_path)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with pytest.raises(TuneError, match=r"budget 10 s is less than one candidate: 3 pairs"):
         tune(path, budget_s=10)
     assert _launched(tmp_path) == []
+    # before any process starts: no warm pool made and closed (its template's imports alone
+    # are seconds of CPU, counted here once it is reaped)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime - children.ru_utime < 0.2, "a process ran before the refusal"
     # the command line says the same, exit status 2
     assert main(["tune", str(path), "--budget", "10s"]) == 2
     assert "less than one candidate" in capsys.readouterr().err

@@ -185,11 +185,12 @@ def tune(
     where = (executor, dict(executor_options or {}))
     spent = 0.0
     probe = batch_to_probe(plan, config, inputs) > 0  # even under the noise: see the module
+    # a budget that holds no candidate is refused before any process starts
+    room = room_for_probe(
+        budget_s, inputs, [rows[i]["change"] for i in todo], config, short, repeats
+    )
     pool = warm_pool(size=config.processes) if executor == "pool" and (todo or probe) else None
     with pool or nullcontext():
-        room = room_for_probe(
-            budget_s, inputs, [rows[i]["change"] for i in todo], config, short, repeats
-        )
         if probe:
             inputs, spent = _probe(result, plan, config, inputs, room, where, progress)
             if result.batch_cost:  # the larger batch predicted again, from the split
