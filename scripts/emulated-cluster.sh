@@ -2,7 +2,7 @@
 # A small multi-node Slurm cluster on one machine, each node with a network link of its own:
 # rehearse a multi-node study on a laptop, or check a prediction across nodes.
 #
-#   scripts/emulated-cluster.sh up --nodes 8 [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 64kb]
+#   scripts/emulated-cluster.sh up --nodes 8 [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 1mb]
 #   scripts/emulated-cluster.sh env      what a shell needs to submit to it (source it)
 #   scripts/emulated-cluster.sh status   daemons, links and sinfo; exit 0 only if all is up
 #   scripts/emulated-cluster.sh down     stop everything and remove every namespace and link
@@ -32,10 +32,10 @@ HOST_IP="$SUBNET.254"
 PARTITION=emu
 IFACE=wbemu0
 # tbf's bucket (--burst): what a link may send at once after an idle moment. A real link has no
-# such credit: a bucket of 1 MB, refilled during each step's compute, let the collectives inside
-# FSDP's steps run 4-8 % faster than their own back-to-back benchmark at 200-800 Mbit/s. 64 kB
-# is 0.7 to 2.6 ms of an 800 to 200 Mbit/s link.
-BURST="${WORKBENCH_EMU_BURST:-64kb}"
+# such credit, but on a 2-core host a smaller bucket than 1 MB cannot keep an 800 Mbit/s link
+# at its rate under DDP's traffic (64 kB and 256 kB: 58-75 MB/s measured of 100, and steps much
+# slower than the link's own benchmark implies; BENCHMARKS.md, "DDP or FSDP, held out").
+BURST="${WORKBENCH_EMU_BURST:-1mb}"
 
 log() { echo "[emulated-cluster] $*" >&2; }
 die() { echo "[emulated-cluster] ERROR: $*" >&2; exit 1; }
@@ -260,5 +260,5 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) [[ -f "$ENV_FILE" ]] || die "the emulated cluster is down (no $ENV_FILE); run: $0 up --nodes N"; cat "$ENV_FILE" ;;
-  *) echo "usage: $0 up --nodes N [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 64kb] | env | status | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up --nodes N [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 1mb] | env | status | down" >&2; exit 2 ;;
 esac
