@@ -114,6 +114,7 @@ def test_bad_input_is_named_before_anything_is_built(emu_dir: Path) -> None:
     for args, said in (
         (["up", "--nodes", "0"], "--nodes '0': a whole number from 1 to 250"),
         (["up", "--rate", "fast"], "--rate 'fast': a tc rate such as 1gbit"),
+        (["up", "--burst", "lots"], "--burst 'lots': a tc size such as 64kb, 1mb"),
         (["up", "--nodez", "2"], "unknown option '--nodez'"),
     ):
         done = _cluster(emu_dir, *args)
