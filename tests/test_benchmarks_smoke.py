@@ -2,8 +2,9 @@
 globbing, runs at its ``--smoke`` size in a subprocess, must exit 0 and print its figures.
 
 Only that: a smoke size is a check of the harness, its figures are not meaningful. The scripts
-run two at a time (most of a smoke run is waiting for ranks to start), each in a fresh process
-with this checkout first on ``PYTHONPATH``. A script that needs something of the machine (root
+run two at a time, each in a fresh process with this checkout first on ``PYTHONPATH`` (one after
+another, alone: 306 CPU s in 333 s, so they keep a core busy and a third at once would not help
+on two cores). A script that needs something of the machine (root
 and ``ip``/``tc`` for the emulated network) says so in ``NEEDS``: skipped without it, a failure
 in CI.
 """
