@@ -186,9 +186,8 @@ def tune(
     spent = 0.0
     probe = batch_to_probe(plan, config, inputs) > 0  # even under the noise: see the module
     # a budget that holds no candidate is refused before any process starts
-    room = room_for_probe(
-        budget_s, inputs, [rows[i]["change"] for i in todo], config, short, repeats
-    )
+    measured = [rows[i]["change"] for i in todo]
+    room = room_for_probe(budget_s, inputs, measured, config, short, repeats)
     pool = warm_pool(size=config.processes) if executor == "pool" and (todo or probe) else None
     with pool or nullcontext():
         if probe:
