@@ -200,7 +200,7 @@ class Dashboard(widgets.VBox):
         evals of the selected runs; the same frames while the selection stays (what the
         analysis computed for them is kept with the steps, by frame)."""
         key = (self.sweeps.value, self.runs.value)
-        if self._selected is None or self._selected[0] != key or self._stored is None:
+        if self._selected is None or self._selected[0] != key:
             runs, evals = self._select()
             self._selected = (key, runs, evals)
         _, runs, evals = self._selected
