@@ -91,7 +91,6 @@ def test_runs_table_formats_rates_losses_and_accuracy() -> None:
     assert not EXPONENT.search("\n".join(lines))
 
 
-
 @pytest.mark.slow
 @pytest.mark.waits
 def test_a_run_with_no_steps_prints_empty_tables_and_no_rate(tmp_path) -> None:

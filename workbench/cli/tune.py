@@ -45,7 +45,10 @@ def add_tune(sub: Any) -> None:
         "--budget", type=duration, default=600.0, help="time for the short runs (default 10m)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=3, help="interleaved pairs per candidate (default 3)"
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved pairs per candidate (default 3; as many again to confirm a change)",
     )
     parser.add_argument(
         "--executor",

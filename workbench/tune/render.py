@@ -38,13 +38,13 @@ def _measured(row: dict[str, Any]) -> str:
 
 def table_text(result: dict[str, Any]) -> str:
     """One line per candidate: candidate, predicted gain, measured gain with its interval,
-    verdict (and why a skip)."""
+    verdict (and why, for a skip or a change not confirmed)."""
     head = ("candidate", "predicted", "measured (95 % interval)", "verdict")
     lines = [head]
     for row in result["candidates"]:
         label = row["label"] + (" [changes the mathematics]" if row.get("changes_math") else "")
         word = VERDICT_WORDS[row["verdict"]]
-        if row["verdict"] == "skipped" and row.get("why"):
+        if row.get("why"):
             word += f": {row['why']}"
         lines.append((label, _gain(row["predicted_gain"]), _measured(row), word))
     widths = [max(len(line[i]) for line in lines) for i in range(3)]

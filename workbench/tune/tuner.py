@@ -11,10 +11,11 @@ cannot apply, are skipped and said so. The rest, highest prediction first, are r
 config with fewer steps and no evaluation, on the warm pool) as ``repeats`` interleaved pairs
 (base then candidate, then candidate then base, ...), each run's throughput taken at its faster
 steps (:func:`~workbench.tune.measure.step_throughput`), and the gain's interval
-from the pairs (:func:`~workbench.tune.measure.paired_gain`). The tune stops at its
-budget: a candidate whose pairs would not fit is skipped ("budget spent"). Everything is
-checked before the first launch: a failed run, one with too few measured steps, a budget
-smaller than one candidate are each a :class:`TuneError` and nothing starts.
+from the pairs (:func:`~workbench.tune.measure.paired_gain`); a change the first set calls
+better or worse is confirmed by a second set (:func:`~workbench.tune.measure.confirmed`). The
+tune stops at its budget: a candidate whose pairs would not fit is skipped ("budget spent").
+Everything is checked before the first launch: a failed run, one with too few measured steps,
+a budget smaller than one candidate are each a :class:`TuneError` and nothing starts.
 
 Where the candidates hold the larger batch and nothing measured what of the compute grows with it,
 a probe of four short runs first measures that (:mod:`workbench.tune.probe`), when the budget
