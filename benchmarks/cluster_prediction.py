@@ -145,8 +145,9 @@ def _sweeps(emu: Path, store: Path, plan: dict[str, Any], script_args: list[str]
     """The fit at its rate, then every held-out run at each held-out rate."""
     regimes = plan.get("regimes", list(REGIMES))
     rates = list(dict.fromkeys([plan["fit"], *plan["held"]]))
-    for rate in rates:
-        _cluster(emu, "up", "--nodes", str(max(plan["nodes"])), "--rate", f"{rate}mbit")
+    for i, rate in enumerate(rates):  # up once, then the links shaped again in place
+        nodes = ["up", "--nodes", str(max(plan["nodes"])), "--rate"] if i == 0 else ["rate"]
+        _cluster(emu, *nodes, f"{rate}mbit")
         for regime in regimes:
             if rate == plan["fit"]:
                 _fit(emu, store, plan, regime, script_args)

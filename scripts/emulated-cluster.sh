@@ -3,6 +3,7 @@
 # rehearse a multi-node study on a laptop, or check a prediction across nodes.
 #
 #   scripts/emulated-cluster.sh up --nodes 8 [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 1mb]
+#   scripts/emulated-cluster.sh rate 200mbit   every link shaped again; daemons and jobs go on
 #   scripts/emulated-cluster.sh env      what a shell needs to submit to it (source it)
 #   scripts/emulated-cluster.sh status   daemons, links and sinfo; exit 0 only if all is up
 #   scripts/emulated-cluster.sh down     stop everything and remove every namespace and link
@@ -194,13 +195,12 @@ start_daemons() {   # start_daemons <nodes>
 }
 
 stop_daemons() {
-  local f
   if our_pid "$RUN_DIR/slurmctld.pid" >/dev/null; then
     SLURM_CONF="$CONF" scancel --partition "$PARTITION" 2>/dev/null || true
   fi
-  for f in "$RUN_DIR"/slurmd-*.pid; do [[ -e "$f" ]] && stop_one "$f" "$(basename "$f" .pid)"; done
-  stop_one "$RUN_DIR/slurmctld.pid" slurmctld
-  stop_one "$RUN_DIR/munged.pid" munged
+  stop_all "$RUN_DIR"/slurmd-*.pid
+  stop_all "$RUN_DIR/slurmctld.pid"
+  stop_all "$RUN_DIR/munged.pid"
 }
 
 # --------------------------------------------------------------------------- commands
@@ -208,7 +208,7 @@ stop_daemons() {
 cmd_down() {
   stop_daemons
   remove_network
-  rm -f "$DIR/nodes" "$ENV_FILE"
+  rm -f "$DIR/nodes" "$DIR/shape" "$ENV_FILE"
   log "down: no namespace, link, qdisc or daemon of the emulated cluster is left"
 }
 
@@ -235,11 +235,30 @@ cmd_up() {
   mkdir -p "$DIR"
   build_network "$nodes" "$rate" "$delay"
   echo "$nodes" >"$DIR/nodes"
+  echo "$BURST $delay" >"$DIR/shape"   # what `rate` keeps
   write_config "$nodes" "$cpus"
   start_daemons "$nodes"
   trap - EXIT
   log "up: $nodes nodes, each link $rate both ways${delay:+, delay $delay where netem exists}; submit with:"
   cat "$ENV_FILE"
+}
+
+cmd_rate() {   # rate RATE: every link shaped again at RATE; the daemons and their jobs go on
+  local rate="${1:-}" n i burst delay end ns dev
+  [[ "$rate" =~ ^[0-9.]+([kmg]?bit|[kmg]?bps)$ ]] || die "rate '$rate': a tc rate such as 1gbit, 500mbit"
+  [[ $EUID -eq 0 ]] || die "must run as root (the links' qdiscs)"
+  n="$(nodes_of_state)"
+  (( n > 0 )) || die "the emulated cluster is down; run: $0 up --nodes N --rate $rate"
+  read -r burst delay <"$DIR/shape"
+  BURST="$burst"
+  for i in $(seq 1 "$n"); do
+    for end in "$PREFIX-n$i $IFACE" "$PREFIX-sw $PREFIX-s$i"; do
+      read -r ns dev <<<"$end"
+      ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+      shape "$ns" "$dev" "$rate" "$delay"
+    done
+  done
+  log "every link now $rate both ways (the cluster kept running)"
 }
 
 cmd_status() {
@@ -257,8 +276,9 @@ cmd_status() {
 
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
+  rate) shift; cmd_rate "$@" ;;
   down) cmd_down ;;
   status) cmd_status ;;
   env) [[ -f "$ENV_FILE" ]] || die "the emulated cluster is down (no $ENV_FILE); run: $0 up --nodes N"; cat "$ENV_FILE" ;;
-  *) echo "usage: $0 up --nodes N [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 1mb] | env | status | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up --nodes N [--rate 1gbit] [--delay 1ms] [--cpus 4] [--burst 1mb] | rate RATE | env | status | down" >&2; exit 2 ;;
 esac

@@ -1,9 +1,9 @@
 """The emulated cluster (``scripts/emulated-cluster.sh``): Slurm nodes in network namespaces of
 their own, each link shaped by tbf. ``workbench run --executor slurm --nodes 2`` typed in a
 shell completes on it, its ranks' traffic crosses the shaped links (the network it measured
-is the link's rate; half the rate makes it measurably slower), and ``down`` leaves no
-namespace, link, qdisc or daemon behind. Needs root, tc and Slurm: in CI a missing part fails
-the run."""
+is the link's rate; half the rate, set in place by ``rate``, makes it measurably slower), and
+``down`` leaves no namespace, link, qdisc or daemon behind. Needs root, tc and Slurm: in CI a
+missing part fails the run."""
 
 from __future__ import annotations
 
@@ -93,9 +93,11 @@ def test_runs_cross_the_shaped_links_and_down_leaves_nothing(emu_dir: Path, tmp_
     )
     try:
         runs = {}
-        for rate in (400, 200):  # the second up replaces the first
-            up = _cluster(emu_dir, "up", "--nodes", "2", "--rate", f"{rate}mbit")
-            assert up.returncode == 0, up.stderr[-2000:]
+        # up at 400 Mbit/s, then the same cluster's links shaped again in place
+        for command in (["up", "--nodes", "2", "--rate", "400mbit"], ["rate", "200mbit"]):
+            done = _cluster(emu_dir, *command)
+            assert done.returncode == 0, done.stderr[-2000:]
+            rate = int(command[-1].removesuffix("mbit"))
             runs[rate] = _run(emu_dir, tmp_path, f"at-{rate}mbit")
         for rate, run in runs.items():
             assert (run["executor"], run["status"]) == ("slurm", "completed")
@@ -116,6 +118,8 @@ def test_bad_input_is_named_before_anything_is_built(emu_dir: Path) -> None:
         (["up", "--rate", "fast"], "--rate 'fast': a tc rate such as 1gbit"),
         (["up", "--burst", "lots"], "--burst 'lots': a tc size such as 64kb, 1mb"),
         (["up", "--nodez", "2"], "unknown option '--nodez'"),
+        (["rate", "fast"], "rate 'fast': a tc rate such as 1gbit"),
+        (["rate", "200mbit"], "the emulated cluster is down"),
     ):
         done = _cluster(emu_dir, *args)
         assert done.returncode == 1 and said in done.stderr, done.stderr

@@ -291,17 +291,13 @@ cancel_jobs() {   # cancel this cluster's unfinished jobs, so no job process out
 }
 
 cmd_stop() {
-  local n f
   cancel_jobs
-  # slurmd first (it also ends the slurmstepd of running jobs on its node), then the controller,
-  # munged last. Any slurmd pid file in the folder counts, also for node names used by an earlier run.
-  for f in "$RUN_DIR"/slurmd-*.pid; do
-    [[ -e "$f" ]] || continue
-    n="$(basename "$f" .pid)"
-    stop_one "$f" "$n"
-  done
-  stop_one "$(ctld_pidfile)" slurmctld
-  stop_one "$(munged_pidfile)" munged
+  # every slurmd first (it also ends the slurmstepd of running jobs on its node), then the
+  # controller, munged last. Any slurmd pid file in the folder counts, also for node names used
+  # by an earlier run.
+  stop_all "$RUN_DIR"/slurmd-*.pid
+  stop_all "$(ctld_pidfile)"
+  stop_all "$(munged_pidfile)"
 }
 
 cmd_status() {
