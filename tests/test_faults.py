@@ -185,6 +185,10 @@ def test_job_survives_a_kernel_restart_and_is_reattached(store) -> None:
         assert reply["content"]["status"] == "ok", reply["content"]
         run_path = store / "kernel" / "survivor"
         wait_for(lambda: attach(run_path).status() == "running", 60, "the run to start")
+        # "running" once one rank runs: both must have recorded their process before it is read
+        wait_for(
+            lambda: sorted(attach(run_path).rank_states()) == [0, 1], 60, "both ranks to record"
+        )
         _interrupt_a_running_cell(km, kc)  # SIGINT to the kernel's whole process group
         pids = {r: s["pid"] for r, s in attach(run_path).rank_states().items()}
         then = _traced_steps(run_path)
