@@ -226,7 +226,7 @@ cmd_up() {
   done
   [[ "$nodes" =~ ^[0-9]+$ ]] && (( nodes >= 1 && nodes <= 250 )) || die "--nodes '$nodes': a whole number from 1 to 250"
   [[ "$cpus" =~ ^[0-9]+$ ]] && (( cpus >= 1 )) || die "--cpus '$cpus': a whole number, 1 or more"
-  [[ "$rate" =~ ^[0-9.]+([kmg]?bit|[kmg]?bps)$ ]] || die "--rate '$rate': a tc rate such as 1gbit, 500mbit"
+  valid_rate "$rate" || die "--rate '$rate': a tc rate such as 1gbit, 500mbit"
   [[ "$BURST" =~ ^[0-9]+([km]?b)?$ ]] || die "--burst '$BURST': a tc size such as 64kb, 1mb"
   [[ $EUID -eq 0 ]] || die "must run as root (namespaces, links and daemons)"
   command -v slurmd >/dev/null && command -v munged >/dev/null || die "Slurm and munge are not installed: bash scripts/install-system-deps.sh"
@@ -243,13 +243,16 @@ cmd_up() {
   cat "$ENV_FILE"
 }
 
+valid_rate() { [[ "$1" =~ ^[0-9.]+([kmg]?bit|[kmg]?bps)$ ]]; }
+
 cmd_rate() {   # rate RATE: every link shaped again at RATE; the daemons and their jobs go on
   local rate="${1:-}" n i burst delay end ns dev
-  [[ "$rate" =~ ^[0-9.]+([kmg]?bit|[kmg]?bps)$ ]] || die "rate '$rate': a tc rate such as 1gbit, 500mbit"
+  valid_rate "$rate" || die "rate '$rate': a tc rate such as 1gbit, 500mbit"
   [[ $EUID -eq 0 ]] || die "must run as root (the links' qdiscs)"
   n="$(nodes_of_state)"
   (( n > 0 )) || die "the emulated cluster is down; run: $0 up --nodes N --rate $rate"
-  read -r burst delay <"$DIR/shape"
+  # the bucket and delay `up` was given (a cluster from before `rate` existed: the defaults)
+  read -r burst delay <"$DIR/shape" 2>/dev/null || { burst="$BURST"; delay=""; }
   BURST="$burst"
   for i in $(seq 1 "$n"); do
     for end in "$PREFIX-n$i $IFACE" "$PREFIX-sw $PREFIX-s$i"; do
