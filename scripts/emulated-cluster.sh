@@ -252,7 +252,8 @@ cmd_rate() {   # rate RATE: every link shaped again at RATE; the daemons and the
   n="$(nodes_of_state)"
   (( n > 0 )) || die "the emulated cluster is down; run: $0 up --nodes N --rate $rate"
   # the bucket and delay `up` was given (a cluster from before `rate` existed: the defaults)
-  read -r burst delay <"$DIR/shape" 2>/dev/null || { burst="$BURST"; delay=""; }
+  burst="$BURST" delay=""
+  [[ -s "$DIR/shape" ]] && read -r burst delay <"$DIR/shape"
   BURST="$burst"
   for i in $(seq 1 "$n"); do
     for end in "$PREFIX-n$i $IFACE" "$PREFIX-sw $PREFIX-s$i"; do
