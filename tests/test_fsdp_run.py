@@ -2,14 +2,16 @@
 gradients, optimizer state), for FSDP and DDP alike.
 
 The real runs go through the command a user types: one `workbench scale --strategy fsdp` at 1 and
-2 ranks and one `workbench run` of DDP at 2 ranks, on the warm pool, side by side, shared by every
-test below. Every memory figure is worked by hand from the model's definition (an mlp: 32 inputs,
-two hidden layers of 64, 5 classes), not from the code that counts it."""
+2 ranks, first and alone, then two `workbench run` at 2 ranks (FSDP with its knobs turned, and
+DDP) together, on the warm pool, shared by every test below. Every memory figure is worked by
+hand from the model's definition (an mlp: 32 inputs, two hidden layers of 64, 5 classes), not from
+the code that counts it."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -177,21 +179,28 @@ KNOBS = ["--no-reshard-after-forward", "--fsdp-param-dtype", "bf16", "--fsdp-red
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """An FSDP study at 1 and 2 ranks (`workbench scale`), FSDP at 2 ranks with its knobs turned
-    (`workbench run`) and DDP at 2 ranks (`workbench run`), launched together on the warm pool:
+    (`workbench run`) and DDP at 2 ranks (`workbench run`), these two together, on the warm pool:
     name -> run folder."""
     store = tmp_path_factory.mktemp("fsdp-store")
+
+    def finish(process: subprocess.Popen[str], name: str) -> None:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, (process.args, out[-3000:], err[-3000:])
+        (store / f"{name}.out").write_text(out)  # what the terminal printed
+
+    # the study alone: its 1-rank base measured beside the other runs' start-up once came out
+    # at half its speed, and a 2-rank point at 100 % of ideal has no loss for a finding to name
+    study = start_cli("scale", "--world-sizes", "1,2", "--strategy", "fsdp", "--sweep", "fsdp",
+                      "--output-dir", str(store), *TINY)  # fmt: skip
+    finish(study, "scale")
     started = [
-        start_cli("scale", "--world-sizes", "1,2", "--strategy", "fsdp", "--sweep", "fsdp",
-                  "--output-dir", str(store), *TINY),
         start_cli("run", "--world-size", "2", "--strategy", "fsdp", *KNOBS, "--sweep", "zero2",
                   "--output-dir", str(store), *TINY),
         start_cli("run", "--world-size", "2", "--sweep", "ddp", "--output-dir", str(store),
                   *TINY),
     ]  # fmt: skip
-    for process, name in zip(started, ("scale", "zero2", "ddp"), strict=True):
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, (process.args, out[-3000:], err[-3000:])
-        (store / f"{name}.out").write_text(out)  # what the terminal printed
+    for process, name in zip(started, ("zero2", "ddp"), strict=True):
+        finish(process, name)
     found = {}
     for run in store.glob("*/*/run.json"):
         record = json.loads(run.read_text())
@@ -295,7 +304,10 @@ def test_the_terminal_speaks_fsdps_terms(runs) -> None:
     run, scale = (store / "zero2.out").read_text(), (store / "scale.out").read_text()
     assert "FSDP communication a step: exposed all-gather" in run, run
     assert "comm n/a" not in run and "comm n/a" not in scale, scale
-    # one curve: its finding names FSDP's collective as the largest cause, in the loss table too
-    causes = ("largest cause: exposed all-gather", "largest cause: exposed reduce-scatter")
-    assert any(cause in scale for cause in causes), scale
-    assert "exposed reduce-scatter" in scale and "memory per rank at 2 ranks" in scale, scale
+    # one curve: its finding names a largest cause, and FSDP's collectives among the causes
+    # (which of them, or the ranks' shared cores, is the largest is the host's to decide)
+    assert "largest cause: " in scale, scale
+    finding = scale[scale.index("finding:") :]
+    for collective in ("exposed all-gather", "exposed reduce-scatter"):
+        assert collective in finding, scale
+    assert "memory per rank at 2 ranks" in finding, scale
