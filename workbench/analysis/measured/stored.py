@@ -55,6 +55,8 @@ class StoredSteps:
         self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
         # the scaling model's error on its own points, per runs and grouping (what-if presses)
         self.model_errors: dict[tuple[object, ...], tuple[object, pd.DataFrame]] = {}
+        # the scaling model's base per curve and overlap (the same for every network asked)
+        self.curve_bases: dict[tuple[object, ...], tuple[object, str, float]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
 

@@ -147,7 +147,25 @@ def predict_scaling(
     )
 
 
+#: What a curve's base depends on among its per-run rows (with the overlap asked for).
+BASE_INPUTS = ("run_id", "world_size", "nodes", "samples", "steps", "samples_per_s", "scaling")
+
+
 def _curve_base(
+    steps: pd.DataFrame | StoredSteps, curve: pd.DataFrame, overlap: float | None
+) -> tuple[Base | None, str, float]:
+    """:func:`_curve_base_of`, kept on stored steps for the same curve and overlap: a what-if
+    predicts on the network asked and again on the runs' own (its interval), from one base."""
+    if not isinstance(steps, StoredSteps):
+        return _curve_base_of(steps, curve, overlap)
+    inputs = curve[[c for c in BASE_INPUTS if c in curve.columns]]
+    key = (tuple(inputs.columns), tuple(inputs.itertuples(index=False, name=None)), overlap)
+    if key not in steps.curve_bases:
+        steps.curve_bases[key] = _curve_base_of(steps, curve, overlap)
+    return steps.curve_bases[key]
+
+
+def _curve_base_of(
     steps: pd.DataFrame | StoredSteps, curve: pd.DataFrame, overlap: float | None
 ) -> tuple[Base | None, str, float]:
     """The base of one curve (its per-run rows): the mean of the repeats at its base point (the
