@@ -20,7 +20,7 @@ from workbench.store.digests.read_frames import (
 )
 from workbench.store.load import iter_run_dirs
 
-from .frames import write_scaling_sweep
+from .frames import scaling_sweep, write_run, write_scaling_sweep
 
 KEYS = ["run_id", "attempt", "step"]
 
@@ -91,3 +91,27 @@ def test_a_sweeps_digests_read_together_equal_each_read_alone(tmp_path: Path) ->
     for run in runs:
         got, want = read[runs.index(run)]["binned"], dict(read[runs.index(run)])["binned"]  # type: ignore[index]
         assert got is want and got.attrs["bins"] > 0  # made once, when asked for
+
+
+def test_a_one_rank_bases_backward_time_is_kept_and_no_row_is_read(tmp_path: Path) -> None:
+    """The scaling model's base at one rank takes the median backward time of its measured rows
+    (no DDP timer runs at one rank): the run's digest keeps them, so a prediction from digests
+    reads no row. Worked by hand: steps 1-2 are warm-up (9 s, left out), steps 3-10 take 0.1 to
+    0.8 s in a shuffled order, so the median is (0.4 + 0.5) / 2. A multi-rank run's backward
+    times are not kept: asked for, they come from its rows, as before."""
+    runs, steps, evals = scaling_sweep(evals=False)
+    one = (steps["run_id"] == "ws1").to_numpy()
+    steps.loc[one, "backward_s"] = [9.0, 9.0, 0.3, 0.1, 0.7, 0.5, 0.2, 0.8, 0.4, 0.6]
+    for run in runs.itertuples():
+        mine = steps["run_id"] == run.run_id
+        write_run(tmp_path, "weak", str(run.run_id), steps[mine], evals,
+                  world_size=run.world_size, per_device_batch_size=8)  # fmt: skip
+    dirs = iter_run_dirs(tmp_path, ["weak"])
+    with open_steps(dirs):  # builds the runs' digests
+        pass
+    with open_steps(dirs) as stored:
+        assert stored.source == "digests"
+        assert stored.median("backward_s", ["ws1"]) == (0.4 + 0.5) / 2
+        assert stored.digest.row_reads == 0
+        assert stored.median("backward_s", ["ws2"]) == 0.5 + (1.25 - 1.0)  # SWEEP_STEP_S
+        assert stored.digest.row_reads == 1

@@ -52,6 +52,7 @@ def digest_frames(
             "comm_steps": steps.comm_steps,
             "comm_ranks": steps.comm_ranks,
             "backward_rows": steps.backward_rows,
+            "single_rank_backward": steps.single_rank_backward,
             "stragglers": found,
         }
         out = {}

@@ -155,6 +155,12 @@ class StoredSteps:
         """:func:`comm_samples.backward_rows` of every run."""
         return self.backward_of(self.run_ids)
 
+    @property
+    def single_rank_backward(self) -> pd.DataFrame:
+        """The backward times of the 1-rank runs' measured rows (``run_id, backward_s``; no
+        DDP timer runs there), as the rows' passes give them: what a digest keeps of them."""
+        return self._comm["single_rank_backward"]
+
     def comm_steps_of(self, run_ids: Sequence[object], min_world_size: int = 0) -> pd.DataFrame:
         """:attr:`comm_steps` of ``run_ids`` at a world size above ``min_world_size``."""
         c = self.comm_steps

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 #: Bumped whenever what a digest holds, or a rule its frames were computed with (the warm-up,
 #: the stragglers), changes: an older digest is then built again.
-DIGEST_VERSION = 2
+DIGEST_VERSION = 3
 DIGEST_DIR = "digest"
 MANIFEST = "digest.json"
 #: The frames of a digest (``stragglers``: the straggler rule's answer with its defaults;
@@ -62,12 +62,13 @@ TABLES = (
     "comm_steps",
     "comm_ranks",
     "backward_rows",
+    "single_rank_backward",
     "binned",
     "stragglers",
 )
 #: Tables read only when asked for (a base's backward timer: a row a rank and sampled step,
-#: of which a report reads one run's).
-LAZY = ("backward_rows",)
+#: of which a report reads one run's; a 1-rank base's backward times, a row a measured step).
+LAZY = ("backward_rows", "single_rank_backward")
 
 
 def trace_signature(run_dir: str | Path) -> list[list[object]]:
@@ -253,6 +254,12 @@ class DigestFrames(StepFrames):
         self._backward: dict[str, pd.DataFrame | Path] = {
             Path(r).name: d["backward_rows"] for r, d in zip(self.run_dirs, digests, strict=True)
         }
+        #: Each 1-rank run's backward times (a frame, or its file until asked for; empty for a
+        #: run of more ranks).
+        self._alone: dict[str, pd.DataFrame | Path] = {
+            Path(r).name: d["single_rank_backward"]
+            for r, d in zip(self.run_dirs, digests, strict=True)
+        }
         self.stragglers = joined("stragglers", ["run_id", "attempt", "rank"])
         #: Each run's digest, for its binned frame (its ``attrs``: ``bins`` asked, ``size``
         #: steps a bin), made a pandas frame when a figure asks for that run's.
@@ -270,15 +277,22 @@ class DigestFrames(StepFrames):
 
     def backward_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
         """The backward-timer values of ``run_ids`` (each run's file read once, when asked)."""
+        return self._kept(self._backward, "backward_rows", run_ids)
+
+    def _kept(
+        self, held: dict[str, pd.DataFrame | Path], table: str, run_ids: Sequence[str]
+    ) -> pd.DataFrame:
+        """The rows of a lazy table (``held``: by run, a frame or its file, read once) of
+        ``run_ids``."""
         parts = []
         for run_id in (str(r) for r in run_ids):
-            found = self._backward.get(run_id)
+            found = held.get(run_id)
             if isinstance(found, Path):
-                found = self._backward[run_id] = _from_parquet(found, "backward_rows")
+                found = held[run_id] = _from_parquet(found, table)
             if found is not None:
                 parts.append(found)
         if not parts:
-            return empty_comm("backward_rows")
+            return empty_comm(table)
         return concat_frames(parts, ["run_id"])
 
     def _rows(self, run_ids: Sequence[str]) -> duckdb.DuckDBPyConnection:
@@ -299,8 +313,15 @@ class DigestFrames(StepFrames):
     def median(
         self, column: str, run_ids: Sequence[str], min_world_size: int | None = None
     ) -> float:
-        """The median of ``column`` over the measured rows of ``run_ids``, read from the rows
-        (a digest keeps no row; the analysis asks for one only where DDP's timers never ran)."""
+        """The median of ``column`` over the measured rows of ``run_ids``. The backward time of
+        1-rank runs is kept (a 1-rank base's backward compute); anything else is read from the
+        rows (the analysis asks for one only where DDP's timers never ran)."""
+        if column == "backward_s" and min_world_size is None and run_ids:
+            alone = [self._kept(self._alone, "single_rank_backward", [r]) for r in run_ids]
+            if all(len(a) for a in alone):  # every run of one rank, with backward times
+                values = np.sort(np.concatenate([a["backward_s"] for a in alone]))
+                n = len(values)  # the middle as the engine takes it (a NaN sorts last)
+                return float(values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2)
         con = self._rows(run_ids)
         try:
             return median_measured(con, column, run_ids, min_world_size)

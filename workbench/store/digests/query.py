@@ -50,6 +50,7 @@ COMM_TYPES = {
     },
     "comm_ranks": {"rank": "int64", "wait_s": "float64", "exposed_transfer_s": "float64"},
     "backward_rows": {"world_size": "int64", "backward_compute_s": "float64"},
+    "single_rank_backward": {"backward_s": "float64"},
 }
 
 
@@ -235,7 +236,9 @@ class StepDigest(StepFrames):
         """DDP's sampled timers as the analysis reads them, computed in the engine (the SQL of
         :mod:`workbench.analysis.measured.comm_samples`' three frames, whose docstrings define
         them): ``comm_steps`` a row per run, attempt and sampled step, ``comm_ranks`` a row per run
-        and rank, ``backward_rows`` the backward timer's values. The measured rows where a timer
+        and rank, ``backward_rows`` the backward timer's values; and ``single_rank_backward``,
+        the backward times of the 1-rank runs' measured rows (no timer runs there: a 1-rank
+        base's backward compute is their median). The measured rows where a timer
         ran are read once into the engine's memory (one in ``trace_comm_every_steps``), never
         into pandas."""
         self.con.execute(
@@ -263,9 +266,15 @@ class StepDigest(StepFrames):
                 "SELECT run_id, world_size, backward_compute_s FROM _timed "
                 "WHERE backward_compute_s IS NOT NULL"
             )
+            # where no timer runs (one rank), the backward is its compute: a 1-rank base's
+            alone = self._df(
+                "SELECT run_id, backward_s::DOUBLE AS backward_s FROM measured "
+                "WHERE world_size = 1 AND backward_s IS NOT NULL"
+            )
         finally:
             self.con.execute("DROP TABLE IF EXISTS _timed")
         found = {"comm_steps": steps, "comm_ranks": ranks, "backward_rows": backward}
+        found["single_rank_backward"] = alone
         return {name: frame.astype(COMM_TYPES[name]) for name, frame in found.items()}
 
     def median(
