@@ -53,11 +53,21 @@ def incomplete_traces(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
     info = runs.set_index("run_id") if "run_id" in runs.columns else pd.DataFrame()
     notes: dict[str, str] = {}
     if is_stored(steps):  # the ranks of each attempt, from the engine
-        per_run = steps.attempt_ranks.groupby("run_id", sort=True)
+        ranks = steps.attempt_ranks
     else:
         check_columns(steps, ("run_id", "rank", "attempt", "world_size"), "steps")
-        per_run = steps.groupby("run_id", sort=True)
-    for run_id, rows in per_run:
+        ranks = steps
+    # a run whose every attempt has ranks 0 .. N-1, N its largest world size, lacks nothing:
+    # only the others are looked at rank by rank
+    each = ranks.groupby(["run_id", "attempt"], sort=False).agg(
+        ranks=("rank", "nunique"), low=("rank", "min"), high=("rank", "max")
+    )
+    world = ranks.groupby("run_id", sort=False)["world_size"].max()
+    full = each["ranks"].eq(each["high"] + 1) & each["low"].eq(0)
+    full &= each["ranks"].eq(each.index.get_level_values("run_id").map(world).to_numpy())
+    whole = full.groupby(level="run_id", sort=False).all()
+    suspect = ranks["run_id"].isin(whole.index[~whole])
+    for run_id, rows in ranks[suspect].groupby("run_id", sort=True):
         if "status" in info.columns and info["status"].get(run_id) in LIVE_STATUSES:
             continue
         strategy = info["strategy"].get(run_id) if "strategy" in info.columns else None

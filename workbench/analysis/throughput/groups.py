@@ -245,6 +245,9 @@ def _warn_mixed(out: pd.DataFrame, keys: list[str]) -> None:
     """Warn when curves of both families, or a curve mixing batches, cover several world sizes."""
     if out.empty or out["scaling"].isna().all():
         return
+    present = set(out["scaling"].dropna())
+    if not ({"weak", "strong"} <= present or "mixed" in present):
+        return  # nothing to warn of, whatever the curves span
     keyed = out.assign(_all=0)
     multi = keyed.groupby(keys or ["_all"], dropna=False)["world_size"].transform("nunique") > 1
     curves = out[multi]
