@@ -13,8 +13,9 @@ and give the same columns and values as with ``load_traces`` of the same runs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,8 @@ from workbench.schema import STEP_COLUMNS
 from workbench.store.digests.step_frames import StepFrames
 from workbench.store.measured_query import KnownSteps
 from workbench.store.window_query import WindowParts
+
+T = TypeVar("T")
 
 
 class StoredSteps:
@@ -47,18 +50,24 @@ class StoredSteps:
         self.digest = frames
         self.run_dirs = frames.run_dirs
         self._binned: dict[tuple[str, int], tuple[pd.DataFrame, int]] = {}
-        #: :func:`workbench.analysis.measured.windows.measured_window` by the evaluations it
-        #: was given.
-        self.windows: dict[int, tuple[object, pd.DataFrame]] = {}
-        #: :func:`workbench.analysis.throughput.scaling.run_table` by the frames and grouping
-        #: it was given.
-        self.run_tables: dict[tuple[object, ...], tuple[object, object, pd.DataFrame]] = {}
-        # the scaling model's error on its own points, per runs and grouping (what-if presses)
-        self.model_errors: dict[tuple[object, ...], tuple[object, pd.DataFrame]] = {}
-        # the scaling model's base per curve and overlap (the same for every network asked)
-        self.curve_bases: dict[tuple[object, ...], tuple[object, str, float]] = {}
+        # what :meth:`kept` holds: by key, the objects it was computed from and the result
+        self._kept: dict[tuple[object, ...], tuple[tuple[object, ...], object]] = {}
         #: The step bins the straggler pass keeps each run's values at (the heatmaps').
         self.heatmap_bins = HEATMAP_BINS
+
+    def kept(
+        self, key: tuple[object, ...], given: tuple[object, ...], compute: Callable[[], T]
+    ) -> T:
+        """``compute()``, kept under ``key`` for these steps: computed again only when the
+        objects ``given`` (the frames passed in, by identity) are not those it was computed
+        from. A report, a Dashboard's first screen and a prediction ask for the same tables of
+        the same frames several times (the run table, the window, the scaling model's base and
+        its error)."""
+        held = self._kept.get(key)
+        if held is None or any(a is not b for a, b in zip(held[0], given, strict=True)):
+            held = (given, compute())  # held: ids in a key are not reused while it is
+            self._kept[key] = held
+        return held[1]  # type: ignore[return-value]
 
     @property
     def source(self) -> str:

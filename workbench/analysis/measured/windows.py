@@ -179,11 +179,9 @@ def measured_window(steps: pd.DataFrame, evals: pd.DataFrame | None = None) -> p
     train_s`` and ``train_step_s = train_s / steps``. A run with only warm-up steps gets NaN rates.
     """
     if is_stored(steps):  # a report asks for it several times: computed once per evals
-        held = steps.windows.get(id(evals))
-        if held is None or held[0] is not evals:
-            held = (evals, _window_of_parts(steps.window_parts, evals))
-            steps.windows[id(evals)] = held
-        return held[1].copy()
+        key = ("measured_window", id(evals))
+        kept = steps.kept(key, (evals,), lambda: _window_of_parts(steps.window_parts, evals))
+        return kept.copy()
     check_columns(steps, ("world_size", "t_start_s", "step_s", "samples"), "steps")
     return _window(
         _per_attempt(steps, evals),

@@ -199,12 +199,8 @@ def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd
     grouping."""
     if not is_stored(steps):
         return _model_error_of(runs, steps, keys)
-    key = (id(runs), tuple(keys))
-    held = steps.model_errors.get(key)
-    if held is None or held[0] is not runs:
-        held = (runs, _model_error_of(runs, steps, keys))
-        steps.model_errors[key] = held
-    return held[1].copy()
+    key = ("model_error", id(runs), tuple(keys))
+    return steps.kept(key, (runs,), lambda: _model_error_of(runs, steps, keys)).copy()
 
 
 def _model_error_of(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

@@ -159,10 +159,9 @@ def _curve_base(
     if not isinstance(steps, StoredSteps):
         return _curve_base_of(steps, curve, overlap)
     inputs = curve[[c for c in BASE_INPUTS if c in curve.columns]]
-    key = (tuple(inputs.columns), tuple(inputs.itertuples(index=False, name=None)), overlap)
-    if key not in steps.curve_bases:
-        steps.curve_bases[key] = _curve_base_of(steps, curve, overlap)
-    return steps.curve_bases[key]
+    rows = tuple(inputs.itertuples(index=False, name=None))
+    key = ("curve_base", tuple(inputs.columns), rows, overlap)
+    return steps.kept(key, (), lambda: _curve_base_of(steps, curve, overlap))
 
 
 def _curve_base_of(

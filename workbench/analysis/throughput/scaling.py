@@ -103,12 +103,12 @@ def run_table(
         return _run_table(runs, steps, evals, group_by, statuses)
     # A report, a Dashboard's first screen and a prediction ask for it several times over
     # the same frames: computed once per runs, evaluations, grouping and statuses.
-    key = (id(runs), id(evals), tuple(group_by), None if statuses is None else tuple(statuses))
-    held = steps.run_tables.get(key)
-    if held is None or held[0] is not runs or held[1] is not evals:
-        held = (runs, evals, _run_table(runs, steps, evals, group_by, statuses))
-        steps.run_tables[key] = held
-    return held[2].copy()
+    states = None if statuses is None else tuple(statuses)
+    key = ("run_table", id(runs), id(evals), tuple(group_by), states)
+    table = steps.kept(
+        key, (runs, evals), lambda: _run_table(runs, steps, evals, group_by, statuses)
+    )
+    return table.copy()
 
 
 def _run_table(
