@@ -188,8 +188,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert process.returncode == 0, (process.args, out[-3000:], err[-3000:])
         (store / f"{name}.out").write_text(out)  # what the terminal printed
 
-    # the study alone: its 1-rank base measured beside the other runs' start-up once came out
-    # at half its speed, and a 2-rank point at 100 % of ideal has no loss for a finding to name
+    # the study alone: its 1-rank base, measured beside the other runs' start-up, once came out
+    # at a quarter of its speed, and a 2-rank point at 100 % of ideal has no loss to name
     study = start_cli("scale", "--world-sizes", "1,2", "--strategy", "fsdp", "--sweep", "fsdp",
                       "--output-dir", str(store), *TINY)  # fmt: skip
     finish(study, "scale")

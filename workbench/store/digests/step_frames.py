@@ -55,7 +55,7 @@ class StepFrames:
     def comm_frames(self) -> dict[str, pd.DataFrame]:
         """DDP's sampled timers as the analysis reads them
         (:mod:`workbench.analysis.measured.comm_samples`): ``comm_steps``, ``comm_ranks`` and,
-        where not kept apart, ``backward_rows``."""
+        where not kept apart, ``backward_rows`` (and, from the rows, ``single_rank_backward``)."""
         return self.comm
 
     def backward_of(self, run_ids: Sequence[str]) -> pd.DataFrame:
