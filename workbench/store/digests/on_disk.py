@@ -76,7 +76,8 @@ def trace_signature(run_dir: str | Path) -> list[list[object]]:
     and modification time in nanoseconds, sorted by name."""
     traces = Path(run_dir) / schema.TRACES_DIR
     out: list[list[object]] = []
-    for path in sorted(traces.glob("*-rank*.*")) if traces.is_dir() else []:
+    # by name (one folder: the order of the paths), as strings compare faster than paths
+    for path in sorted(traces.glob("*-rank*.*"), key=lambda p: p.name) if traces.is_dir() else []:
         stat = path.stat()
         out.append([path.name, int(stat.st_size), int(stat.st_mtime_ns)])
     return out
