@@ -58,16 +58,14 @@ class StoredSteps:
     def kept(
         self, key: tuple[object, ...], given: tuple[object, ...], compute: Callable[[], T]
     ) -> T:
-        """``compute()``, kept under ``key`` for these steps: computed again only when the
-        objects ``given`` (the frames passed in, by identity) are not those it was computed
-        from. A report, a Dashboard's first screen and a prediction ask for the same tables of
-        the same frames several times (the run table, the window, the scaling model's base and
-        its error)."""
-        held = self._kept.get(key)
-        if held is None or any(a is not b for a, b in zip(held[0], given, strict=True)):
-            held = (given, compute())  # held: ids in a key are not reused while it is
-            self._kept[key] = held
-        return held[1]  # type: ignore[return-value]
+        """``compute()``, kept under ``key`` for these steps. ``given``: the objects whose
+        ``id`` is in the key (the frames passed in), held with the result so that no other
+        object takes their ids while it is kept. A report, a Dashboard's first screen and a
+        prediction ask for the same tables of the same frames several times (the run table, the
+        window, the scaling model's base and its error)."""
+        if key not in self._kept:
+            self._kept[key] = (given, compute())
+        return self._kept[key][1]  # type: ignore[return-value]
 
     @property
     def source(self) -> str:
