@@ -215,7 +215,7 @@ def _bare_beside_benchmark(nbytes: int, turns: int) -> dict:
         record = measure_fsdp([nbytes] * 2 * BLOCKS, [nbytes] * BLOCKS, torch.device("cpu"), 2)
         got["wb_ag"].append(record["all_gather"]["sizes"][0]["time_s"])
         got["wb_rs"].append(record["reduce_scatter"]["sizes"][0]["time_s"])
-    return {**{k: statistics.median(v) for k, v in got.items()}, "record": record}
+    return {**{k: statistics.median(v) for k, v in got.items()}, "record": record, "turns": got}
 
 
 @pytest.fixture(scope="module")
@@ -265,14 +265,17 @@ def test_network_benchmark_measures_fsdp_sizes_in_nccl_tests_terms(runs, bare) -
             assert row["algbw_bytes_per_s"] == pytest.approx(row["bytes"] / row["time_s"])
     assert record["busbw_bytes_per_s"] == pytest.approx(record["bytes"] / record["time_s"] / 2)
     for kind, loop, ours in (("all_gather", "ag", "wb_ag"), ("reduce_scatter", "rs", "wb_rs")):
-        ratio = bare[ours] / bare[loop]
+        # the least turn of each: a 4.6 kB call is all latency, and what else runs on the two
+        # cores only adds to it (medians of 5 turns once came out 3.03x apart)
+        least = min(bare["turns"][ours]), min(bare["turns"][loop])
+        ratio = least[0] / least[1]
         print(
-            f"{kind}: benchmark {bare[ours] * 1e3:.3f} ms, bare loop {bare[loop] * 1e3:.3f} ms "
-            f"a call (medians of 5 turns), ratio {ratio:.2f}"
+            f"{kind}: benchmark {least[0] * 1e3:.3f} ms, bare loop {least[1] * 1e3:.3f} ms "
+            f"a call (least of 5 turns), ratio {ratio:.2f}"
         )
         # in turns in the same two processes; what this guards: units, a call's time (not a
-        # loop's: 20x or more), the size. A 4.6 kB call is all latency, which two shared
-        # cores at load 9 spread: 0.76 to 1.43 in three runs, once 5.5 with 3 turns
+        # loop's: 20x or more), the size. Medians at load 9: 0.76 to 1.43 in three runs, once
+        # 5.5 with 3 turns
         assert 1 / 3 <= ratio <= 3, ratio
 
 
