@@ -39,6 +39,8 @@ SCRIPT = "tests/scripts/fsdp_no_dataloader.py"
 #: The model: BLOCKS blocks of Linear(WIDTH, WIDTH) + ReLU, fp32 (4 bytes an element).
 WIDTH, BLOCKS, FP32 = 33, 2, 4
 STEPS, WARMUP, BATCH = 10, 2, 8
+#: The gap planted before each call of a replayed step (seconds).
+PLANTED_GAP_S = 0.05
 
 
 def gathered_bytes(world_size: int) -> int:
@@ -215,7 +217,18 @@ def _bare_beside_benchmark(nbytes: int, turns: int) -> dict:
         record = measure_fsdp([nbytes] * 2 * BLOCKS, [nbytes] * BLOCKS, torch.device("cpu"), 2)
         got["wb_ag"].append(record["all_gather"]["sizes"][0]["time_s"])
         got["wb_rs"].append(record["reduce_scatter"]["sizes"][0]["time_s"])
-    return {**{k: statistics.median(v) for k, v in got.items()}, "record": record, "turns": got}
+    # a step's calls replayed with planted gaps: slept before each call, never counted in it
+    pattern = [(0, nbytes, PLANTED_GAP_S), (0, nbytes, PLANTED_GAP_S), (1, nbytes, PLANTED_GAP_S)]
+    start = time.perf_counter()
+    paced = measure_fsdp([nbytes] * 2, [nbytes], torch.device("cpu"), 2, pattern=pattern)
+    paced_wall = time.perf_counter() - start
+    return {
+        **{k: statistics.median(v) for k, v in got.items()},
+        "record": record,
+        "turns": got,
+        "paced": paced,
+        "paced_wall_s": paced_wall,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +292,19 @@ def test_network_benchmark_measures_fsdp_sizes_in_nccl_tests_terms(runs, bare) -
         assert 1 / 3 <= ratio <= 3, ratio
 
 
+def test_a_replay_sleeps_each_planted_gap_and_times_the_calls_alone(bare) -> None:
+    record, wall = bare["paced"], bare["paced_wall_s"]
+    paced = record["paced"]
+    slept = paced["passes"] * 3 * PLANTED_GAP_S
+    print(f"replay: {wall:.3f} s in all, {slept:.3f} s of planted gaps, calls {paced['time_s']}")
+    assert paced["gaps_s"] == [PLANTED_GAP_S] * 3  # the same on both ranks: agreed as planted
+    assert wall >= slept  # every gap slept, every pass
+    # the calls alone: a 4.6 kB call takes about a millisecond here, far from a gap's 50 ms
+    assert 0 < paced["time_s"] < PLANTED_GAP_S
+    assert record["time_s"] == paced["time_s"]
+    assert record["busbw_bytes_per_s"] == pytest.approx(record["bytes"] / record["time_s"] / 2)
+
+
 def test_the_builtin_fsdp_run_is_metered_alike_and_benchmarks_its_own_calls(runs) -> None:
     from workbench.store.load import load_traces
 
@@ -302,3 +328,11 @@ def test_the_builtin_fsdp_run_is_metered_alike_and_benchmarks_its_own_calls(runs
     assert sum(net["reduce_scatter"]["call_sizes_bytes"]) == reduced
     assert net["bytes"] == gathered + reduced
     assert net["busbw_bytes_per_s"] == pytest.approx(net["bytes"] / net["time_s"] / 2)
+    # the together is the step's own calls replayed in its order with its gaps: 5 gathers and
+    # 3 reduce-scatters a step, each gap what the rank computed before the call
+    paced = net["paced"]
+    assert paced["passes"] == 5 and len(paced["gaps_s"]) == 5 + 3
+    assert all(0 <= g <= 1 for g in paced["gaps_s"])
+    assert (paced["all_gather_bytes"], paced["reduce_scatter_bytes"]) == (gathered, reduced)
+    assert net["time_s"] == paced["time_s"] == paced["all_gather_s"] + paced["reduce_scatter_s"]
+    assert net["back_to_back"]["bytes"] == net["bytes"]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from workbench.rank import distributed, hook_cost
@@ -212,6 +213,70 @@ def _collective_record(
     }
 
 
+#: Replays of a step's FSDP calls, at least; the figure is their median.
+PACED_PASSES = 5
+
+
+def _paced_record(
+    pattern: Sequence[tuple[int, int, float]],
+    dtypes: Sequence[str | None],
+    device: torch.device,
+    world_size: int,
+) -> dict[str, Any] | None:
+    """One step's FSDP calls replayed as the step made them: in its order, each after the
+    rank's own gap before it (its compute, slept), :data:`PACED_PASSES` times from a barrier.
+    A call's time runs from its start to its return, on each rank, so it holds the wait for a
+    rank that came later, as in the step; a pass's time is its calls' time, gaps left out, the
+    mean over the ranks; the median pass is the figure. A link that lets a burst through after
+    an idle gap (a token bucket: a cloud VM's network, ``tc tbf``) moves a step's calls faster
+    than back to back; elsewhere the two agree. None where the ranks made different calls."""
+    lengths = distributed.over_ranks([len(pattern), -len(pattern)], device, "max")
+    if not pattern or lengths[0] != -lengths[1]:
+        return None
+    buffers = {}
+    for kind, nbytes, _ in pattern:
+        dtype = getattr(torch, dtypes[kind]) if dtypes[kind] else torch.float32
+        element = torch.tensor([], dtype=dtype).element_size()
+        numel = max(nbytes // element // world_size, 1) * world_size
+        whole = torch.zeros(numel, dtype=dtype, device=device)
+        buffers[kind, nbytes] = (whole, whole.new_zeros(numel // world_size))
+    calls = (
+        lambda whole, shard: dist.all_gather_into_tensor(whole, shard),
+        lambda whole, shard: dist.reduce_scatter_tensor(shard, whole),
+    )
+    passes = []
+    for _ in range(PACED_PASSES):
+        spent = [0.0, 0.0]
+        distributed.barrier()
+        for kind, nbytes, gap in pattern:
+            time.sleep(gap)
+            started = time.perf_counter()
+            calls[kind](*buffers[kind, nbytes])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            spent[kind] += time.perf_counter() - started
+        passes.append(distributed.over_ranks(spent, device))
+    middle = sorted(passes, key=sum)[len(passes) // 2]
+    sent = [0, 0]
+    for kind, nbytes, _ in pattern:
+        whole = buffers[kind, nbytes][0]
+        sent[kind] += whole.numel() * whole.element_size()
+    collectives = ("all_gather", "reduce_scatter")
+    return {
+        "definition": (
+            "one step's calls in the step's order, each after the rank's gap before it in the "
+            f"step (slept), median of {PACED_PASSES} passes; time: the calls' alone, the mean "
+            "over the ranks"
+        ),
+        "gaps_s": distributed.over_ranks([gap for _, _, gap in pattern], device),
+        "passes": len(passes),
+        **{f"{c}_bytes": sent[k] for k, c in enumerate(collectives)},
+        **{f"{c}_s": middle[k] for k, c in enumerate(collectives)},
+        "bytes": sum(sent),
+        "time_s": sum(middle),
+    }
+
+
 def measure_fsdp(
     all_gather: Sequence[int],
     reduce_scatter: Sequence[int],
@@ -219,16 +284,22 @@ def measure_fsdp(
     world_size: int,
     dtypes: Sequence[str | None] = (None, None),
     budget_s: float = BUDGET_S,
+    pattern: Sequence[tuple[int, int, float]] = (),
 ) -> dict[str, Any]:
     """Time what FSDP2 sends in one step, on the default process group (every rank must call
     it): an all-gather of each size in ``all_gather`` and a reduce-scatter of each size in
     ``reduce_scatter`` (bytes of each call's whole buffer, as ``fsdp_comm`` counts them: the
     gathered output, the reduced input), at ``dtypes`` (each kind's, as ``torch.float32``
     names it without its prefix; None: float32). Returns the record ``run.json`` keeps: per
-    collective as :func:`measure_allreduce` per size, and both together (``bytes``,
-    ``time_s``, ``algbw``, ``busbw``: both collectives' bus factor is (n-1)/n, so the
-    together's busbw is their total bytes over their total time times it), and
-    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops)."""
+    collective as :func:`measure_allreduce` per size, back to back, and both together
+    (``bytes``, ``time_s``, ``algbw``, ``busbw``: both collectives' bus factor is (n-1)/n, so
+    the together's busbw is their total bytes over their total time times it), and
+    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops).
+
+    With the step's ``pattern`` (``FSDPCommMeter.pattern``: each call's kind, bytes and gap
+    before it), the together's figures are the step's calls replayed with their gaps
+    (:func:`_paced_record`, kept as ``paced``): what the step's own spacing gets from the
+    link. The back-to-back together is kept as ``back_to_back``."""
     started = time.perf_counter()
     kinds = {"all_gather": all_gather, "reduce_scatter": reduce_scatter}
     records = {}
@@ -240,21 +311,32 @@ def measure_fsdp(
             )
     total = sum(r["bytes"] for r in records.values())
     time_s = sum(r["time_s"] for r in records.values())
-    algbw = total / time_s if time_s > 0 else None
+    paced = _paced_record(pattern, dtypes, device, world_size) if pattern else None
+    together = {"bytes": total, "time_s": time_s}
+    if paced is not None and paced["time_s"] > 0:
+        together = {"bytes": paced["bytes"], "time_s": paced["time_s"]}
+    algbw = together["bytes"] / together["time_s"] if together["time_s"] > 0 else None
     tiny = _time_size(4, torch.float32, device, budget_s / 4)
+    factor = bus_factor(world_size, "all_gather")
     return {
         "collective": "fsdp",
         "definition": (
             "nccl-tests: algbw = bytes / time (bytes: an all-gather's gathered output, a "
             "reduce-scatter's input); busbw = algbw x (n-1)/n for both"
+            + ("; together: one step's calls replayed with its gaps (paced)" if paced else "")
         ),
         "world_size": world_size,
         "device": str(device),
         **records,
-        "bytes": total,
-        "time_s": time_s,
+        **together,
         "algbw_bytes_per_s": algbw,
-        "busbw_bytes_per_s": algbw * bus_factor(world_size, "all_gather") if algbw else None,
+        "busbw_bytes_per_s": algbw * factor if algbw else None,
+        **({"paced": paced} if paced else {}),
+        "back_to_back": {
+            "bytes": total,
+            "time_s": time_s,
+            "busbw_bytes_per_s": total / time_s * factor if time_s > 0 else None,
+        },
         "latency_s": tiny["time_s"] / (2 * (world_size - 1)) if world_size > 1 else None,
         "one_element": tiny,
         "duration_s": time.perf_counter() - started,
@@ -272,6 +354,13 @@ def fsdp_at_end(enabled: bool, world_size: int) -> Callable[[Any], dict[str, Any
         all_gather, reduce_scatter = meter.sizes
         if not (all_gather or reduce_scatter):
             return None  # no step communicated (the same on every rank: the same model)
-        return measure_fsdp(all_gather, reduce_scatter, meter.device, world_size, meter.dtypes)
+        return measure_fsdp(
+            all_gather,
+            reduce_scatter,
+            meter.device,
+            world_size,
+            meter.dtypes,
+            pattern=getattr(meter, "pattern", ()),
+        )
 
     return measure

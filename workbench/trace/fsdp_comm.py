@@ -25,6 +25,9 @@ What a call's figures are (torch 2.13, ``_fsdp_collectives.py``):
   seen from outside (exposed: null for that step).
 - on CUDA a call only enqueues the collective on FSDP's own stream: a host clock would time
   the enqueue, so bytes and calls only (times null), as DDP's Python comm hook there.
+- spacing: each call's gap, the time from the previous call's return to its start (the
+  compute between them), so that the network benchmark can replay a step's calls as the step
+  made them (``pattern``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ _clock = time.perf_counter
 MARK = "_workbench_fsdp"
 ALL_GATHER, REDUCE_SCATTER = 0, 1
 KINDS = ("all_gather", "reduce_scatter")
+#: The longest gap a replay keeps (seconds): a step's first call may follow an evaluation.
+MAX_GAP_S = 1.0
 #: The step columns the meter fills (``schema.STEP_COLUMNS``), per kind.
 FIELDS = tuple(f"{kind}_{what}" for kind in KINDS for what in ("bytes", "s", "exposed_s", "calls"))
 
@@ -79,8 +84,10 @@ class FSDPCommMeter:
     :meth:`attach` once per root (again for another root: each group is wrapped once), then
     :meth:`take` once per optimizer step, after its backward. ``timed=False`` (CUDA): bytes and
     calls only. ``sizes`` holds the bytes of each call of the last step taken, per kind (what
-    the network micro-benchmark times), ``dtypes`` each kind's buffer dtype (``float32``),
-    ``device`` the parameters' device."""
+    the network micro-benchmark times), ``pattern`` the same calls in the order they were made,
+    each ``(kind, bytes, gap_s)`` with the seconds since the previous call returned (at most
+    :data:`MAX_GAP_S`; the run's first call 0), ``dtypes`` each kind's buffer dtype
+    (``float32``), ``device`` the parameters' device."""
 
     def __init__(self, timed: bool = True, device: Any = None) -> None:
         self.timed = timed
@@ -88,6 +95,8 @@ class FSDPCommMeter:
         self.groups = 0  # parameter groups metered
         self.warnings: list[str] = []
         self.sizes: tuple[list[int], list[int]] = ([], [])
+        self.pattern: list[tuple[int, int, float]] = []
+        self._last_end: float | None = None  # when the previous call returned
         self.dtypes: list[str | None] = [None, None]
         self._lock = threading.Lock()  # an async call completes in the backend's thread
         self._reset()
@@ -98,6 +107,7 @@ class FSDPCommMeter:
         self._exposed: list[float | None] = [0.0, 0.0]
         self._calls = [0, 0]
         self._step_sizes: tuple[list[int], list[int]] = ([], [])
+        self._step_pattern: list[tuple[int, int, float]] = []
 
     @classmethod
     def for_module(cls, module: Any) -> FSDPCommMeter:
@@ -165,6 +175,9 @@ class FSDPCommMeter:
             self._bytes[kind] += nbytes
             self._calls[kind] += 1
             self._step_sizes[kind].append(nbytes)
+            since = 0.0 if self._last_end is None else start - self._last_end
+            self._step_pattern.append((kind, nbytes, min(max(since, 0.0), MAX_GAP_S)))
+            self._last_end = end
             self.dtypes[kind] = dtype
             if not self.timed:
                 return
@@ -195,7 +208,7 @@ class FSDPCommMeter:
                 out[f"{name}_exposed_s"] = self._exposed[kind] if timed else None
                 out[f"{name}_calls"] = self._calls[kind] if self.groups else None
             if any(self._step_sizes):
-                self.sizes = self._step_sizes
+                self.sizes, self.pattern = self._step_sizes, self._step_pattern
             self._reset()
         return out
 
