@@ -4,9 +4,9 @@ globbing, runs at its ``--smoke`` size in a subprocess, must exit 0 and print it
 Only that: a smoke size is a check of the harness, its figures are not meaningful. The scripts
 run two at a time, each in a fresh process with this checkout first on ``PYTHONPATH`` (one after
 another, alone: 306 CPU s in 333 s, so they keep a core busy and a third at once would not help
-on two cores). A script that needs something of the machine (root
-and ``ip``/``tc`` for the emulated network) says so in ``NEEDS``: skipped without it, a failure
-in CI.
+on two cores); a script that mostly waits (``WAITS``) runs beside those two. A script that needs
+something of the machine (root and ``ip``/``tc`` for the emulated network) says so in ``NEEDS``:
+skipped without it, a failure in CI.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ FIGURES = {
     "tracer_memory.py": r"rss: growth [+-]?\d+ KiB",
     "tracing_overhead.py": r"tracer host cost per step \(cpu\): [\d.]+ us",
 }
+#: Scripts that mostly wait (on Slurm's daemons: 46 s for 6 CPU s), run beside the two workers.
+WAITS = {"cluster_prediction.py"}
 #: Scripts known to fail, and why (none).
 KNOWN: dict[str, str] = {}
 
@@ -90,9 +92,9 @@ def smoke_runs(
         if getattr(item, "originalname", "") == "test_benchmark_smoke" and hasattr(item, "callspec")
     ]
     runnable = [s for s in chosen if NEEDS.get(s, (True, ""))[0]]
-    pool = ThreadPoolExecutor(max_workers=2)
-    request.addfinalizer(lambda: pool.shutdown(wait=True))
-    return {script: pool.submit(_run, script) for script in runnable}
+    pool, beside = ThreadPoolExecutor(max_workers=2), ThreadPoolExecutor(max_workers=1)
+    request.addfinalizer(lambda: (pool.shutdown(wait=True), beside.shutdown(wait=True)))
+    return {s: (beside if s in WAITS else pool).submit(_run, s) for s in runnable}
 
 
 def test_scripts_are_found() -> None:
