@@ -333,6 +333,20 @@ def time_collective(collective: str, tensor: torch.Tensor, iterations: int) -> f
     return float(elapsed.item()) / n
 
 
+def call_once(collective: str, whole: torch.Tensor, shard: torch.Tensor) -> float:
+    """One all-gather (each rank's ``shard`` into ``whole``) or reduce-scatter (``whole`` into
+    each rank's ``shard``): its seconds on this rank from its start to its return, with no
+    barrier before it (a rank that comes later is waited for, as in a training step)."""
+    started = time.perf_counter()
+    if collective == "all_gather":
+        dist.all_gather_into_tensor(whole, shard)
+    else:
+        dist.reduce_scatter_tensor(shard, whole)
+    if whole.device.type == "cuda":
+        torch.cuda.synchronize(whole.device)
+    return time.perf_counter() - started
+
+
 def over_ranks(values: list[float], device: torch.device, how: str = "mean") -> list[float]:
     """Each of ``values`` agreed over the default group's ranks: their ``mean`` or ``max``;
     every rank must call it."""

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from workbench.rank import distributed, hook_cost
@@ -240,28 +239,20 @@ def _paced_record(
         numel = max(nbytes // element // world_size, 1) * world_size
         whole = torch.zeros(numel, dtype=dtype, device=device)
         buffers[kind, nbytes] = (whole, whole.new_zeros(numel // world_size))
-    calls = (
-        lambda whole, shard: dist.all_gather_into_tensor(whole, shard),
-        lambda whole, shard: dist.reduce_scatter_tensor(shard, whole),
-    )
+    collectives = ("all_gather", "reduce_scatter")
     passes = []
     for _ in range(PACED_PASSES):
         spent = [0.0, 0.0]
         distributed.barrier()
         for kind, nbytes, gap in pattern:
             time.sleep(gap)
-            started = time.perf_counter()
-            calls[kind](*buffers[kind, nbytes])
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            spent[kind] += time.perf_counter() - started
+            spent[kind] += distributed.call_once(collectives[kind], *buffers[kind, nbytes])
         passes.append(distributed.over_ranks(spent, device))
     middle = sorted(passes, key=sum)[len(passes) // 2]
     sent = [0, 0]
     for kind, nbytes, _ in pattern:
         whole = buffers[kind, nbytes][0]
         sent[kind] += whole.numel() * whole.element_size()
-    collectives = ("all_gather", "reduce_scatter")
     return {
         "definition": (
             "one step's calls in the step's order, each after the rank's gap before it in the "
@@ -294,12 +285,9 @@ def measure_fsdp(
     collective as :func:`measure_allreduce` per size, back to back, and both together
     (``bytes``, ``time_s``, ``algbw``, ``busbw``: both collectives' bus factor is (n-1)/n, so
     the together's busbw is their total bytes over their total time times it), and
-    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops).
-
-    With the step's ``pattern`` (``FSDPCommMeter.pattern``: each call's kind, bytes and gap
-    before it), the together's figures are the step's calls replayed with their gaps
-    (:func:`_paced_record`, kept as ``paced``): what the step's own spacing gets from the
-    link. The back-to-back together is kept as ``back_to_back``."""
+    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops). With the
+    step's ``pattern`` (``FSDPCommMeter.pattern``), the together is the step's calls replayed
+    with their gaps (:func:`_paced_record`, kept as ``paced``; ``back_to_back`` beside it)."""
     started = time.perf_counter()
     kinds = {"all_gather": all_gather, "reduce_scatter": reduce_scatter}
     records = {}
@@ -312,9 +300,8 @@ def measure_fsdp(
     total = sum(r["bytes"] for r in records.values())
     time_s = sum(r["time_s"] for r in records.values())
     paced = _paced_record(pattern, dtypes, device, world_size) if pattern else None
-    together = {"bytes": total, "time_s": time_s}
-    if paced is not None and paced["time_s"] > 0:
-        together = {"bytes": paced["bytes"], "time_s": paced["time_s"]}
+    use = paced if paced is not None and paced["time_s"] > 0 else {"bytes": total, "time_s": time_s}
+    together = {"bytes": use["bytes"], "time_s": use["time_s"]}
     algbw = together["bytes"] / together["time_s"] if together["time_s"] > 0 else None
     tiny = _time_size(4, torch.float32, device, budget_s / 4)
     factor = bus_factor(world_size, "all_gather")
