@@ -212,7 +212,7 @@ def _collective_record(
     }
 
 
-#: Replays of a step's FSDP calls, at least; the figure is their median.
+#: Replays of a step's FSDP calls (:func:`_paced_record`); the figure is their median.
 PACED_PASSES = 5
 
 
@@ -282,12 +282,10 @@ def measure_fsdp(
     ``reduce_scatter`` (bytes of each call's whole buffer, as ``fsdp_comm`` counts them: the
     gathered output, the reduced input), at ``dtypes`` (each kind's, as ``torch.float32``
     names it without its prefix; None: float32). Returns the record ``run.json`` keeps: per
-    collective as :func:`measure_allreduce` per size, back to back, and both together
-    (``bytes``, ``time_s``, ``algbw``, ``busbw``: both collectives' bus factor is (n-1)/n, so
-    the together's busbw is their total bytes over their total time times it), and
-    ``latency_s`` as the allreduce's (a one-element allreduce over its 2(n-1) hops). With the
-    step's ``pattern`` (``FSDPCommMeter.pattern``), the together is the step's calls replayed
-    with their gaps (:func:`_paced_record`, kept as ``paced``; ``back_to_back`` beside it)."""
+    collective as :func:`measure_allreduce` per size, back to back; both together (``bytes``,
+    ``time_s``, ``algbw``, ``busbw``: both bus factors are (n-1)/n), the step's ``pattern``
+    (``FSDPCommMeter.pattern``) replayed with its gaps where given (:func:`_paced_record`,
+    kept as ``paced``; ``back_to_back`` beside it); ``latency_s`` as the allreduce's."""
     started = time.perf_counter()
     kinds = {"all_gather": all_gather, "reduce_scatter": reduce_scatter}
     records = {}
@@ -300,8 +298,9 @@ def measure_fsdp(
     total = sum(r["bytes"] for r in records.values())
     time_s = sum(r["time_s"] for r in records.values())
     paced = _paced_record(pattern, dtypes, device, world_size) if pattern else None
-    use = paced if paced is not None and paced["time_s"] > 0 else {"bytes": total, "time_s": time_s}
-    together = {"bytes": use["bytes"], "time_s": use["time_s"]}
+    together = {"bytes": total, "time_s": time_s}
+    if paced is not None and paced["time_s"] > 0:  # the step's own spacing, where replayed
+        together = {"bytes": paced["bytes"], "time_s": paced["time_s"]}
     algbw = together["bytes"] / together["time_s"] if together["time_s"] > 0 else None
     tiny = _time_size(4, torch.float32, device, budget_s / 4)
     factor = bus_factor(world_size, "all_gather")
