@@ -144,16 +144,8 @@ def measure_allreduce(
     a prediction for another hook needs."""
     started = time.perf_counter()
     dtype = _DTYPES.get(precision_hook, torch.float32)
-    distinct = sorted(set(sizes))
-    factor = bus_factor(world_size)
-    per_size = {}
-    for nbytes in distinct:
-        row = _time_size(nbytes, dtype, device, budget_s / (2 * len(distinct)))
-        row["busbw_bytes_per_s"] = row["algbw_bytes_per_s"] * factor
-        per_size[nbytes] = row
-    total = sum(per_size[n]["bytes"] for n in sizes)
-    time_s = sum(per_size[n]["time_s"] for n in sizes)
-    algbw = total / time_s if time_s > 0 else None
+    # half the budget for the buckets' sizes, a quarter for the one-element allreduce
+    record = _collective_record("allreduce", sizes, dtype, device, world_size, budget_s / 2)
     # one element: the time is the ring's hops, 2(n-1) of them, and no bytes to speak of
     tiny = _time_size(4, torch.float32, device, budget_s / 4)
     hop_s = tiny["time_s"] / (2 * (world_size - 1)) if world_size > 1 else None
@@ -165,13 +157,8 @@ def measure_allreduce(
         "definition": "nccl-tests: algbw = bytes / time; busbw = algbw x 2(n-1)/n",
         "world_size": world_size,
         "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "bucket_sizes_bytes": list(sizes),
-        "bytes": total,
-        "time_s": time_s,
-        "algbw_bytes_per_s": algbw,
-        "busbw_bytes_per_s": algbw * factor if algbw is not None else None,
-        "sizes": [per_size[n] for n in distinct],
+        "bucket_sizes_bytes": record.pop("call_sizes_bytes"),
+        **record,  # dtype, bytes, time_s, algbw, busbw, sizes
         # seconds per ring hop: a one-element allreduce's time over its 2(n-1) hops
         "latency_s": hop_s,
         "one_element": tiny,  # the loops latency_s comes from
