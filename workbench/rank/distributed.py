@@ -320,12 +320,7 @@ def time_collective(collective: str, tensor: torch.Tensor, iterations: int) -> f
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iterations):
-        if collective == "allreduce":
-            dist.all_reduce(tensor)
-        elif collective == "all_gather":
-            dist.all_gather_into_tensor(tensor, shard)
-        else:
-            dist.reduce_scatter_tensor(shard, tensor)
+        _issue(collective, tensor, shard)
     if tensor.device.type == "cuda":
         torch.cuda.synchronize(tensor.device)
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=tensor.device)
@@ -333,15 +328,24 @@ def time_collective(collective: str, tensor: torch.Tensor, iterations: int) -> f
     return float(elapsed.item()) / n
 
 
+def _issue(collective: str, whole: torch.Tensor, shard: torch.Tensor) -> None:
+    """One call of ``collective`` on the default group: an allreduce of ``whole``, an
+    all-gather of each rank's ``shard`` into ``whole``, or a reduce-scatter of ``whole`` into
+    each rank's ``shard``."""
+    if collective == "allreduce":
+        dist.all_reduce(whole)
+    elif collective == "all_gather":
+        dist.all_gather_into_tensor(whole, shard)
+    else:
+        dist.reduce_scatter_tensor(shard, whole)
+
+
 def call_once(collective: str, whole: torch.Tensor, shard: torch.Tensor) -> float:
     """One all-gather (each rank's ``shard`` into ``whole``) or reduce-scatter (``whole`` into
     each rank's ``shard``): its seconds on this rank from its start to its return, with no
     barrier before it (a rank that comes later is waited for, as in a training step)."""
     started = time.perf_counter()
-    if collective == "all_gather":
-        dist.all_gather_into_tensor(whole, shard)
-    else:
-        dist.reduce_scatter_tensor(shard, whole)
+    _issue(collective, whole, shard)
     if whole.device.type == "cuda":
         torch.cuda.synchronize(whole.device)
     return time.perf_counter() - started

@@ -333,7 +333,7 @@ def fsdp_at_end(enabled: bool, world_size: int) -> Callable[[Any], dict[str, Any
             meter.device,
             world_size,
             meter.dtypes,
-            pattern=getattr(meter, "pattern", ()),
+            pattern=meter.pattern,
         )
 
     return measure
