@@ -39,8 +39,8 @@ SCRIPT = "tests/scripts/fsdp_no_dataloader.py"
 #: The model: BLOCKS blocks of Linear(WIDTH, WIDTH) + ReLU, fp32 (4 bytes an element).
 WIDTH, BLOCKS, FP32 = 33, 2, 4
 STEPS, WARMUP, BATCH = 10, 2, 8
-#: The gap planted before each call of a replayed step (seconds).
-PLANTED_GAP_S = 0.05
+#: The gap planted before each call of a replayed step (seconds), and the host work in it.
+PLANTED_GAP_S, PLANTED_HOST_S = 0.05, 0.02
 
 
 def gathered_bytes(world_size: int) -> int:
@@ -217,18 +217,28 @@ def _bare_beside_benchmark(nbytes: int, turns: int) -> dict:
         record = measure_fsdp([nbytes] * 2 * BLOCKS, [nbytes] * BLOCKS, torch.device("cpu"), 2)
         got["wb_ag"].append(record["all_gather"]["sizes"][0]["time_s"])
         got["wb_rs"].append(record["reduce_scatter"]["sizes"][0]["time_s"])
-    # a step's calls replayed with planted gaps: slept before each call, never counted in it
-    pattern = [(0, nbytes, PLANTED_GAP_S), (0, nbytes, PLANTED_GAP_S), (1, nbytes, PLANTED_GAP_S)]
-    start = time.perf_counter()
+    # a step's calls replayed with planted gaps and host work: spent before each call, never
+    # counted in it; the thread's CPU read from getrusage, not the clock the replay spins on
+    gap = (PLANTED_GAP_S, PLANTED_HOST_S)
+    pattern = [(0, nbytes, *gap), (0, nbytes, *gap), (1, nbytes, *gap)]
+    start, cpu = time.perf_counter(), _thread_cpu_s()
     paced = measure_fsdp([nbytes] * 2, [nbytes], torch.device("cpu"), 2, pattern=pattern)
-    paced_wall = time.perf_counter() - start
     return {
         **{k: statistics.median(v) for k, v in got.items()},
         "record": record,
         "turns": got,
         "paced": paced,
-        "paced_wall_s": paced_wall,
+        "paced_wall_s": time.perf_counter() - start,
+        "paced_cpu_s": _thread_cpu_s() - cpu,
     }
+
+
+def _thread_cpu_s() -> float:
+    """The calling thread's CPU seconds, user and system, as the kernel accounts them."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
 
 
 @pytest.fixture(scope="module")
@@ -292,13 +302,26 @@ def test_network_benchmark_measures_fsdp_sizes_in_nccl_tests_terms(runs, bare) -
         assert 1 / 3 <= ratio <= 3, ratio
 
 
-def test_a_replay_sleeps_each_planted_gap_and_times_the_calls_alone(bare) -> None:
-    record, wall = bare["paced"], bare["paced_wall_s"]
+def test_a_replay_spends_each_planted_gap_and_times_the_calls_alone(bare) -> None:
+    record, wall, cpu = bare["paced"], bare["paced_wall_s"], bare["paced_cpu_s"]
     paced = record["paced"]
-    slept = paced["passes"] * 3 * PLANTED_GAP_S
-    print(f"replay: {wall:.3f} s in all, {slept:.3f} s of planted gaps, calls {paced['time_s']}")
+    calls = (1 + paced["passes"]) * 3  # a pass not counted, then the timed ones
+    spent, spun = calls * PLANTED_GAP_S, calls * PLANTED_HOST_S
+    print(
+        f"replay: {wall:.3f} s in all, {spent:.3f} s of planted gaps; {cpu:.3f} CPU s, "
+        f"{spun:.3f} s of planted host work; calls {paced['time_s']}"
+    )
     assert paced["gaps_s"] == [PLANTED_GAP_S] * 3  # the same on both ranks: agreed as planted
-    assert wall >= slept  # every gap slept, every pass
+    assert paced["host_s"] == [PLANTED_HOST_S] * 3
+    assert wall >= spent  # every gap spent, every pass
+    # the host work spun, not slept: the thread's CPU at least the planted, and the gaps' rest
+    # slept (the calls and the benchmark's other sizes take the thread's CPU too, far less
+    # than the 0.6 s of sleep a spun gap would add)
+    assert spun <= cpu < spun + calls * (PLANTED_GAP_S - PLANTED_HOST_S) / 2, cpu
+    # the figure is the timed passes' mean
+    assert len(paced["passes_s"]) == paced["passes"]
+    mean = [statistics.mean(p[k] for p in paced["passes_s"]) for k in (0, 1)]
+    assert [paced["all_gather_s"], paced["reduce_scatter_s"]] == pytest.approx(mean)
     # the calls alone: a 4.6 kB call takes about a millisecond here, far from a gap's 50 ms
     assert 0 < paced["time_s"] < PLANTED_GAP_S
     assert record["time_s"] == paced["time_s"]
@@ -331,8 +354,57 @@ def test_the_builtin_fsdp_run_is_metered_alike_and_benchmarks_its_own_calls(runs
     # the together is the step's own calls replayed in its order with its gaps: 5 gathers and
     # 3 reduce-scatters a step, each gap what the rank computed before the call
     paced = net["paced"]
-    assert paced["passes"] == 5 and len(paced["gaps_s"]) == 5 + 3
+    assert paced["passes"] == 8 and len(paced["gaps_s"]) == len(paced["host_s"]) == 5 + 3
     assert all(0 <= g <= 1 for g in paced["gaps_s"])
+    # the host work in each gap (the MLP's compute on this thread) is within it
+    assert all(0 <= h <= g for h, g in zip(paced["host_s"], paced["gaps_s"], strict=True))
     assert (paced["all_gather_bytes"], paced["reduce_scatter_bytes"]) == (gathered, reduced)
     assert net["time_s"] == paced["time_s"] == paced["all_gather_s"] + paced["reduce_scatter_s"]
     assert net["back_to_back"]["bytes"] == net["bytes"]
+
+
+class _Planted(torch.nn.Module):
+    """A block whose forward spins ``PLANTED_HOST_S`` of its thread's CPU, then sleeps
+    ``PLANTED_GAP_S - PLANTED_HOST_S``: a layer's host work and the rest of its compute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        busy = time.thread_time()
+        while time.thread_time() - busy < PLANTED_HOST_S:
+            pass
+        time.sleep(PLANTED_GAP_S - PLANTED_HOST_S)
+        return self.linear(x)
+
+
+def _metered_planted_step() -> dict:
+    """Two planted blocks under FSDP2 (each, then the root), metered; two steps: the pattern
+    of the second."""
+    from torch.distributed.fsdp import fully_shard
+
+    from workbench.trace.fsdp_comm import FSDPCommMeter
+
+    model = torch.nn.Sequential(_Planted(), _Planted())
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    meter = FSDPCommMeter.for_module(model)
+    meter.attach(model)
+    for _ in range(2):
+        model(torch.randn(BATCH, WIDTH)).sum().backward()
+        meter.take_fields()
+    return {"pattern": meter.pattern}
+
+
+def test_the_meter_tells_a_gaps_host_work_from_its_wait() -> None:
+    pattern = in_two_ranks(_metered_planted_step)["pattern"]
+    gaps = [gap for _, _, gap, _ in pattern]
+    host = [h for *_, h in pattern]
+    print(f"gaps {[round(g, 4) for g in gaps]}, host {[round(h, 4) for h in host]}")
+    assert all(0 <= h <= g for h, g in zip(host, gaps, strict=True))
+    # each block's forward lies in the gap before a later call: its planted CPU counted as
+    # host work, its sleep not (the linear layers and FSDP's own copies: a few ms at most)
+    assert sum(gaps) >= 2 * PLANTED_GAP_S
+    assert 2 * PLANTED_HOST_S <= sum(host) < 2 * PLANTED_HOST_S + (PLANTED_GAP_S - PLANTED_HOST_S)

@@ -199,28 +199,40 @@ def _collective_record(
     }
 
 
-#: Replays of a step's FSDP calls (:func:`_paced_record`); the figure is their median.
-PACED_PASSES = 5
+#: Replays of a step's FSDP calls (:func:`_paced_record`) timed, after one not counted (the
+#: link and the ranks warmed, as nccl-tests' warm-up iterations); the figure is their mean.
+PACED_PASSES = 8
+
+
+def _spend_gap(gap_s: float, host_s: float) -> None:
+    """A gap before a call as the step spent it: ``host_s`` of this thread's CPU (spun: on
+    cores the ranks share, a collective competes with it as in the step), the rest slept."""
+    started, busy = time.perf_counter(), time.thread_time()
+    while time.thread_time() - busy < host_s:
+        pass
+    time.sleep(max(gap_s - (time.perf_counter() - started), 0.0))
 
 
 def _paced_record(
-    pattern: Sequence[tuple[int, int, float]],
+    pattern: Sequence[tuple[int, int, float, float]],
     dtypes: Sequence[str | None],
     device: torch.device,
     world_size: int,
 ) -> dict[str, Any] | None:
     """One step's FSDP calls replayed as the step made them: in its order, each after the
-    rank's own gap before it (its compute, slept), :data:`PACED_PASSES` times from a barrier.
-    A call's time runs from its start to its return, on each rank, so it holds the wait for a
-    rank that came later, as in the step; a pass's time is its calls' time, gaps left out, the
-    mean over the ranks; the median pass is the figure. A link that lets a burst through after
-    an idle gap (a token bucket: a cloud VM's network, ``tc tbf``) moves a step's calls faster
-    than back to back; elsewhere the two agree. None where the ranks made different calls."""
+    rank's own gap before it (its host work spun, the rest of its compute slept), one pass
+    not counted, then :data:`PACED_PASSES`, each from a barrier. A call's time runs from its
+    start to its return, on each rank, so it holds the wait for a rank that came later, as in
+    the step; a pass's time is its calls' time, gaps left out, the mean over the ranks; the
+    figure is the passes' mean, as a run's throughput is its steps'. A link that lets a burst
+    through after an idle gap (a token bucket: a cloud VM's network, ``tc tbf``) moves a
+    step's calls faster than back to back; elsewhere the two agree. None where the ranks made
+    different calls."""
     lengths = distributed.over_ranks([len(pattern), -len(pattern)], device, "max")
     if not pattern or lengths[0] != -lengths[1]:
         return None
     buffers = {}
-    for kind, nbytes, _ in pattern:
+    for kind, nbytes, *_ in pattern:
         dtype = getattr(torch, dtypes[kind]) if dtypes[kind] else torch.float32
         element = torch.tensor([], dtype=dtype).element_size()
         numel = max(nbytes // element // world_size, 1) * world_size
@@ -228,30 +240,33 @@ def _paced_record(
         buffers[kind, nbytes] = (whole, whole.new_zeros(numel // world_size))
     collectives = ("all_gather", "reduce_scatter")
     passes = []
-    for _ in range(PACED_PASSES):
+    for _ in range(1 + PACED_PASSES):
         spent = [0.0, 0.0]
         distributed.barrier()
-        for kind, nbytes, gap in pattern:
-            time.sleep(gap)
+        for kind, nbytes, gap, host in pattern:
+            _spend_gap(gap, host)
             spent[kind] += distributed.call_once(collectives[kind], *buffers[kind, nbytes])
         passes.append(distributed.over_ranks(spent, device))
-    middle = sorted(passes, key=sum)[len(passes) // 2]
+    timed = passes[1:]
+    mean = [sum(p[k] for p in timed) / len(timed) for k in range(2)]
     sent = [0, 0]
-    for kind, nbytes, _ in pattern:
+    for kind, nbytes, *_ in pattern:
         whole = buffers[kind, nbytes][0]
         sent[kind] += whole.numel() * whole.element_size()
     return {
         "definition": (
             "one step's calls in the step's order, each after the rank's gap before it in the "
-            f"step (slept), median of {PACED_PASSES} passes; time: the calls' alone, the mean "
-            "over the ranks"
+            "step (its host work spun, the rest slept), one pass not counted, then the mean of "
+            f"{PACED_PASSES} passes; time: the calls' alone, the mean over the ranks"
         ),
-        "gaps_s": distributed.over_ranks([gap for _, _, gap in pattern], device),
-        "passes": len(passes),
+        "gaps_s": distributed.over_ranks([gap for _, _, gap, _ in pattern], device),
+        "host_s": distributed.over_ranks([host for *_, host in pattern], device),
+        "passes": len(timed),
+        "passes_s": timed,
         **{f"{c}_bytes": sent[k] for k, c in enumerate(collectives)},
-        **{f"{c}_s": middle[k] for k, c in enumerate(collectives)},
+        **{f"{c}_s": mean[k] for k, c in enumerate(collectives)},
         "bytes": sum(sent),
-        "time_s": sum(middle),
+        "time_s": sum(mean),
     }
 
 
@@ -262,7 +277,7 @@ def measure_fsdp(
     world_size: int,
     dtypes: Sequence[str | None] = (None, None),
     budget_s: float = BUDGET_S,
-    pattern: Sequence[tuple[int, int, float]] = (),
+    pattern: Sequence[tuple[int, int, float, float]] = (),
 ) -> dict[str, Any]:
     """Time what FSDP2 sends in one step, on the default process group (every rank must call
     it): an all-gather of each size in ``all_gather`` and a reduce-scatter of each size in

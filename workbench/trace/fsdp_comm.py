@@ -26,8 +26,9 @@ What a call's figures are (torch 2.13, ``_fsdp_collectives.py``):
 - on CUDA a call only enqueues the collective on FSDP's own stream: a host clock would time
   the enqueue, so bytes and calls only (times null), as DDP's Python comm hook there.
 - spacing: each call's gap, the time from the previous call's return to its start (the
-  compute between them), so that the network benchmark can replay a step's calls as the step
-  made them (``pattern``).
+  compute between them), and the CPU time the rank's own thread spent in it (its host work:
+  on a host whose cores the ranks share, what a collective competes with), so that the
+  network benchmark can replay a step's calls as the step made them (``pattern``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 from workbench.trace.comm_timing import CommFields, warn
 
 _clock = time.perf_counter
+_cpu = time.thread_time  # the calling thread's CPU seconds: the training thread's host work
 #: The mark, in an FSDP module's ``__dict__``, of one whose groups are metered.
 MARK = "_workbench_fsdp"
 ALL_GATHER, REDUCE_SCATTER = 0, 1
@@ -71,11 +73,11 @@ class _Timed:
     def __call__(self, output_tensor: Any, input_tensor: Any, *args: Any, **kwargs: Any) -> Any:
         meter, kind = self.meter, self.kind
         buffer = output_tensor if kind == ALL_GATHER else input_tensor
-        start = _clock()
+        busy, start = _cpu(), _clock()
         work = self.inner(output_tensor, input_tensor, *args, **kwargs)
         # a call that returns a work handle returned before completing (``async_op``)
         dtype = str(buffer.dtype).removeprefix("torch.")
-        meter.record(kind, _nbytes(buffer), dtype, start, work)
+        meter.record(kind, _nbytes(buffer), dtype, start, work, busy)
         return work
 
 
@@ -85,8 +87,9 @@ class FSDPCommMeter:
     :meth:`take` once per optimizer step, after its backward. ``timed=False`` (CUDA): bytes and
     calls only. ``sizes`` holds the bytes of each call of the last step taken, per kind (what
     the network micro-benchmark times), ``pattern`` the same calls in the order they were made,
-    each ``(kind, bytes, gap_s)`` with the seconds since the previous call returned (at most
-    :data:`MAX_GAP_S`; the run's first call 0), ``dtypes`` each kind's buffer dtype
+    each ``(kind, bytes, gap_s, host_s)``: the seconds since the previous call returned (at most
+    :data:`MAX_GAP_S`; the run's first call 0) and the calling thread's CPU seconds among them
+    (at most the gap), ``dtypes`` each kind's buffer dtype
     (``float32``), ``device`` the parameters' device."""
 
     def __init__(self, timed: bool = True, device: Any = None) -> None:
@@ -95,8 +98,9 @@ class FSDPCommMeter:
         self.groups = 0  # parameter groups metered
         self.warnings: list[str] = []
         self.sizes: tuple[list[int], list[int]] = ([], [])
-        self.pattern: list[tuple[int, int, float]] = []
+        self.pattern: list[tuple[int, int, float, float]] = []
         self._last_end: float | None = None  # when the previous call returned
+        self._last_busy = 0.0  # the calling thread's CPU seconds then
         self.dtypes: list[str | None] = [None, None]
         self._lock = threading.Lock()  # an async call completes in the backend's thread
         self._reset()
@@ -107,7 +111,7 @@ class FSDPCommMeter:
         self._exposed: list[float | None] = [0.0, 0.0]
         self._calls = [0, 0]
         self._step_sizes: tuple[list[int], list[int]] = ([], [])
-        self._step_pattern: list[tuple[int, int, float]] = []
+        self._step_pattern: list[tuple[int, int, float, float]] = []
 
     @classmethod
     def for_module(cls, module: Any) -> FSDPCommMeter:
@@ -167,17 +171,22 @@ class FSDPCommMeter:
         if text not in self.warnings:
             self.warnings.append(warn(text))
 
-    def record(self, kind: int, nbytes: int, dtype: str, start: float, work: Any) -> None:
-        """One call of ``kind`` that started at ``start`` (the clock) and moved ``nbytes``;
-        ``work``: its handle where it returned before completing (``async_op``)."""
+    def record(
+        self, kind: int, nbytes: int, dtype: str, start: float, work: Any, busy: float = 0.0
+    ) -> None:
+        """One call of ``kind`` that started at ``start`` (the clock), its thread's CPU seconds
+        then ``busy``, and moved ``nbytes``; ``work``: its handle where it returned before
+        completing (``async_op``)."""
         end = _clock()
         with self._lock:
             self._bytes[kind] += nbytes
             self._calls[kind] += 1
             self._step_sizes[kind].append(nbytes)
             since = 0.0 if self._last_end is None else start - self._last_end
-            self._step_pattern.append((kind, nbytes, min(max(since, 0.0), MAX_GAP_S)))
-            self._last_end = end
+            gap = min(max(since, 0.0), MAX_GAP_S)
+            host = 0.0 if self._last_end is None else busy - self._last_busy
+            self._step_pattern.append((kind, nbytes, gap, min(max(host, 0.0), gap)))
+            self._last_end, self._last_busy = end, _cpu()
             self.dtypes[kind] = dtype
             if not self.timed:
                 return
