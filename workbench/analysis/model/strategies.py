@@ -162,7 +162,11 @@ def _how(src: SourceCurve, strategy: str) -> str:
     if strategy == src.strategy:
         return base
     if strategy == "fsdp":
-        return f"{base}; FSDP's traffic from the layout, all exposed (no FSDP overlap measured)"
+        return (
+            f"{base}; FSDP's traffic from the layout, all exposed (no FSDP overlap measured); "
+            "FSDP's own host work (its copies, its hooks) not in it: one FSDP run at 1 rank "
+            "measures it"
+        )
     return f"{base}; DDP's allreduce of the gradients, all exposed (no DDP overlap measured)"
 
 
