@@ -155,3 +155,51 @@ def test_a_scripts_hooks_never_synchronise_the_device(tmp_path: Path) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
     assert hooks.steps == 50
+
+
+def _fsdp_record(handle) -> dict:  # type: ignore[no-untyped-def]
+    from workbench import schema
+    from workbench.store.files import read_json
+
+    return read_json(handle.path / schema.RUN_FILE)
+
+
+def test_fsdp_on_one_gpu_with_a_bf16_policy_counts_its_memory(tmp_path: Path) -> None:
+    """The built-in FSDP2 path on CUDA: mixed precision (bf16 parameters in the step), the
+    state counted per part from the tensors, the device's allocator columns filled; one rank
+    sends nothing (known zeros)."""
+    config = _cuda(tmp_path, strategy="fsdp", fsdp_param_dtype="bf16", run_name="fsdp1")
+    handle = _completed(config)
+    steps = load_traces(handle.path)
+    assert (steps["all_gather_bytes"] == 0).all() and (steps["reduce_scatter_bytes"] == 0).all()
+    assert (steps["mem_peak_bytes"].dropna() > 0).all()
+    parts = _fsdp_record(handle)["memory_parts"]["0"]
+    assert parts["param_bytes"] > 0 and parts["grad_bytes"] > 0
+    assert (
+        parts["total_bytes"]
+        == parts["param_bytes"] + parts["grad_bytes"] + parts["optimizer_bytes"]
+    )
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs two CUDA devices")
+def test_fsdp_on_two_gpus_with_nccl_meters_bytes_and_benchmarks_its_calls(tmp_path: Path) -> None:
+    """FSDP2 over NCCL: each step's all-gathers and reduce-scatters counted in bytes and calls
+    (on CUDA a call only enqueues: no host-clock times, said so), the shards half the state,
+    and the network benchmark's all-gather and reduce-scatter at the step's own sizes."""
+    one = _completed(_cuda(tmp_path, strategy="fsdp", run_name="fsdp-one"))
+    two = _completed(
+        _cuda(tmp_path, strategy="fsdp", world_size=2, backend="nccl", run_name="fsdp-two")
+    )
+    steps = load_traces(two.path)
+    for kind in ("all_gather", "reduce_scatter"):
+        assert (steps[f"{kind}_bytes"] > 0).all() and (steps[f"{kind}_calls"] > 0).all()
+        assert steps[f"{kind}_s"].isna().all()  # bytes only on CUDA
+    run = _fsdp_record(two)
+    assert run["comm_method"] == {"0": "bytes_only", "1": "bytes_only"}
+    whole = _fsdp_record(one)["memory_parts"]["0"]["param_bytes"]
+    # each rank holds half of every parameter, dim 0 padded to even: half, or a little over
+    assert whole / 2 <= run["memory_parts"]["0"]["param_bytes"] <= whole / 2 + 4096
+    net = run["network"]
+    assert net["collective"] == "fsdp" and net["device"].startswith("cuda")
+    assert net["bytes"] == steps["all_gather_bytes"].iloc[0] + steps["reduce_scatter_bytes"].iloc[0]
+    assert net["busbw_bytes_per_s"] > 0
