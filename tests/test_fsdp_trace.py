@@ -315,8 +315,8 @@ def test_a_replay_spends_each_planted_gap_and_times_the_calls_alone(bare) -> Non
     assert paced["host_s"] == [PLANTED_HOST_S] * 3
     assert wall >= spent  # every gap spent, every pass
     # the host work spun, not slept: the thread's CPU at least the planted, and the gaps' rest
-    # slept (the calls and the benchmark's other sizes take the thread's CPU too, far less
-    # than the 0.6 s of sleep a spun gap would add)
+    # slept (the calls and the one-element benchmark after them take the thread's CPU too:
+    # 0.09 s here, far less than the 0.8 s a gap spun whole would add)
     assert spun <= cpu < spun + calls * (PLANTED_GAP_S - PLANTED_HOST_S) / 2, cpu
     # the figure is the timed passes' mean
     assert len(paced["passes_s"]) == paced["passes"]
