@@ -89,8 +89,8 @@ class FSDPCommMeter:
     the network micro-benchmark times), ``pattern`` the same calls in the order they were made,
     each ``(kind, bytes, gap_s, host_s)``: the seconds since the previous call returned (at most
     :data:`MAX_GAP_S`; the run's first call 0) and the calling thread's CPU seconds among them
-    (at most the gap), ``dtypes`` each kind's buffer dtype
-    (``float32``), ``device`` the parameters' device."""
+    (at most the gap), ``dtypes`` each kind's buffer dtype (``float32``), ``device`` the
+    parameters' device."""
 
     def __init__(self, timed: bool = True, device: Any = None) -> None:
         self.timed = timed
@@ -172,7 +172,7 @@ class FSDPCommMeter:
             self.warnings.append(warn(text))
 
     def record(
-        self, kind: int, nbytes: int, dtype: str, start: float, work: Any, busy: float = 0.0
+        self, kind: int, nbytes: int, dtype: str, start: float, work: Any, busy: float
     ) -> None:
         """One call of ``kind`` that started at ``start`` (the clock), its thread's CPU seconds
         then ``busy``, and moved ``nbytes``; ``work``: its handle where it returned before
