@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch on this kind of machine; pyproject declares the range users may bring.
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev,hf]'
+	$(PY) -m pip install --quiet -e '.[dev,hf,lightning]'
 	# jsonschema (under nbformat, so papermill and plotly's FigureWidget) imports rfc3987-syntax
 	# where it is installed, which builds 38 IRI parsers on import: 2 s in every process that
 	# imports nbformat, a Dashboard's first draw among them. Nothing here validates IRIs.

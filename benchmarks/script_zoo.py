@@ -88,6 +88,8 @@ SHAPES = {
     "eval_every_n": Shape(f"{ZOO}/eval_every_n.py"),
     "grad_accum_no_sync": Shape(f"{ZOO}/grad_accum_no_sync.py"),
     "mp_spawn": Shape(f"{ZOO}/mp_spawn.py", ("--world-size", "2"), spawn=True),
+    "lightning_ddp": Shape(f"{ZOO}/lightning_ddp.py"),
+    "odd_modules": Shape(f"{ZOO}/odd_modules.py"),
     "hf_trainer": Shape("examples/scripts/hf_trainer.py", own=TRAINER, warmup=0),
     # plain FSDP2 (fully_shard per block, then the root), no DataLoader
     "fsdp": Shape("tests/scripts/fsdp_no_dataloader.py", ("--width", "33")),

@@ -225,3 +225,62 @@ def test_the_preflight_leaves_what_it_cannot_know_to_the_call() -> None:
     condition are left to the check at the call (never a valid script refused)."""
     assert spawn_counts(NOT_COUNTS_KNOWN_HERE) == []
     assert spawn_counts("import torch\ntorch.multiprocessing.spawn(print, nprocs=3)\n") == [(2, 3)]
+
+
+class _OwnHooks(nn.Linear):
+    """A module whose ``register_forward_pre_hook`` takes the hook alone (a library's override
+    of an older signature): the tracing cannot put its hook first on it."""
+
+    def register_forward_pre_hook(self, hook: Any) -> Any:  # type: ignore[override]
+        return super().register_forward_pre_hook(hook)
+
+
+def test_tracing_work_that_fails_is_left_untraced_and_said_once(tmp_path: Path) -> None:
+    """Watching the modules two optimizers step fails both times (a module whose hook method has
+    another signature is the outermost): the loop trains on, its steps are traced from the
+    optimizer, and the rank's warnings say once that the workbench could not watch them."""
+    losses: list[float] = []
+
+    def loop() -> None:
+        first_model, second_model = _OwnHooks(8, 8), _OwnHooks(8, 2)
+        first = torch.optim.SGD(first_model.parameters(), lr=0.1)
+        second = torch.optim.SGD(second_model.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = second_model(first_model(torch.randn(BATCH, 8))).pow(2).mean()
+            loss.backward()
+            first.step()
+            second.step()
+            losses.append(loss.item())
+
+    steps, hooks = _traced(tmp_path, loop)
+    assert len(losses) == 3 and len(steps) == 3
+    said = [w for w in hooks.warnings if w.startswith("the workbench could not watch")]
+    assert len(said) == 1, hooks.warnings
+    assert "unexpected keyword argument 'prepend'" in said[0], said
+    assert "the workbench's fault, not the script's" in said[0]
+
+
+def test_a_bug_in_the_workbench_is_never_blamed_on_the_script(tmp_path: Path) -> None:
+    """An exception raised in the workbench's own code is reported as the workbench's, with its
+    file and line; the same exception raised in the script's code is the script's."""
+    from workbench.config.run_config import RunConfig
+    from workbench.rank.run_rank import explain
+    from workbench.trace.forward_hooks import outermost
+
+    config = RunConfig(script="train.py")
+    held = nn.Linear(2, 2)  # a module holding parameters among the collector's objects
+    with pytest.raises(TypeError) as ours:
+        outermost(None, ())  # type: ignore[arg-type]
+    said = explain(ours.value, config)
+    assert said.startswith("the workbench's own code raised TypeError"), said
+    assert "trace/forward_hooks.py:" in said and "not train.py: a workbench bug" in said, said
+    script = tmp_path / "train.py"
+    script.write_text("def main():\n    return None.forward\n")
+    code = compile(script.read_text(), str(script), "exec")
+    scope: dict[str, Any] = {}
+    exec(code, scope)
+    with pytest.raises(AttributeError) as theirs:
+        scope["main"]()
+    said = explain(theirs.value, config)
+    assert said.startswith("train.py raised AttributeError"), said
+    del held

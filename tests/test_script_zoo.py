@@ -2,7 +2,8 @@
 ``workbench run --script`` as a user types it, at 1 and 2 ranks: every step's samples counted
 whatever wraps the model (DDP only when distributed, no DataLoader, an IterableDataset, two
 models, a compiled model, evaluation inside the loop, accumulation with ``no_sync``, processes
-started by ``torch.multiprocessing.spawn``), the throughput known, each phase there or said
+started by ``torch.multiprocessing.spawn``, a Lightning Trainer, modules the tracing must leave
+alone: a weak proxy, odd attributes, TorchScript), the throughput known, each phase there or said
 absent, no run called incomplete; and tracing adds no graph break to a compiled DDP model.
 
 One module fixture runs every script once per world size (few, small steps); the tests read
@@ -65,6 +66,10 @@ SHAPES = {
     "eval_every_n": Shape(extra=("--eval-every", "2", "--eval-batches", "1")),
     "grad_accum_no_sync": Shape(extra=("--accum", "2"), per_step=2 * BATCH),
     "mp_spawn": Shape(spawn=True),
+    # Trainer(devices=ranks per node, strategy="ddp"): the optimizer's closure holds the step
+    "lightning_ddp": Shape(),
+    # a weak proxy to the model, a module with odd attributes, a TorchScript submodule
+    "odd_modules": Shape(phases=TRAINING),
     # not the zoo's: plain FSDP2 (``fully_shard``), no DataLoader, no DDP
     "../fsdp_no_dataloader": Shape(phases=TRAINING),
 }

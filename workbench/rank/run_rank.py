@@ -113,11 +113,39 @@ _SHAPE_ERRORS = (
 )
 
 
+#: The exceptions of a programming error (the workbench raises none of them on purpose).
+_BUG_TYPES = (AttributeError, TypeError, NameError, KeyError, AssertionError, ReferenceError)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _raised_in_workbench(exc: BaseException) -> str | None:
+    """``file:line`` (relative to the package) where ``exc`` was raised, when that is the
+    workbench's own code (its innermost frame) and the exception a programming error's (not
+    one raised on purpose, nor a collective's failure seen through the workbench's call of
+    it); else None."""
+    if not isinstance(exc, _BUG_TYPES) or exc.__traceback__ is None:
+        return None
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if not path.startswith(_PACKAGE + os.sep):
+        return None
+    return f"{os.path.relpath(path, os.path.dirname(_PACKAGE))}:{tb.tb_lineno}"
+
+
 def explain(exc: BaseException, config: RunConfig) -> str:
     """The exception as recorded for the failure report. A shape error from a model that does
     not fit its dataset (a plug-in's width differs from the data's) also names both and what
     has to agree, instead of torch's bare "mat1 and mat2 shapes cannot be multiplied"."""
     text = f"{type(exc).__name__}: {exc}"
+    ours = _raised_in_workbench(exc)
+    if ours is not None:
+        return (
+            f"the workbench's own code raised {text} at {ours}, not "
+            f"{script_label(config) if config.is_script else 'the model'}: a workbench bug; "
+            "please report it with the rank's log"
+        )
     if config.is_script and not isinstance(exc, ScriptError | ScriptExit):
         return f"{script_label(config)} raised {text}"
     if isinstance(exc, RuntimeError | IndexError) and any(m in str(exc) for m in _SHAPE_ERRORS):

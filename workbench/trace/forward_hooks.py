@@ -182,22 +182,29 @@ def _post_hook(hooks: Any, module: nn.Module, args: Any, kwargs: Any, output: An
         forward_ends(hooks, module, output)
 
 
+#: Forwards that stand for none: a Lightning module's (its base class's pass-through) is never
+#: what its ``training_step`` calls; its children are.
+_NO_FORWARD = ("LightningModule.forward",)
+
+
 def _callable(module: nn.Module) -> bool:
-    return type(module).forward is not nn.Module.forward  # containers have no forward
+    forward = type(module).forward  # containers have no forward
+    return forward is not nn.Module.forward and forward.__qualname__ not in _NO_FORWARD
 
 
 def outermost(params: set[int], wrapped: tuple[type, ...]) -> list[nn.Module]:
     """The outermost live modules holding any parameter whose ``id`` is in ``params`` (a
     container without a forward stands for its children), leaving out the classes
     ``wrapped`` (watched by a class patch); from the garbage collector's objects, which hold
-    only what was made since the hooks froze the rest (``gc.freeze``)."""
-    modules = [o for o in gc.get_objects() if isinstance(o, nn.Module)]
-    holds = {id(m) for m in modules if any(id(p) in params for p in m.parameters(recurse=False))}
+    only what was made since the hooks froze the rest (``gc.freeze``). Modules by their type:
+    a weak proxy to a module (Lightning keeps some) passes ``isinstance`` but is no module."""
+    modules = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
+    # its own parameters as nn.Module keeps them: a subclass's ``parameters`` may be anything
+    holds = {id(m) for m in modules if any(id(p) in params for p in _own_parameters(m))}
     parents: dict[int, list[nn.Module]] = {}
     for m in modules:
-        for child in m._modules.values():
-            if child is not None:
-                parents.setdefault(id(child), []).append(m)
+        for child in _children(m):
+            parents.setdefault(id(child), []).append(m)
     above: set[int] = set()  # every module that holds such a parameter, or contains one that does
     stack = [m for m in modules if id(m) in holds]
     while stack:
@@ -210,12 +217,20 @@ def outermost(params: set[int], wrapped: tuple[type, ...]) -> list[nn.Module]:
     return [m for m in _callables(tops, above) if not isinstance(m, wrapped)]
 
 
+def _own_parameters(module: nn.Module) -> list[Any]:
+    return [p for p in module.__dict__.get("_parameters", {}).values() if p is not None]
+
+
+def _children(module: nn.Module) -> list[Any]:
+    return [c for c in module.__dict__.get("_modules", {}).values() if c is not None]
+
+
 def _callables(tops: list[nn.Module], above: set[int]) -> Iterator[nn.Module]:
     for m in tops:
         if _callable(m):
             yield m
         else:
-            yield from _callables([c for c in m.children() if id(c) in above], above)
+            yield from _callables([c for c in _children(m) if id(c) in above], above)
 
 
 def watch_plain(hooks: Any, modules: list[nn.Module]) -> list[Callable[[], None]]:
@@ -262,7 +277,7 @@ def _watch_fsdp(hooks: Any, watched: list[type]) -> None:
         # the first call of a module not metered yet (a root, before its first gather):
         # its tree's collectives metered from now on (``fsdp_comm``)
         if FSDP_MARK not in module.__dict__ and not is_compiling():
-            hooks.fsdp_found(module)
+            hooks.untraced_if_fails("meter an FSDP module's collectives", hooks.fsdp_found, module)
         return counted(module, *args, **kwargs)
 
     fsdp.__call__ = __call__
@@ -283,7 +298,7 @@ def install(hooks: Any, patch: Callable[[Any, str, Any], None], traced: str) -> 
         ddp_init(ddp, *args, **{**kwargs, **hooks.ddp_kwargs})
         if hooks.on_ddp is not None:
             hooks.on_ddp(ddp)
-        hooks.ddp_built(ddp)
+        hooks.untraced_if_fails("time a DDP module's communication", hooks.ddp_built, ddp)
 
     patch(DistributedDataParallel, "__init__", __init__)
     patch(
@@ -307,11 +322,14 @@ def install(hooks: Any, patch: Callable[[Any, str, Any], None], traced: str) -> 
     patch(torch, "compile", compile)
     optimizer_init = torch.optim.Optimizer.__init__
 
-    def built(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        optimizer_init(optimizer, *args, **kwargs)
+    def watch(optimizer: Any) -> None:
         _watch_fsdp(hooks, watched)
         params = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for undo in watch_plain(hooks, outermost(params, tuple(watched))):
             hooks.on_remove(undo)
+
+    def built(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        optimizer_init(optimizer, *args, **kwargs)
+        hooks.untraced_if_fails("watch the forwards of the modules it steps", watch, optimizer)
 
     patch(torch.optim.Optimizer, "__init__", built)

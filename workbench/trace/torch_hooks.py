@@ -187,6 +187,24 @@ class ScriptHooks:
         """``workbench.trace.note`` while the script runs."""
         self.log.note(samples, tokens, loss)
 
+    def untraced_if_fails(self, what: str, call: Callable[..., Any], *args: Any) -> None:
+        """``call(*args)``, tracing work of the workbench's own inside the script's training:
+        an exception in it (an object the tracing does not understand: a proxy, an odd module
+        subclass) is never raised into the script. What it would have traced stays untraced,
+        and the rank's log and summary say so, once per ``what``."""
+        try:
+            call(*args)
+        except Exception as exc:  # noqa: BLE001 - the script's training must go on
+            said = f"the workbench could not {what}"
+            if not any(w.startswith(said) for w in self.warnings):
+                self.warnings.append(
+                    warn(
+                        f"{said} ({type(exc).__name__}: {exc}); left untraced, the script "
+                        "runs on. This is the workbench's fault, not the script's: please "
+                        "report it with the rank's log"
+                    )
+                )
+
     # -- DDP
     def ddp_built(self, ddp: DistributedDataParallel) -> None:
         self.ddp_modules += 1
