@@ -28,12 +28,17 @@ class MLP(L.LightningModule):
     def __init__(self, width: int, lr: float) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
             nn.Linear(width, 10),
         )
         self.lr = lr
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
@@ -71,7 +76,9 @@ def main() -> None:
 
     n = args.batch_size * world_size * args.steps
     g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g))
+    data = TensorDataset(
+        torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=False)
     clock = OwnClock(args.warmup)
     trainer = L.Trainer(
