@@ -115,6 +115,27 @@ def test_the_command_prints_json_and_text(tmp_path: Path, capsys: pytest.Capture
     assert "2 ranks: 10.7/s" in text and "step 2.25 s" in text, text
 
 
+def test_more_ranks_on_the_runs_own_machine_need_no_network_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No --busbw: the network the 2-rank run measured (its micro-benchmark, 2e6 B/s). By hand:
+    at N=8 the ring is 2 x 7/8 x 1e6 / 2e6 = 0.875 s, half of it hidden (overlap 0.5; under the
+    0.5 s of backward that can hide it): 0.4375 s exposed; step 1.4375 s, 64 / 1.4375
+    samples/s; the error on its own fit 0 (predicted 1.25 s at N=2, as measured)."""
+    _store(tmp_path)
+    argv = ["predict", "s", "--output-dir", str(tmp_path), "--world-sizes", "8"]
+    assert main([*argv, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["step_s"] == pytest.approx(1.4375)
+    assert row["exposed_comm_s"] == pytest.approx(0.4375)
+    assert row["samples_per_s"] == pytest.approx(64 / 1.4375)
+    assert row["low"] == pytest.approx(row["high"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("network: as the runs measured it on their own machine"), text
+    assert "8 ranks: 44.5/s" in text and "step 1.44 s" in text, text
+
+
 def test_no_multi_rank_run_says_what_to_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _store(tmp_path, multi=False)
     argv = ["predict", "s", "--output-dir", str(tmp_path), "--world-sizes", "8", "--busbw", "1e9"]

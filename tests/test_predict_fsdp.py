@@ -1,5 +1,6 @@
-"""`workbench predict` on a real FSDP study: fitted on FSDP runs at 1 and 2 ranks, predicted at 4
-ranks, against an FSDP run at 4 ranks measured beside it. What is counted is exact: each rank's
+"""`workbench predict` on a real FSDP study, of the built-in model and of a user's FSDP2 script
+(``tests/scripts/fsdp_no_dataloader.py``, unmodified, through ``--script``): fitted on FSDP runs
+at 1 and 2 ranks, predicted at 4 ranks, against an FSDP run at 4 ranks measured beside it. What is counted is exact: each rank's
 parameters, gradients and optimizer state, and the step's all-gather and reduce-scatter bytes
 the 4-rank run traced. The throughput is compared too, but on a 2-core host four ranks share
 the cores and the model does not know it: the test holds it to a finite positive figure and
@@ -34,6 +35,13 @@ TINY = [
     "--per-device-batch-size", "16", "--max-steps", "8", "--warmup-steps", "2",
     "--eval-batch-size", "64", "--executor", WARM,
 ]  # fmt: skip
+#: The same study of a user's FSDP2 script: AdamW, each block ``fully_shard``ed, then the root;
+#: width 33, so that dim 0 is padded at 2 and 4 ranks.
+SCRIPT = [
+    "--script", "tests/scripts/fsdp_no_dataloader.py", "--warmup-steps", "2",
+    "--executor", WARM, "--", "--steps", "8", "--width", "33", "--batch-size", "16",
+]  # fmt: skip
+STUDIES = {"built_in": TINY, "script": SCRIPT}
 
 
 def test_a_bare_modules_layout_gives_its_counted_parts_back() -> None:
@@ -55,16 +63,18 @@ def test_a_bare_modules_layout_gives_its_counted_parts_back() -> None:
         assert ddp[part] == parts[part], part
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=sorted(STUDIES))
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The sweep ``fit`` (FSDP at 1 and 2 ranks, `workbench scale`) and ``held`` (FSDP at 4,
-    `workbench run`), launched together on the warm pool."""
-    root = tmp_path_factory.mktemp("fsdp-predict")
+    `workbench run`), launched together on the warm pool: the built-in model's, or the
+    script's."""
+    root = tmp_path_factory.mktemp(f"fsdp-predict-{request.param}")
+    study = STUDIES[request.param]
     started = [
         start_cli("scale", "--world-sizes", "1,2", "--sweep", "fit", "--output-dir", str(root),
-                  *TINY),
+                  *study),
         start_cli("run", "--world-size", "4", "--sweep", "held", "--output-dir", str(root),
-                  *TINY),
+                  *study),
     ]  # fmt: skip
     for process in started:
         out, err = process.communicate(timeout=300)
@@ -107,6 +117,18 @@ def test_fsdp_at_four_predicted_from_one_and_two(store: Path) -> None:
     assert row["all_gather_bytes"] == traced["all_gather_bytes"].median()
     assert row["reduce_scatter_bytes"] == traced["reduce_scatter_bytes"].median()
     assert row["samples_per_s"] > 0 and row["exposed_comm_s"] > 0
+    # more ranks on the machine the runs measured: no network flag, FSDP's own terms
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    own = next(r for r in json.loads(done.stdout) if r["world_size"] == 4)
+    assert own["strategy"] == own["from_strategy"] == "fsdp"
+    assert own["state_bytes"] == largest and own["samples_per_s"] > 0
     rate = record["summary"]["samples_per_s"]
     print(f"FSDP at 4 ranks: predicted {row['samples_per_s']:.0f}/s, measured {rate:.0f}/s")
 

@@ -17,10 +17,11 @@ def add_predict(sub: Any) -> None:
     """The ``predict`` sub-command's parser."""
     parser = sub.add_parser(
         "predict",
-        help="predict a sweep's throughput at other world sizes on a given network",
+        help="predict a sweep's throughput at other world sizes (on its own network, or one given)",
         description="From a sweep's completed runs, the scaling model's throughput, step time "
         "(compute and exposed communication), speedup and efficiency at the given world sizes "
-        "on the given network; low and high bound the throughput by the model's own error on "
+        "on the given network (none given: more ranks on the network the runs measured on "
+        "their own machine); low and high bound the throughput by the model's own error on "
         "the sweep's measured world sizes. It needs a multi-rank run (its gradient bytes and "
         "its overlap). A config's runs on one node and on several are one curve: compute "
         "from its smallest run, each link class (within a node, across nodes) from the runs "
@@ -51,7 +52,8 @@ def add_predict(sub: Any) -> None:
     )
     _add_strategies(parser)
     net = parser.add_argument_group(
-        "the network, across nodes where --per-node is given (one of; needed without --strategy)"
+        "the network, across nodes where --per-node is given (one of; default: as the runs "
+        "measured it, per link class; needed with --per-node or --nodes)"
     ).add_mutually_exclusive_group()
     net.add_argument(
         "--busbw",
@@ -98,6 +100,10 @@ def _add_strategies(parser: argparse.ArgumentParser) -> None:
         help="a device's memory, e.g. 80GB or 141GiB: say which strategy fits at each size "
         "(parameters, gradients, optimizer state and the working set; activations not counted)",
     )
+
+
+#: What ``predict`` says of the network when none is given.
+MEASURED_NETWORK = "as the runs measured it on their own machine, per link class"
 
 
 def _strategies(text: str) -> list[str]:
@@ -199,10 +205,10 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
         per_node = args.per_node
         if per_node is None and args.nodes is not None:
             per_node = sweep_ranks_per_node(runs)
-        if network is None and (per_node or not strategies):
+        if network is None and per_node:
             raise ValueError(
-                "give the network: --busbw or --bandwidth (across nodes with --per-node or "
-                "--nodes); --strategy compares strategies on the network the runs measured"
+                "give the network across nodes: --busbw or --bandwidth (without them, and "
+                "without --per-node and --nodes, more ranks on the network the runs measured)"
             )
         if per_node:
             assert network is not None  # said above
@@ -212,7 +218,6 @@ def _predict(args: argparse.Namespace) -> tuple[Any, Any, list[int], list[str] |
             layouts = parameter_layouts(_dirs(args.sweep, args.output_dir))
             table = compare_strategies(runs, steps, layouts, sizes, strategies, network, memory)
         else:
-            assert network is not None  # said above
             table = predict(runs, steps, sizes, network)
     return table, network, sizes, strategies, memory
 
@@ -237,6 +242,6 @@ def predict_command(args: argparse.Namespace) -> int:
     if strategies:
         print("\n".join(strategy_lines(table, sizes, memory, network)))
         return 0
-    print(f"network: {network.description}")
+    print(f"network: {network.description if network else MEASURED_NETWORK}")
     print("\n".join(prediction_lines(table)))
     return 0

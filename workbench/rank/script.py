@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench import schema
 from workbench.config.run_config import RunConfig
 from workbench.errors import ScriptExit
-from workbench.rank import distributed, hook_cost, network
+from workbench.rank import distributed, hook_cost, memory_parts, network
 from workbench.store.trace_files import consolidate
 from workbench.trace.torch_hooks import ScriptHooks
 from workbench.trace.tracer import Tracer
@@ -175,6 +175,7 @@ def run_script_rank(
             on_ddp=script_comm_hook(config),
             at_end=network_at_buckets(config, env.world_size),
             at_end_fsdp=network.fsdp_at_end(config.network_benchmark, env.world_size),
+            count_memory=count_memory,
             local_rank=env.local_rank,
             local_world_size=env.local_world_size,
             rendezvous=(env.master_addr, env.master_port),
@@ -210,9 +211,18 @@ def _summary(
         "ddp_modules": hooks.ddp_modules,
         "joined_process_group": hooks.joined_group,
         "comm_method": hooks.comm_method(),
+        "strategy": hooks.strategy(),
+        **({"memory_parts": hooks.memory_parts} if hooks.memory_parts is not None else {}),
         "measurement_warnings": list(dict.fromkeys(hooks.warnings)),
         **({"network": hooks.measured} if hooks.measured is not None else {}),
     }
+
+
+def count_memory(model: Any, optimizer: Any, gather_dtype: str | None) -> dict[str, Any]:
+    """The script's model's memory in its parts (``memory_parts.count``, as a built-in run counts
+    its own), the FSDP all-gathers' dtype given by name (``bfloat16``)."""
+    dtype = getattr(torch, gather_dtype) if gather_dtype else None
+    return memory_parts.count(model, optimizer, dtype)
 
 
 def network_at_buckets(

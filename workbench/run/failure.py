@@ -164,7 +164,8 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
     ``dropped_samples_per_epoch`` (training samples left out of every epoch to keep every batch
     full, summed over the ranks; None unless every rank said) and ``flops`` (one training step's
     FLOPs, counted on rank 0 before the measured window) and ``memory_parts`` (each rank's
-    parameters, gradients and optimizer state, counted: :mod:`workbench.rank.memory_parts`)."""
+    parameters, gradients and optimizer state, counted: :mod:`workbench.rank.memory_parts`) and,
+    for a script, ``strategy`` (what it ran, as its hooks saw it)."""
     summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
     by_message: dict[str, list[int]] = {}
     for rank, summary in summaries.items():
@@ -183,6 +184,8 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         "memory_parts": {
             str(r): s["memory_parts"] for r, s in summaries.items() if s.get("memory_parts")
         },
+        # what a script ran (its hooks saw FSDP, DDP or neither); a built-in run's is its config's
+        **({"strategy": summaries[0]["strategy"]} if "strategy" in summaries.get(0, {}) else {}),
     }
 
 

@@ -64,6 +64,8 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
             row[key] = shlex.join(value or ())
         else:
             row[key] = value
+    if run.get("strategy"):  # a script's, as traced: not its config's default
+        row["strategy"] = run["strategy"]
     for key, value in (run.get("summary") or {}).items():
         row[key] = value
     row.update(_measurement_columns(run))

@@ -107,6 +107,7 @@ class ScriptHooks:
         on_ddp: Callable[[DistributedDataParallel], None] | None = None,
         at_end: Callable[[DistributedDataParallel], Any] | None = None,
         at_end_fsdp: Callable[[FSDPCommMeter], Any] | None = None,
+        count_memory: Callable[[Any, Any, str | None], dict[str, Any]] | None = None,
         local_rank: int | None = None,
         local_world_size: int | None = None,
         rendezvous: tuple[str, int] | None = None,
@@ -122,6 +123,11 @@ class ScriptHooks:
         self.at_end = at_end
         self.at_end_fsdp = at_end_fsdp  # the same, with the FSDP meter, where no DDP was built
         self.measured: Any = None
+        # called once, at the end of the first optimizer step over the model's parameters,
+        # with the model (unwrapped), that optimizer and the all-gathers' dtype (FSDP): this
+        # rank's memory in its parts, kept in ``memory_parts``
+        self._count_memory = count_memory
+        self.memory_parts: dict[str, Any] | None = None
         self.script, self.rank, self.world_size = script, rank, world_size
         # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
         # init_process_group meets there whatever it set (``script_group``)
@@ -269,11 +275,40 @@ class ScriptHooks:
                 self._lr = lr
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._count_memory is not None:  # in the step's optimizer phase, as a built-in run's
+            self.untraced_if_fails("count the model's memory in its parts", self._memory, optimizer)
         now = _clock()
         self.log.kinds.append(OPTIMIZER_END)
         self.log.times.append(now)
         if now >= self._due:
             self._tick(now)
+
+    def model(self) -> Any:
+        """The module the script trains, unwrapped (a DDP's or a compiled module's inner one;
+        an FSDP2 root is itself); None before its first training forward."""
+        model = self.root
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        return getattr(model, "_orig_mod", model)
+
+    def _memory(self, optimizer: Any) -> None:
+        """The model's memory in its parts, once ``optimizer`` has stepped its parameters."""
+        model = self.model()
+        first = next(model.parameters(), None) if model is not None else None
+        if first is None or not any(
+            p is first for group in optimizer.param_groups for p in group["params"]
+        ):
+            return
+        count, self._count_memory = self._count_memory, None
+        assert count is not None
+        dtype = self.fsdp.dtypes[0] if self.fsdp is not None else None
+        self.memory_parts = count(model, optimizer, dtype)
+
+    def strategy(self) -> str:
+        """What the script ran, as the config's ``strategy`` names it: ``fsdp`` where an FSDP2
+        module trained, else ``ddp`` (a DDP, or the plain model a script wraps in DDP only
+        when distributed: one curve with its DDP runs)."""
+        return "fsdp" if self.fsdp is not None else "ddp"
 
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         hooks, log = self, self.log

@@ -245,13 +245,14 @@ def predict(
     runs: pd.DataFrame,
     steps: pd.DataFrame,
     world_sizes: Sequence[int],
-    network: NetworkModel,
+    network: NetworkModel | None,
     group_by: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Per scaling curve and each of ``world_sizes``: predicted ``samples_per_s`` (its
     ``low``-``high`` interval from ``model_error``, the model's RMS relative error on the
     runs), ``step_s`` = ``compute_s`` + ``exposed_comm_s``, ``speedup`` over the curve's
-    base and ``efficiency`` (speedup / (N / base N)), on ``network``. Raises
+    base and ``efficiency`` (speedup / (N / base N)), on ``network`` (None: the network the
+    runs measured, per link class: more ranks on the machine they ran on). Raises
     :class:`PredictionError` when no completed multi-rank run traced gradient bytes (the model
     needs them, and the overlap measured at 2 ranks or more), or when no curve could be
     predicted (the notes say why)."""
@@ -293,7 +294,7 @@ def predict(
     out["efficiency"] = rows["predicted_speedup"] / (rows["world_size"] / rows["base_world_size"])
     out["base_world_size"] = rows["base_world_size"].astype("int64")
     out["model_error"] = rows["model_error"]
-    out["network"] = network.description or network.name
+    out["network"] = (network.description or network.name) if network else rows["network"]
     out["bound_by"] = rows["bound_by"] if "bound_by" in rows.columns else None
     out["note"] = [
         str(note)
