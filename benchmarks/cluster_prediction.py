@@ -26,10 +26,12 @@ nodes (sweep ``<regime>-fit``), held out on 4 nodes at each held-out rate, each 
 on its own FSDP collectives' bus bandwidth (all-gather and reduce-scatter, nccl-tests' terms).
 A DDP study of the same model at 1 and 2 nodes (sweep ``<regime>-ddp-fit``) predicts the same
 held-out FSDP runs too (``workbench predict ... --strategy fsdp``: ``error_from_ddp``), goal
-<= 10 %.
+<= 10 %. ``--strategy fsdp --script``: the same study of a user's FSDP2 script instead
+(``scripts/planted_ddp.py --fsdp``: each planted layer ``fully_shard``ed, then the root; its
+DDP study the same script without ``--fsdp``), through ``--script`` as a user runs it.
 
 Usage: ``python benchmarks/cluster_prediction.py [--smoke] [--regime R] [--ddp-always]
-[--strategy fsdp] [--out F]``;
+[--strategy fsdp [--script]] [--out F]``;
 ``--from-store FOLDER`` predicts and compares again the store a run left (no cluster).
 """
 
@@ -124,11 +126,13 @@ def _common(store: Path, sweep: str, steps: int, script_args: list[str]) -> list
 def _flags(
     store: Path, sweep: str, plan: dict[str, Any], regime: str, args: list[str]
 ) -> list[str]:
-    """A run's flags: the script's study, or the built-in planted model's (``strategy``)."""
+    """A run's flags: the script's study (``--fsdp`` where the strategy is FSDP and the plan
+    holds the script out), or the built-in planted model's (``strategy``)."""
     strategy = plan.get("strategy")
-    if strategy:
+    if strategy and not plan.get("script"):
         return _built_in(store, sweep, plan["steps"], regime, strategy)
-    return _common(store, sweep, plan["steps"], [*REGIMES[regime], *args])
+    own = ["--fsdp"] if strategy == "fsdp" else []
+    return _common(store, sweep, plan["steps"], [*REGIMES[regime], *own, *args])
 
 
 def _fit(emu: Path, store: Path, plan: dict[str, Any], regime: str, args: list[str]) -> None:
@@ -235,11 +239,20 @@ def main(argv: list[str] | None = None) -> int:
         choices=["fsdp"],
         help="fsdp: the built-in planted model with FSDP, and FSDP predicted from a DDP study",
     )
+    parser.add_argument(
+        "--script",
+        action="store_true",
+        help="with --strategy fsdp: a user's FSDP2 script (scripts/planted_ddp.py --fsdp, its "
+        "DDP study the same script without it) instead of the built-in planted model",
+    )
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
+    if args.script and not args.strategy:
+        parser.error("--script holds out a script's FSDP study: give --strategy fsdp too")
     plan = SMOKE if args.smoke else (FSDP_FULL if args.strategy else FULL)
     if args.strategy:  # the held-out claim is the bandwidth-bound regime's
         plan = {**plan, "strategy": args.strategy, "regimes": ["bandwidth-bound"], "hop": False}
+        plan["script"] = args.script
     if args.regime:
         plan = {**plan, "regimes": args.regime}
     if args.from_store:
