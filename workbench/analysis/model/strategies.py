@@ -160,6 +160,11 @@ def _how(src: SourceCurve, strategy: str) -> str:
     """How a target strategy was modelled from the source curve, for the note."""
     base = f"{src.scaling} scaling from {src.strategy.upper()} at N={src.base_n}"
     if strategy == src.strategy:
+        if strategy == "fsdp" and np.isfinite(src.multi_compute_s):
+            return (
+                f"{base}; compute beyond 1 rank from its N={src.traced_n} run (FSDP's "
+                "collectives' host work, which 1 rank skips)"
+            )
         return base
     if strategy == "fsdp":
         return (

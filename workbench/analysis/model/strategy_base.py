@@ -68,12 +68,21 @@ class SourceCurve:
 
     #: The base's optimizer step, seconds (median over its measured steps; NaN: not traced).
     optimizer_s: float = float("nan")
+    #: FSDP source whose base is 1 rank: the compute a step at ``traced_n`` (its step less the
+    #: collectives it exposed). FSDP2 on one rank gathers and reduces nothing, so it skips its
+    #: collectives' host work (the copies in and out of their buffers) that every larger
+    #: world size does: the compute beyond 1 rank is measured where they ran (NaN: no such run).
+    multi_compute_s: float = float("nan")
 
     def compute_at(self, n: int) -> float:
         """The FSDP base's compute a step at ``n`` ranks (weak: the same but the optimizer's
-        step, which FSDP takes on 1/N of the parameters; strong: all of it base N / N)."""
+        step, which FSDP takes on 1/N of the parameters; strong: all of it base N / N). Beyond
+        1 rank, from a 1-rank base, weak: the smallest multi-rank run's compute, where known."""
         if self.scaling == "strong":
             return self.compute_s * self.base_n / n
+        if n > 1 and np.isfinite(self.multi_compute_s):
+            full = self.full_optimizer_at_base()
+            return self.multi_compute_s - full * (1 / self.traced_n - 1 / n)
         return self.compute_s - self.sharded_optimizer_saving(n)
 
     def sharded_optimizer_saving(self, n: int) -> float:
@@ -168,6 +177,14 @@ def _fsdp_base(src: SourceCurve, steps: pd.DataFrame | StoredSteps, base_runs: p
     src.traced = Traffic(
         *(column_median(steps, f"{k}_{what}", ids) for k in KINDS for what in ("bytes", "calls"))
     )
+    if src.base_n == 1:  # FSDP's collectives' host work, absent at 1 rank (see the field)
+        at = multi[multi["world_size"] == src.traced_n]
+        rate = float(at["samples_per_s"].mean())
+        samples = float((at["samples"] / at["steps"]).mean())
+        exposed_m = summed("exposed_s", ids)
+        exposed_m = exposed_m if np.isfinite(exposed_m) else summed("s", ids)
+        if rate > 0 and np.isfinite(exposed_m):
+            src.multi_compute_s = samples / rate - exposed_m
     every = list(multi["run_id"])
     total, exposed = summed("s", every), summed("exposed_s", every)
     if np.isfinite(total) and total > 0 and np.isfinite(exposed):
