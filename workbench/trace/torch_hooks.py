@@ -58,22 +58,15 @@ from torch.utils.data import dataloader
 import workbench.trace as trace_api
 from workbench import schema
 from workbench.errors import ScriptError
-from workbench.trace import forward_hooks, script_group
+from workbench.trace import forward_hooks, phase_patches, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
 from workbench.trace.fsdp_comm import FSDPCommMeter
-from workbench.trace.step_counts import batch_shape
 from workbench.trace.step_events import (
-    BACKWARD,
-    BACKWARD_END,
-    FETCH,
-    FETCH_END,
     OPTIMIZER,
     OPTIMIZER_END,
 )
 from workbench.trace.step_log import (
-    BACKWARD_LOSS,
     COMM,
-    FETCH_BATCH,
     LR,
     MEMORY,
     NO_COMM,
@@ -116,23 +109,16 @@ class ScriptHooks:
         # DDP settings the run gives (tune's candidates), over the script's own arguments
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
-        # called with the primary DDP once the script's training is over, on every rank (e.g.
-        # the network micro-benchmark at its buckets), its result kept in ``measured``: before
-        # the script ends its process group, or when it returns (``finish``). Never before
-        # its first step: clocks such as the HF Trainer's run from before it builds its DDP.
+        # with the primary DDP when the training is over, on every rank (the network benchmark
+        # at its buckets: ``finish``), kept in ``measured``; never before the first step
         self.at_end = at_end
         self.at_end_fsdp = at_end_fsdp  # the same, with the FSDP meter, where no DDP was built
         self.measured: Any = None
-        # called once, at the end of the first optimizer step over the model's parameters,
-        # with the model (unwrapped), that optimizer and the all-gathers' dtype (FSDP): this
-        # rank's memory in its parts, kept in ``memory_parts``
+        # (model, its optimizer, FSDP's gather dtype) -> the parts: once, at the first step
         self._count_memory = count_memory
         self.memory_parts: dict[str, Any] | None = None
         self.script, self.rank, self.world_size = script, rank, world_size
-        # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
-        # init_process_group meets there whatever it set (``script_group``)
-        self.warmup_steps = warmup_steps
-        self.comm_every_steps = comm_every_steps
+        self.warmup_steps, self.comm_every_steps = warmup_steps, comm_every_steps
         self.collective_timeout_s = collective_timeout_s
         self.log, self.steps = StepLog(), 0
         self.primary: DistributedDataParallel | None = None
@@ -147,17 +133,18 @@ class ScriptHooks:
         #: the plain modules' forwards under way: (module, whether it was logged)
         self.plain_open: list[tuple[Any, bool]] = []
         self.uncounted = self.counted = 0  # steps whose samples nothing counted, and others
+        # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
+        # init_process_group meets there whatever it set (``script_group``)
         self.rendezvous, self.joined_group = rendezvous, False
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.warnings: list[str] = []
-        self._backward_depth = 0
+        self.backward_depth = 0  # a backward inside a backward (reentrant checkpointing)
         # When the next memory sample and the next flush are due (the event clock).
-        self._memory_due = -math.inf
+        self._memory_due = self._due = -math.inf
         self._flush_due = _clock() + tracer.flush_s
-        self._due = -math.inf
         self._comm: CommFields = NO_COMM  # the last logged (see _optimizer_pre)
         self._lr: float | None = None  # the last logged
-        self._scaled: tuple[Any, Any] | None = None  # GradScaler.scale's (output, input)
+        self.scaled: tuple[Any, Any] | None = None  # GradScaler.scale's (output, input)
         self._undo: list[Callable[[], None]] = []
 
     # -- steps: taken out of the log at the flush
@@ -310,76 +297,12 @@ class ScriptHooks:
         when distributed: one curve with its DDP runs)."""
         return "fsdp" if self.fsdp is not None else "ddp"
 
-    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        hooks, log = self, self.log
-        kinds, times, extras = log.kinds, log.times, log.extras
-        clock, tensor = _clock, torch.Tensor
-
-        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            # compiled code, or a backward inside a backward (reentrant checkpointing)
-            if forward_hooks.is_compiling() or hooks._backward_depth:
-                return original(tensors, *args, **kwargs)
-            kinds.append(BACKWARD)
-            times.append(clock())
-            if isinstance(tensors, tensor) and tensors.numel() == 1:
-                root = tensors
-                scaled = hooks._scaled
-                if scaled is not None and scaled[0] is tensors:
-                    root = scaled[1]
-                extras.append((len(kinds), BACKWARD_LOSS, root.detach()))
-            hooks._backward_depth += 1
-            try:
-                return original(tensors, *args, **kwargs)
-            finally:
-                hooks._backward_depth -= 1
-                kinds.append(BACKWARD_END)
-                times.append(clock())
-
-        return backward
-
-    def _fetch(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A fetch's batch is counted only until the root's training forward has counted one
-        (``forward_hooks``): from then on the forwards count (a step whose forward cannot has
-        no samples)."""
-        hooks = self
-        kinds, times, extras = self.log.kinds, self.log.times, self.log.extras
-        clock, is_grad_enabled = _clock, torch.is_grad_enabled
-
-        def __next__(iterator: Any) -> Any:
-            if not is_grad_enabled():
-                return original(iterator)
-            kinds.append(FETCH)
-            times.append(clock())
-            try:
-                batch = original(iterator)
-            except StopIteration:  # the end of an epoch: nothing was fetched
-                kinds.pop()
-                times.pop()
-                raise
-            kinds.append(FETCH_END)
-            times.append(clock())
-            if not hooks.forward_counts:
-                shape = batch_shape(batch)
-                if shape is not None:
-                    extras.append((len(kinds), FETCH_BATCH, shape))
-            return batch
-
-        return __next__
-
-    def _scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def scale(scaler: Any, outputs: Any) -> Any:
-            scaled = original(scaler, outputs)
-            if isinstance(outputs, torch.Tensor):
-                self._scaled = (scaled, outputs)
-            return scaled
-
-        return scale
-
     # -- the end of training
     def finish(self) -> None:
         """The script's training is over (it returned, or it is ending its process group):
         ``at_end`` once, with the primary DDP (else ``at_end_fsdp`` with the FSDP meter),
-        while the process group still exists."""
+        while the process group still exists. Never before the first step: clocks such as the
+        HF Trainer's run from before it builds its DDP, and would count the benchmark."""
         if self.measured is not None or not (dist.is_available() and dist.is_initialized()):
             return
         if self.at_end is not None and self.primary is not None:
@@ -400,10 +323,13 @@ class ScriptHooks:
     def install(self) -> ScriptHooks:
         """Put every hook and patch in place (see the module docstring); returns self."""
         forward_hooks.install(self, self._patch, _TRACED)
-        self._patch(torch.autograd, "backward", self._backward(torch.autograd.backward))
+        self._patch(
+            torch.autograd, "backward", phase_patches.backward(self, torch.autograd.backward)
+        )
         iterator = dataloader._BaseDataLoaderIter
-        self._patch(iterator, "__next__", self._fetch(iterator.__next__))
-        self._patch(torch.amp.GradScaler, "scale", self._scale(torch.amp.GradScaler.scale))
+        self._patch(iterator, "__next__", phase_patches.fetch(self, iterator.__next__))
+        scale = torch.amp.GradScaler.scale
+        self._patch(torch.amp.GradScaler, "scale", phase_patches.scale(self, scale))
         script_group.install(self, self._patch)
         pre = register_optimizer_step_pre_hook(self._optimizer_pre)
         post = register_optimizer_step_post_hook(self._optimizer_post)
