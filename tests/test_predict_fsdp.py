@@ -1,10 +1,10 @@
 """`workbench predict` on a real FSDP study, of the built-in model and of a user's FSDP2 script
-(``tests/scripts/fsdp_no_dataloader.py``, unmodified, through ``--script``): fitted on FSDP runs
-at 1 and 2 ranks, predicted at 4 ranks, against an FSDP run at 4 ranks measured beside it. What is counted is exact: each rank's
-parameters, gradients and optimizer state, and the step's all-gather and reduce-scatter bytes
-the 4-rank run traced. The throughput is compared too, but on a 2-core host four ranks share
-the cores and the model does not know it: the test holds it to a finite positive figure and
-prints the error (the held-out accuracy is `benchmarks/cluster_prediction.py`'s claim).
+(``tests/scripts/fsdp_no_dataloader.py``, unmodified, through ``--script``): fitted on FSDP runs at
+1 and 2 ranks, predicted at 4 ranks, against an FSDP run at 4 ranks measured beside it. What is
+counted is exact: each rank's parameters, gradients and optimizer state, and the step's all-gather
+and reduce-scatter bytes the 4-rank run traced. The throughput is compared too, but on a 2-core host
+four ranks share the cores and the model does not know it: the test holds it to a finite positive
+figure and prints the error (the held-out accuracy is `benchmarks/cluster_prediction.py`'s claim).
 
 Also without processes: a module's layout as ``memory_parts`` records it gives DDP's counted
 parts back exactly."""

@@ -11,6 +11,7 @@ its runs. Expected figures are worked out by hand from each script's arguments."
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = Path("tests/scripts/zoo")  # relative: the runs start from the repository root
-STEPS, BATCH = 6, 8  # optimizer steps (a GAN's iterations) and batch per rank
+STEPS, BATCH = 12, 8  # optimizer steps (a GAN's iterations) and batch per rank
 COMMON = ["--steps", str(STEPS), "--warmup", "1", "--batch-size", str(BATCH), "--width", "32"]
 RUN_TIMEOUT_S = 300
 
@@ -212,6 +213,37 @@ def test_no_finding_calls_a_completed_run_incomplete(zoo) -> None:
         assert "incomplete" not in said, (name, said)
         if not SHAPES[name].spawn:  # its own count among its arguments: two curves
             assert "2 ranks:" in said and "the throughput of 1 rank" in said, (name, said)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_every_capability_works_for_every_shape(zoo, name, tmp_path: Path, capsys) -> None:
+    """The matrix of shapes x capabilities, each through the command a user types (in this
+    process): the report with its finding, ``predict`` at 4 ranks on a given network (the
+    zoo's runs measure none; FSDP's terms and memory per rank for an FSDP2 script), ``tune``'s
+    plan from the 2-rank run, and the Dashboard's first screen with its finding."""
+    from workbench.cli import main
+    from workbench.ui.dashboard import Dashboard
+
+    two = zoo[(name, 2)]
+    out, sweep = str(two.path.parents[1]), _sweep(name)
+    report = tmp_path / "report.html"
+    assert main(["report", sweep, "--output-dir", out, "-o", str(report)]) == 0
+    page = report.read_text()
+    assert "Finding" in page and "the throughput of 1 rank" in page or SHAPES[name].spawn
+    capsys.readouterr()
+    predict = ["predict", sweep, "--output-dir", out, "--world-sizes", "4", "--busbw", "1GB/s"]
+    assert main([*predict, "--json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out) if r["world_size"] == 4]
+    # mp.spawn's own count is among its arguments: its 1-rank curve has no multi-rank run
+    known = [r for r in rows if r["samples_per_s"] and r["samples_per_s"] > 0]
+    assert known and (len(known) == len(rows) or SHAPES[name].spawn), rows
+    if name.endswith("fsdp_no_dataloader"):
+        assert {r["strategy"] for r in rows} == {"fsdp"} and rows[0]["total_bytes"] > 0, rows
+    assert main(["tune", str(two.path), "--top", "0", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["base"]["world_size"] == 2 and "candidates" in plan, sorted(plan)
+    board = Dashboard(out, sweeps=[sweep])
+    assert board.children[0] is board.finding and "ranks" in board.finding.value
 
 
 def _graph_breaks(text: str) -> int:

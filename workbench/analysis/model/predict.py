@@ -230,7 +230,7 @@ def _gradient_traffic(steps: pd.DataFrame | StoredSteps, run_ids: pd.Series) -> 
 
 
 def _asked(
-    table: pd.DataFrame, sizes: list[int], network: NetworkModel, curve: list[str]
+    table: pd.DataFrame, sizes: list[int], network: NetworkModel | None, curve: list[str]
 ) -> pd.DataFrame:
     """One row per curve and asked world size: on a given cluster the point laid out on its
     nodes; on a plain network any (its prediction does not depend on the nodes a point was
@@ -279,8 +279,7 @@ def predict(
         rows = rows.merge(error, on=curve, how="left")
     else:  # one curve (its one error) or no error known
         rows["model_error"] = float(error["model_error"].iloc[0]) if len(error) else np.nan
-    # the group columns that tell the curves apart (all of them would repeat the config)
-    curve = [c for c in curve if rows[c].astype(str).nunique() > 1]
+    curve = [c for c in curve if rows[c].astype(str).nunique() > 1]  # those that tell apart
     out = rows[curve].copy() if curve else pd.DataFrame(index=rows.index)
     out["world_size"] = rows["world_size"].astype("int64")
     out["samples_per_s"] = rows["predicted_samples_per_s"]
@@ -294,7 +293,7 @@ def predict(
     out["efficiency"] = rows["predicted_speedup"] / (rows["world_size"] / rows["base_world_size"])
     out["base_world_size"] = rows["base_world_size"].astype("int64")
     out["model_error"] = rows["model_error"]
-    out["network"] = (network.description or network.name) if network else rows["network"]
+    out["network"] = network.description or network.name if network else rows["network"]
     out["bound_by"] = rows["bound_by"] if "bound_by" in rows.columns else None
     out["note"] = [
         str(note)
