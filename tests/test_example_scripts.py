@@ -101,6 +101,33 @@ def test_the_report_of_each_study_shows_speedup_phases_communication_and_finding
 
 @pytest.mark.timing
 @pytest.mark.slow
+def test_each_study_is_predicted_tuned_and_shown_as_a_built_in_ones(
+    study: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The script zoo's matrix (``tests/test_script_zoo.py``) for the HF Trainer, Accelerate and
+    the AMP script: ``predict`` at 4 ranks (each curve a figure), ``tune``'s plan from each
+    2-rank run, and the Dashboard's first screen with its finding, through the commands."""
+    from workbench.cli import main
+    from workbench.ui.dashboard import Dashboard
+
+    argv = ["predict", "examples", "--output-dir", str(study), "--world-sizes", "4", "--json"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == len(ARGS), rows
+    assert all(r["samples_per_s"] and r["samples_per_s"] > 0 for r in rows), rows
+    runs = load_runs(study, ["examples"])
+    for path in runs.loc[runs["world_size"] == 2, "path"]:
+        assert main(["tune", path, "--top", "0", "--json"]) == 0, path
+        plan = json.loads(capsys.readouterr().out)
+        assert plan["base"]["world_size"] == 2 and "candidates" in plan, sorted(plan)
+    board = Dashboard(study, sweeps=["examples"])
+    assert board.children[0] is board.finding
+    for name in ("ddp_amp", "hf_trainer", "accelerate_gpt2"):
+        assert f"script:{name}" in board.finding.value, board.finding.value
+
+
+@pytest.mark.timing
+@pytest.mark.slow
 def test_the_trainers_own_throughput_agrees_with_the_workbench_within_5_percent(
     study: Path,
 ) -> None:

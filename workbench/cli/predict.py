@@ -123,12 +123,11 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
     from workbench.analysis.run_digests import open_steps
     from workbench.store.load import iter_run_dirs, load_runs, load_traces
 
-    path = Path(sweep)
-    root, name = (path.parent, path.name) if path.is_dir() else (Path(output_dir), sweep)
-    runs = load_runs(root, [name])
+    root, names = _where(sweep, output_dir)
+    runs = load_runs(root, names)
     if runs.empty:
-        raise ValueError(f"no runs of sweep {name!r} under {root}")
-    dirs = iter_run_dirs(root, [name])
+        raise ValueError(f"no runs of sweep {names[0]!r} under {root}")
+    dirs = iter_run_dirs(root, names)
     # the runs' digests (built once each run has ended), with the evaluations as the report
     # counts them
     return runs, open_steps(dirs, load_traces(dirs, "eval"))
@@ -137,9 +136,16 @@ def _load(sweep: str, output_dir: str) -> tuple[Any, Any]:
 def _dirs(sweep: str, output_dir: str) -> list[Path]:
     from workbench.store.load import iter_run_dirs
 
+    return iter_run_dirs(*_where(sweep, output_dir))
+
+
+def _where(sweep: str, output_dir: str) -> tuple[Path, list[str]]:
+    """(store, [sweep name]): a sweep of the store under ``output_dir``, else a sweep folder
+    (a folder of the working directory that happens to share the sweep's name is not it)."""
     path = Path(sweep)
-    root, name = (path.parent, path.name) if path.is_dir() else (Path(output_dir), sweep)
-    return iter_run_dirs(root, [name])
+    if (Path(output_dir) / sweep).is_dir() or not path.is_dir():
+        return Path(output_dir), [sweep]
+    return path.parent, [path.name]
 
 
 def _network(busbw: str | None, bandwidth: str | None, latency: str) -> Any:
