@@ -184,7 +184,7 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         "memory_parts": {
             str(r): s["memory_parts"] for r, s in summaries.items() if s.get("memory_parts")
         },
-        # what a script ran (its hooks saw FSDP, DDP or neither); a built-in run's is its config's
+        # what a script ran (fsdp where its hooks saw FSDP2, else ddp); a built-in run: its config
         **({"strategy": summaries[0]["strategy"]} if "strategy" in summaries.get(0, {}) else {}),
     }
 
