@@ -332,16 +332,17 @@ def test_planted_straggler_in_two_ranks_and_under_noise() -> None:
 
 def test_straggler_found_from_sampled_comm_times() -> None:
     # trace_comm="sampled": DDP's timers only on steps 1-10 and every 10th; rows in any order.
-    # Rank 5's extra is in backward compute, seen on the sampled steps alone: 40, 50, ..., 100
-    # are 7 of them, persistent over min_steps=5 sampled steps (not over the default 10).
-    steps = ddp_steps(slow_rank=5, slow_from=40)
+    # Rank 5's extra is in backward compute, seen on the sampled steps alone: 20, 30, ..., 100
+    # are 9 of them, persistent over min_steps=5 sampled steps (not over the default 10), and
+    # resolved on the 4 sampled steps after those 5 that found it.
+    steps = ddp_steps(slow_rank=5, slow_from=20)
     sampled = (steps["step"] <= 10) | (steps["step"] % 10 == 0)
     steps.loc[~sampled, ["comm_s", "backward_compute_s"]] = np.nan
     shuffled = steps.sample(frac=1.0, random_state=0)
     assert stragglers(shuffled).empty
     found = stragglers(shuffled, min_steps=5)
     assert found[["rank", "start_step", "end_step", "slow_steps"]].values.tolist() == [
-        [5, 40, 100, 7]
+        [5, 20, 100, 9]
     ]
     assert found["ratio"].iloc[0] == pytest.approx(1.5)
     assert found["slow_phase"].tolist() == ["backward_compute_s"]

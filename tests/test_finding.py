@@ -9,7 +9,7 @@ import pandas as pd
 from plotly.io.json import to_json_plotly
 
 from workbench.analysis.advice.finding import findings
-from workbench.analysis.advice.ranked_advice import median_interval
+from workbench.analysis.measured.intervals import median_interval
 from workbench.analysis.measured.units import gib, percent, rate, ratio, seconds
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.groups import resolve_group_by

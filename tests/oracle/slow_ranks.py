@@ -129,16 +129,33 @@ def _attempt_stragglers(
     in backward shows nowhere else); a rank found by both is reported from its earlier
     start."""
     if measure != "compute_s" or g["_value"].notna().all():
-        return _found(g, "_value", threshold, min_steps, persistence)
-    host = _found(g, "_host_s", threshold, min_steps, persistence)
-    sampled = g.groupby("step")["_value"].transform(lambda v: v.notna().all())
-    full = _found(g[sampled.astype(bool)], "_value", threshold, min_steps, persistence)
-    best: dict[int, dict[str, Any]] = {}
-    for row in (*host, *full):
-        kept = best.get(row["rank"])
-        if kept is None or row["start_step"] < kept["start_step"]:
-            best[row["rank"]] = row
-    return [best[r] for r in sorted(best)]
+        rows = _found(g, "_value", threshold, min_steps, persistence)
+    else:
+        host = _found(g, "_host_s", threshold, min_steps, persistence)
+        sampled = g.groupby("step")["_value"].transform(lambda v: v.notna().all())
+        full = _found(g[sampled.astype(bool)], "_value", threshold, min_steps, persistence)
+        best: dict[int, dict[str, Any]] = {}
+        for row in (*host, *full):
+            kept = best.get(row["rank"])
+            if kept is None or row["start_step"] < kept["start_step"]:
+                best[row["rank"]] = row
+        rows = [best[r] for r in sorted(best)]
+    if len(rows) > 1 and max(r["world_size"] for r in rows) == 2:  # at most one of two
+        rows = [max(rows, key=lambda r: r["extra_s"] * r["slow_steps"])]
+    return rows
+
+
+def _interval_low(excess: np.ndarray) -> float:
+    """The low end of the 95 % interval of the median of the medians of consecutive batches of
+    ``floor(sqrt n)`` finite values (order statistics: the value of rank
+    ``floor((k - 1.96 sqrt k) / 2)``, at least the first); NaN under 4 values."""
+    x = excess[np.isfinite(excess)]
+    size = int(np.sqrt(len(x)))
+    if size < 2:
+        return float("nan")
+    medians = np.sort(np.median(x[: len(x) // size * size].reshape(-1, size), axis=1))
+    k = len(medians)
+    return float(medians[max(int(np.floor((k - 1.96 * np.sqrt(k)) / 2)), 1) - 1])
 
 
 def _found(
@@ -164,6 +181,11 @@ def _found(
         i = int(np.argmax(qualifies[:, j]))
         tail = slow[i:, j]
         idx = i + np.flatnonzero(tail)
+        # named only when resolved on the steps after the ``min_steps`` that found it, up to
+        # its last slow one: the 95 % interval of their batch medians above 0
+        after = a[i + min_steps : idx[-1] + 1, j] - ref[i + min_steps : idx[-1] + 1, j]
+        if not _interval_low(after) > 0:
+            continue
         rank = int(mat.columns[j])
         phase, phase_extra = _slow_phase(g, mat.index[idx], rank)
         found.append(

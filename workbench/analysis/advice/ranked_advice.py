@@ -30,6 +30,7 @@ from workbench.analysis.advice.candidates import (
     predicted_gain,
     prediction_order,
 )
+from workbench.analysis.measured.intervals import median_interval
 
 #: The changes the finding names besides the most promising one.
 MORE = 3
@@ -75,20 +76,6 @@ def _at_step(inputs: ModelInputs, step_s: float, exposed_s: float) -> ModelInput
     """``inputs`` with one sampled step's wall step and exposed communication."""
     base = dataclasses.replace(inputs.base, step_s=step_s, exposed_comm_s=exposed_s)
     return dataclasses.replace(inputs, base=base)
-
-
-def median_interval(values: Sequence[float]) -> tuple[float, float]:
-    """The 95 % interval of the median of ``values``, from order statistics: the values of
-    ranks ``(k - 1.96 sqrt k) / 2`` and ``1 + (k + 1.96 sqrt k) / 2`` of the ``k`` sorted ones,
-    clipped to the ends; ``(nan, nan)`` under 2 values."""
-    ordered = sorted(values)
-    k = len(ordered)
-    if k < 2:
-        return float("nan"), float("nan")
-    half = 1.96 * math.sqrt(k)
-    low = max(math.floor((k - half) / 2), 1)
-    high = min(math.ceil(1 + (k + half) / 2), k)
-    return ordered[low - 1], ordered[high - 1]
 
 
 def ranked_changes(

@@ -129,7 +129,10 @@ def stragglers(
     ranks' (NaN when that median is not positive); it is *slow* when ``ratio > 1 +
     threshold``. A rank is a straggler from the first slow step that starts ``min_steps``
     consecutive steps of which at least ``persistence`` are slow (a robust window: isolated
-    spikes do not count). Reported: ``start_step``, ``end_step`` (last slow step),
+    spikes do not count), named only when its excess is resolved on the steps after those
+    ``min_steps`` up to its last slow one (the 95 % interval of their batch medians above 0:
+    a stretch of noisy steps that passed the window by chance does not continue); of two
+    ranks, each the other's median, at most one is named (the one that costs more). Reported: ``start_step``, ``end_step`` (last slow step),
     ``slow_steps`` and ``slow_fraction`` from the start on, ``ratio`` (median over those slow
     steps), ``value_s`` / ``others_s`` (medians of its measure and the others' median) and
     ``extra_s`` (their difference: seconds per step the run loses to it). ``slow_phase`` names

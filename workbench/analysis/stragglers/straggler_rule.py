@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.analysis.measured.intervals import batch_median_interval
 from workbench.analysis.measured.rank_cells import RankCells
 from workbench.analysis.stragglers.others_median import (
     BLOCK_ROWS,
@@ -114,7 +115,12 @@ def attempt_stragglers(
         kept = best.get(row["rank"])
         if kept is None or row["start_step"] < kept["start_step"]:
             best[row["rank"]] = row
-    return [best[r] for r in sorted(best)]
+    rows = [best[r] for r in sorted(best)]
+    if len(rows) > 1 and max(row["world_size"] for row in rows) == 2:
+        # two ranks, each the other's median: at most one is the slow one, the one that
+        # costs the run more seconds
+        rows = [max(rows, key=lambda row: row["extra_s"] * row["slow_steps"])]
+    return rows
 
 
 def _slow_cells(
@@ -153,6 +159,21 @@ def _starts(slow: np.ndarray, min_steps: int, persistence: float) -> list[tuple[
     return starts
 
 
+def _resolved(
+    cells: RankCells, at: np.ndarray, col: int, column: str, stats: RowStats, window: np.ndarray
+) -> bool:
+    """Whether a rank's excess over the median of the others is resolved on the rows
+    ``window`` (positions in ``at``): the 95 % interval of its batch medians
+    (``batch_median_interval``) lies above 0. The window is every step, slow or not, after
+    the ``min_steps`` that found the rank up to its last slow one: steps the persistence rule
+    did not select, so that a stretch of noisy steps it found by chance (common with two
+    ranks, each the other's median) is not named, while a rank slow for a while and then not
+    is (4 such steps at least)."""
+    value = cells.rows(column, at[window], col)
+    low, _ = batch_median_interval(value - others_median(value, stats.take(window)))
+    return bool(low > 0)
+
+
 def _found(
     cells: RankCells,
     rows: np.ndarray,
@@ -172,6 +193,9 @@ def _found(
     world = int(cells.step_world[rows].max())
     for j, i in _starts(slow, min_steps, persistence):
         idx = i + np.flatnonzero(slow[i:, j])
+        window = np.arange(i + min_steps, idx[-1] + 1)  # after the steps that found it
+        if not _resolved(cells, at, col_at[j], column, stats, window):
+            continue
         tail = slow[i:, j]
         rank = int(cells.ranks[col_at[j]])
         value = cells.rows(column, at[idx], col_at[j])
