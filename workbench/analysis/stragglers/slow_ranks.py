@@ -118,21 +118,21 @@ def stragglers(
     """Ranks persistently slower than the median of the other ranks; one row per straggler.
 
     In DDP every rank waits for the slowest at each allreduce, so ``step_s`` is nearly equal on
-    all ranks and a rank that waits is not slow: the default measure is therefore what each
-    rank computes itself, ``compute_s = data_s + forward_s + optimizer_s + backward compute``
+    all ranks and a rank that waits is not slow: the default measure is therefore what each rank
+    computes itself, ``compute_s = data_s + forward_s + optimizer_s + backward compute``
     (:func:`rank_compute`: DDP's ``backward_compute_s`` on the steps it sampled, never carried
-    to the steps between; the waits sit in ``comm_s`` and ``backward_s`` and are left out).
-    With backward compute sampled on some steps only, the host phases are compared on every
-    step and the whole compute on the sampled steps alone, ``min_steps`` of them: one sampled
-    hiccup is no straggler. Any float step column (``forward_s``, ``data_s``, ...) can be used
-    instead. Per measured step, a rank's ratio is its measure over the median of the other
-    ranks' (NaN when that median is not positive); it is *slow* when ``ratio > 1 +
-    threshold``. A rank is a straggler from the first slow step that starts ``min_steps``
-    consecutive steps of which at least ``persistence`` are slow (a robust window: isolated
-    spikes do not count), named only when its excess is resolved on the steps after those
-    ``min_steps`` up to its last slow one (the 95 % interval of their batch medians above 0:
-    a stretch of noisy steps that passed the window by chance does not continue); of two
-    ranks, each the other's median, at most one is named (the one that costs more). Reported: ``start_step``, ``end_step`` (last slow step),
+    to the steps between; the waits sit in ``comm_s`` and ``backward_s`` and are left out). With
+    backward compute sampled on some steps only, the host phases are compared on every step and
+    the whole compute on the sampled steps alone, ``min_steps`` of them: one sampled hiccup is
+    no straggler. Any float step column (``forward_s``, ``data_s``, ...) can be used instead.
+    Per measured step, a rank's ratio is its measure over the median of the other ranks' (NaN
+    when that median is not positive); it is *slow* when ``ratio > 1 + threshold``. A rank is a
+    straggler from the first slow step that starts ``min_steps`` consecutive steps of which at
+    least ``persistence`` are slow (a robust window: isolated spikes do not count), named only
+    when its excess is resolved on the steps after those ``min_steps`` up to its last slow one
+    (the 95 % interval of their batch medians above 0: a stretch of noisy steps that passed the
+    window by chance does not continue); of two ranks, each the other's median, at most one is
+    named (the one that costs more). Reported: ``start_step``, ``end_step`` (last slow step),
     ``slow_steps`` and ``slow_fraction`` from the start on, ``ratio`` (median over those slow
     steps), ``value_s`` / ``others_s`` (medians of its measure and the others' median) and
     ``extra_s`` (their difference: seconds per step the run loses to it). ``slow_phase`` names
