@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -82,22 +83,27 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return root
 
 
-@pytest.mark.slow
-def test_fsdp_at_four_predicted_from_one_and_two(store: Path) -> None:
-    (held,) = store.glob("held/*/run.json")
-    record = json.loads(held.read_text())
-    assert record["status"] == "completed", record.get("failure")
-    busbw = record["network"]["busbw_bytes_per_s"]  # the 4-rank run's own collectives
-    argv = ["predict", "fit", "--output-dir", str(store), "--world-sizes", "4"]
+def _predicted_at_four(store: Path, *network: str) -> dict[str, Any]:
+    """``workbench predict fit --world-sizes 4 [NETWORK] --json``'s row at 4 ranks."""
+    argv = ["predict", "fit", "--output-dir", str(store), "--world-sizes", "4", *network]
     done = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", *argv, "--busbw", str(busbw), "--json"],
+        [sys.executable, "-m", "workbench.cli", *argv, "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    row = next(r for r in json.loads(done.stdout) if r["world_size"] == 4)
+    return next(r for r in json.loads(done.stdout) if r["world_size"] == 4)
+
+
+@pytest.mark.slow
+def test_fsdp_at_four_predicted_from_one_and_two(store: Path) -> None:
+    (held,) = store.glob("held/*/run.json")
+    record = json.loads(held.read_text())
+    assert record["status"] == "completed", record.get("failure")
+    busbw = record["network"]["busbw_bytes_per_s"]  # the 4-rank run's own collectives
+    row = _predicted_at_four(store, "--busbw", str(busbw))
     assert row["strategy"] == row["from_strategy"] == "fsdp"
     # counted, not sampled: each rank's parameters, gradients and optimizer state at 4 ranks
     measured = {r: s["summary"]["memory_parts"] for r, s in read_rank_states(held.parent).items()}
@@ -118,15 +124,7 @@ def test_fsdp_at_four_predicted_from_one_and_two(store: Path) -> None:
     assert row["reduce_scatter_bytes"] == traced["reduce_scatter_bytes"].median()
     assert row["samples_per_s"] > 0 and row["exposed_comm_s"] > 0
     # more ranks on the machine the runs measured: no network flag, FSDP's own terms
-    done = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", *argv, "--json"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    own = next(r for r in json.loads(done.stdout) if r["world_size"] == 4)
+    own = _predicted_at_four(store)
     assert own["strategy"] == own["from_strategy"] == "fsdp"
     assert own["state_bytes"] == largest and own["samples_per_s"] > 0
     rate = record["summary"]["samples_per_s"]
