@@ -270,17 +270,17 @@ class ScriptHooks:
         if now >= self._due:
             self._tick(now)
 
-    def model(self) -> Any:
-        """The module the script trains, unwrapped (a DDP's or a compiled module's inner one;
-        an FSDP2 root is itself); None before its first training forward."""
-        model = self.root
+    def _model(self) -> Any:
+        """The module the script trains, unwrapped from DDP and ``torch.compile`` in either
+        order (an FSDP2 root is itself); None before its first training forward."""
+        model = getattr(self.root, "_orig_mod", self.root)
         if isinstance(model, DistributedDataParallel):
             model = model.module
         return getattr(model, "_orig_mod", model)
 
     def _memory(self, optimizer: Any) -> None:
         """The model's memory in its parts, once ``optimizer`` has stepped its parameters."""
-        model = self.model()
+        model = self._model()
         first = next(model.parameters(), None) if model is not None else None
         if first is None or not any(
             p is first for group in optimizer.param_groups for p in group["params"]
