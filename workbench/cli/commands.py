@@ -66,7 +66,7 @@ def _print_summary(run_path: Path) -> None:
     evaluation and checkpoint totals in their own unit), FSDP's all-gathers and reduce-scatters
     where traced (then no allreduce column), memory in GiB and per rank in its parts."""
     from workbench.analysis.measured.units import gib, number, percent, rate, seconds
-    from workbench.cli.tables import memory_text
+    from workbench.cli.tables import memory_text, until_known_text
     from workbench.store.files import read_json
 
     record = read_json(run_path / "run.json")
@@ -91,11 +91,13 @@ def _print_summary(run_path: Path) -> None:
     for message in said:  # what could not be measured, and how to tell it
         print(f"note: {message}")
     print(
-        f"throughput: {per_s('samples_per_s')} total end to end, "
+        f"throughput: {per_s('samples_per_s')}{_interval_text(s)} total end to end, "
         f"{per_s('samples_per_s_per_device')} per device "
         f"({s.get('measured_steps', 0)} measured steps, warm-up excluded"
         + ("; their samples were not counted: see the note above)" if uncounted else ")")
     )
+    if record.get("until_known"):
+        print(until_known_text(record["until_known"]))
     print(
         f"training alone: {per_s('train_samples_per_s')} "
         f"(evaluation {fmt('window_eval_s', duration)} and checkpoints "
@@ -112,6 +114,16 @@ def _print_summary(run_path: Path) -> None:
     metric = s.get("final_metric_name", "metric")
     shown = fmt("final_metric", percent if metric == "accuracy" else number)
     print(f"final loss {fmt('final_loss')}; {metric} {shown}")
+
+
+def _interval_text(summary: dict[str, Any]) -> str:
+    """`` (5,530-5,810, 95 %)`` after the run's throughput, where its steps give an interval."""
+    from workbench.analysis.measured.units import rate
+
+    low, high = summary.get("samples_per_s_low"), summary.get("samples_per_s_high")
+    if low is None or high is None:
+        return ""
+    return f" ({rate(low).removesuffix('/s')}-{rate(high).removesuffix('/s')}, 95 %)"
 
 
 def _step_lines(summary: dict[str, Any], ms: Any) -> list[str]:

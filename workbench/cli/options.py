@@ -52,6 +52,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "epochs",
         "max_steps",
         "warmup_steps",
+        "until_known",
+        "until_known_max_s",
         "optimizer",
         "learning_rate",
         "momentum",
@@ -132,6 +134,20 @@ def world_sizes(text: str) -> list[int]:
     return sizes
 
 
+def fraction(text: str) -> float:
+    """A fraction written as one (``0.02``) or as a percentage (``2%``)."""
+    try:
+        return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction (0.02) or a percentage (2%), got {text!r}"
+        ) from None
+
+
+#: Fields whose flag reads its value its own way.
+_CONVERTERS = {"until_known": fraction}
+
+
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -145,6 +161,8 @@ def _metavar(f: dataclasses.Field[Any], kind: Any) -> str:
     if "choices" in f.metadata:
         extra = ("MODULE:FACTORY",) if f.metadata.get("plugin") else ()
         return "{" + ",".join((*f.metadata["choices"], *extra)) + "}"
+    if f.name == "until_known":
+        return "FRACTION"
     if f.name in _FIELD_METAVARS:
         return _FIELD_METAVARS[f.name]
     if "kind" in f.metadata:
@@ -177,7 +195,7 @@ def _add_field(group: Any, f: dataclasses.Field[Any]) -> None:
             *flags, dest=f.name, action=Switch, convert=_bool, default=argparse.SUPPRESS, help=shown
         )
         return
-    convert: Any = {int: int, float: float, str: str}.get(kind, _json)
+    convert: Any = _CONVERTERS.get(f.name) or {int: int, float: float, str: str}.get(kind, _json)
     group.add_argument(
         *flags,
         dest=f.name,

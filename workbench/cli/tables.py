@@ -175,3 +175,21 @@ def memory_text(parts: Mapping[str, Mapping[str, Any]]) -> str | None:
         f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(r)}: {text}" for text, r in lines.items()
     ]
     return "memory per rank (counted): " + "; ".join(said)
+
+
+def until_known_text(record: dict[str, Any]) -> str:
+    """How a run measuring until known ended (``run.json``'s ``until_known``), in a line: known
+    to +-x % after n steps, or known to +-x % only, at its step or time cap."""
+    goal = percent(record["within"])
+    half = record.get("half_width")
+    known = "too few steps for an interval" if half is None else f"known to +-{percent(half)}"
+    warm = record.get("warmup_detected") or 0
+    found = f"; {warm} more warm-up steps found and left out" if warm else ""
+    head, steps = f"measured until known (+-{goal}): {known}", number(record["steps"])
+    if record.get("stopped_by") == "known":
+        return f"{head} after {steps} steps{found}"
+    if record.get("stopped_by") == "time cap":
+        cap = f"time cap of {seconds(record['cap_s'])}"
+    else:
+        cap = f"cap of {number(record['cap_steps'])} steps"
+    return f"{head} only: {cap} ({steps} steps){found}"

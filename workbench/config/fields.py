@@ -76,7 +76,7 @@ def _bounds(meta: Mapping[str, Any]) -> str:
     if lo is not None and hi is not None:
         return f" in {lo}..{hi}"
     if above is not None:
-        return f" > {above}"
+        return f" > {above}" + (f" and <= {hi}" if hi is not None else "")
     if lo is not None:
         return f" >= {lo}"
     return f" <= {hi}" if hi is not None else ""

@@ -343,7 +343,8 @@ def derived(c: Any) -> dict[str, Any]:
     """The fields a valid config ``c`` leaves out and implies, by name, in this order: the
     layout (``world_size``, ``tasks_per_node``), then a script's ``model`` (named after it, so
     run ids, tables and findings say whose training it is), or the batch size not given and
-    ``epochs=1`` where neither ``epochs`` nor ``max_steps`` is."""
+    ``epochs=1`` where neither ``epochs`` nor ``max_steps`` is (``max_steps`` =
+    :data:`UNTIL_KNOWN_STEP_CAP` instead when measuring until known)."""
     out: dict[str, Any] = {}
     if c.world_size is None:
         out["world_size"] = c.nodes * (c.tasks_per_node or 1)
@@ -359,8 +360,15 @@ def derived(c: Any) -> dict[str, Any]:
     if c.per_device_batch_size is None:
         out["per_device_batch_size"] = c.global_batch_size // per_step
     if c.epochs is None and c.max_steps is None:
-        out["epochs"] = 1
+        if c.until_known is None:
+            out["epochs"] = 1
+        else:
+            out["max_steps"] = UNTIL_KNOWN_STEP_CAP
     return out
+
+
+#: The step cap of a run measuring until known where neither epochs nor max_steps is given.
+UNTIL_KNOWN_STEP_CAP = 2000
 
 
 #: Every cross-field rule, in the order their problems are listed.

@@ -182,6 +182,12 @@ class RunConfig:
     )
     max_steps: int | None = setting("stop after this many optimizer steps", minimum=1)
     warmup_steps: int = setting("first steps traced but left out of throughput", 2, minimum=0)
+    until_known: float | None = setting(
+        "stop once the 95 % interval of the throughput is within +- this fraction (2% or 0.02)",
+        above=0,
+        maximum=0.5,
+    )
+    until_known_max_s: float = setting("until_known's cap: seconds of training", 300.0, above=0)
     optimizer: str = setting(f"one of {', '.join(OPTIMIZERS)}", "sgd", choices=OPTIMIZERS)
     learning_rate: float = setting("learning rate", 0.05, above=0)
     momentum: float = setting("SGD momentum", 0.9, minimum=0)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -190,9 +191,14 @@ def broadcast_floats(values: list[float], group: Any = None) -> list[float]:
 
 def any_rank_flag(flag: bool, device: torch.device) -> bool:
     """True on every rank if ``flag`` is true on any rank (one small allreduce)."""
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    return any_rank_flags([flag], device)[0]
+
+
+def any_rank_flags(flags: Sequence[bool], device: torch.device) -> list[bool]:
+    """Each of ``flags``, true on every rank if it is true on any rank (one small allreduce)."""
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def gather_rows(rows: torch.Tensor, rank: int, world_size: int) -> torch.Tensor | None:

@@ -38,6 +38,7 @@ from workbench.rank.flops import measure_step_flops
 from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
 from workbench.rank.trainer import Trainer
+from workbench.rank.until_known import UntilKnown
 from workbench.store.trace_files import consolidate, trim_for_resume
 from workbench.trace.phase_clock import PhaseClock
 from workbench.trace.tracer import Tracer
@@ -48,6 +49,7 @@ class LoopState:
     """Where the loop is. ``step`` counts optimizer steps done (global, from 1 once one is
     done), ``epoch`` is the epoch being trained (from 0), ``last_eval_step`` the step of the
     last evaluation (or of the start), ``preempted`` whether the ranks agreed to stop early,
+    ``known`` why they agreed to stop measuring early (measuring until known),
     ``attempt_start`` the step this attempt started after (the checkpoint's; 0 at first)."""
 
     step: int
@@ -55,6 +57,12 @@ class LoopState:
     last_eval_step: int
     preempted: bool = False
     attempt_start: int = 0
+    known: str | None = None  # "known" or "time cap": the ranks stopped measuring early
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the ranks agreed to stop before the run's last step (preempted, or known)."""
+        return self.preempted or self.known is not None
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class Loop:
     profiler: Any
     clock: PhaseClock
     sample_log: IO[str] | None
+    until: UntilKnown
 
 
 def train(
@@ -114,7 +123,8 @@ def train(
         ) as profiler,
     ):
         clock = PhaseClock(device)
-        loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log)
+        until = UntilKnown(config)
+        loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log, until)
         distributed.barrier()
         tracer.set_t0()
         clock.anchor(tracer.t0)
@@ -122,15 +132,26 @@ def train(
         finish(loop, state)
         network = None if state.preempted else trainer.measure_network()  # no first step waits
     summary = summarize(trainer.module, env, device, state.step, tracer)
-    summary.update(preempted=state.preempted, dropped_samples_per_epoch=trainer.dropped_per_epoch())
-    summary["comm_method"] = trainer.comm_method()
-    summary["measurement_warnings"] = trainer.measurement_warnings()
-    summary["memory_parts"] = memory_record(trainer, tracer)
+    summary.update(outcome(trainer, tracer, state, until))
     measured = {"network": network, "step_flops": trainer.step_flops}  # None: not measured
     summary.update({k: v for k, v in measured.items() if v is not None})
     consolidate(traces, env.rank)
     del loop, trainer  # free the DDP model before the process group goes (distributed.teardown)
     return summary
+
+
+def outcome(
+    trainer: Trainer, tracer: Tracer, state: LoopState, until: UntilKnown
+) -> dict[str, Any]:
+    """What the rank's summary says of how the run went and how it was measured."""
+    return {
+        "preempted": state.preempted,
+        "dropped_samples_per_epoch": trainer.dropped_per_epoch(),
+        "comm_method": trainer.comm_method(),
+        "measurement_warnings": trainer.measurement_warnings(),
+        "memory_parts": memory_record(trainer, tracer),
+        "until_known": until.record(state.step),
+    }
 
 
 def first_step_flops(trainer: Trainer) -> dict[str, Any] | None:
@@ -169,10 +190,10 @@ def run_epochs(loop: Loop, state: LoopState) -> None:
     """Epoch after epoch until the run's last step or an agreed preemption stop."""
     while state.step < built_in_steps(loop.config):
         train_epoch(loop, state)
-        if state.preempted:
+        if state.stopped:
             return
         end_of_epoch(loop, state)
-        if state.preempted:
+        if state.stopped:
             return
 
 
@@ -196,7 +217,7 @@ def train_epoch(loop: Loop, state: LoopState) -> None:
             return
         if s + 1 < spe:  # the epoch's last step is followed by end_of_epoch instead
             after_step(loop, state)
-            if state.preempted:
+            if state.stopped:
                 return
 
 
@@ -205,18 +226,20 @@ def train_step(loop: Loop, state: LoopState, micro: list[list[int]]) -> None:
     state.step += 1
     step, tracer = state.step, loop.tracer
     inject_fault(loop.config, loop.env.rank, step, loop.attempt)
+    warmup = step - state.attempt_start <= loop.config.warmup_steps
     if loop.sample_log is not None:
         record = {"epoch": state.epoch, "step": step, "indices": sum(micro, [])}
         loop.sample_log.write(json.dumps(record) + "\n")
     loop.trainer.set_lr(step)
     fields = loop.trainer.step(micro, loop.clock)
+    loop.until.step_started(loop.clock.started_at, measured=not warmup)
     loss = fields["loss"]
     if isinstance(loss, float) and not math.isfinite(loss):  # a tensor: checked at the flush
         raise NonFiniteLossError(loop.env.rank, step, loss)
     tracer.step(
         epoch=state.epoch,
         step=step,
-        warmup=step - state.attempt_start <= loop.config.warmup_steps,
+        warmup=warmup,
         t_start_s=tracer.since_t0(loop.clock.started_at),
         **fields,
     )
@@ -229,8 +252,8 @@ def after_step(loop: Loop, state: LoopState) -> None:
     every = loop.config.checkpoint_every_steps
     if every and state.step % every == 0:
         loop.trainer.save(state.step, loop.tracer)
-    if agreed_stop(loop, state):
-        state.preempted = True
+        loop.until.interrupted()
+    agreed_stop(loop, state)
 
 
 def end_of_epoch(loop: Loop, state: LoopState) -> None:
@@ -241,24 +264,37 @@ def end_of_epoch(loop: Loop, state: LoopState) -> None:
         if config.eval_every_epochs and (state.epoch + 1) % config.eval_every_epochs == 0:
             loop.trainer.evaluate(loop.tracer, state.epoch, state.step)
             state.last_eval_step = state.step
+            loop.until.interrupted()
         every = config.checkpoint_every_steps
         if every and state.step % every == 0 and state.step < built_in_steps(config):
             loop.trainer.save(state.step, loop.tracer)
+            loop.until.interrupted()
     state.epoch += 1
-    if agreed_stop(loop, state):
-        state.preempted = True
+    agreed_stop(loop, state)
 
 
-def agreed_stop(loop: Loop, state: LoopState) -> bool:
-    """Every ``stop_check_every_steps`` steps before the last, all ranks learn whether any of
-    them got the preemption signal (one small allreduce); True on all of them if one did."""
-    every = loop.config.stop_check_every_steps
-    return (
-        bool(every)
-        and state.step % every == 0
-        and state.step < built_in_steps(loop.config)
-        and distributed.any_rank_flag(loop.stop.requested, loop.trainer.device)
+def agreed_stop(loop: Loop, state: LoopState) -> None:
+    """Before the last step, the ranks agree (one small allreduce) every
+    ``stop_check_every_steps`` steps whether any of them got the preemption signal
+    (``state.preempted`` on all of them if one did), and, measuring until known, every
+    ``known.CHECK_EVERY`` steps whether every rank's throughput is known (``state.known``:
+    "known"), or any rank's time is up ("time cap")."""
+    every, until = loop.config.stop_check_every_steps, loop.until
+    preemption = bool(every) and state.step % every == 0
+    if state.step >= built_in_steps(loop.config) or not (preemption or until.due(state.step)):
+        return
+    local = until.look() if until.due(state.step) else None
+    preempted, unknown, time_up = distributed.any_rank_flags(
+        [
+            preemption and loop.stop.requested,
+            local is not None and local.stop != "known",
+            local is not None and local.stop == "time cap",
+        ],
+        loop.trainer.device,
     )
+    state.preempted = preempted
+    if local is not None and (not unknown or time_up):
+        state.known = until.stopped_by = "known" if not unknown else "time cap"
 
 
 def finish(loop: Loop, state: LoopState) -> None:

@@ -164,7 +164,8 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
     ``dropped_samples_per_epoch`` (training samples left out of every epoch to keep every batch
     full, summed over the ranks; None unless every rank said) and ``flops`` (one training step's
     FLOPs, counted on rank 0 before the measured window) and ``memory_parts`` (each rank's
-    parameters, gradients and optimizer state, counted: :mod:`workbench.rank.memory_parts`) and,
+    parameters, gradients and optimizer state, counted: :mod:`workbench.rank.memory_parts`),
+    ``until_known`` (rank 0's: :mod:`workbench.rank.until_known`; None when not asked) and,
     for a script, ``strategy`` (what it ran, as its hooks saw it)."""
     summaries = {rank: s.get("summary") or {} for rank, s in sorted(states.items())}
     by_message: dict[str, list[int]] = {}
@@ -184,6 +185,8 @@ def rank_measurements(states: RankStates) -> dict[str, Any]:
         "memory_parts": {
             str(r): s["memory_parts"] for r, s in summaries.items() if s.get("memory_parts")
         },
+        # measuring until known: the goal, what stopped the run, its step time's interval
+        "until_known": summaries.get(0, {}).get("until_known"),
         # what a script ran (fsdp where its hooks saw FSDP2, else ddp); a built-in run: its config
         **({"strategy": summaries[0]["strategy"]} if "strategy" in summaries.get(0, {}) else {}),
     }

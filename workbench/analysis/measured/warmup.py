@@ -1,5 +1,6 @@
 """Warm-up detected from the data: the steps after the traced warm-up that are still much slower
-than the steady state, per run and attempt, from the per-step maxima of ``step_s``. Computed once
+than the steady state (:func:`workbench.trace.known.warmup_count`, the rule a run measuring
+until known stops on), per run and attempt, from the per-step maxima of ``step_s``. Computed once
 per frame inside :func:`warmup_once`. Pure pandas/numpy; no torch.
 """
 
@@ -10,16 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-import numpy as np
 import pandas as pd
 
-#: A step after the traced warm-up still counts as warm-up while its step time (the slowest
-#: rank's) is more than this fraction above the steady state (DDP's bucket rebuild after the
-#: first iterations, the allocator growing its pools).
-WARMUP_TOLERANCE = 0.5
-#: Fewest measured steps per attempt for the detection to run (a median needs a few).
-WARMUP_MIN_STEPS = 4
-
+from workbench.trace.known import warmup_count
 
 #: Inside :func:`warmup_once`: each frame's detected warm-up by the frame's id, beside a weak
 #: reference that tells the same frame from a later one given the same id.
@@ -42,11 +36,9 @@ def warmup_once() -> Iterator[None]:
 
 
 def detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per run and attempt, the steps after the traced warm-up that are warm-up still: from
-    the first measured step on, each step whose slowest rank's ``step_s`` is more than
-    :data:`WARMUP_TOLERANCE` above the steady state (the median over the second half of the
-    measured steps), up to the first that is not; at most half the measured steps, and only
-    with :data:`WARMUP_MIN_STEPS` or more. Columns: ``run_id, attempt, last_warmup_step``
+    """Per run and attempt, the steps after the traced warm-up that are warm-up still, by the
+    rule a run measuring until known stops on (:func:`workbench.trace.known.warmup_count`) over
+    each step's slowest rank's ``step_s``. Columns: ``run_id, attempt, last_warmup_step``
     (the last step dropped; absent attempts drop none) and ``dropped`` (how many). Inside
     :func:`warmup_once`, computed once per frame."""
     seen = _WARMUP_SEEN.get()
@@ -70,15 +62,7 @@ def _detected_warmup(steps: pd.DataFrame) -> pd.DataFrame:
     slowest = s.groupby(["run_id", "attempt", "step"], sort=True)["step_s"].max()
     rows = []
     for (run_id, attempt), times in slowest.groupby(level=["run_id", "attempt"], sort=True):
-        t = times.to_numpy(dtype="float64")
-        if len(t) < WARMUP_MIN_STEPS or not np.isfinite(t).any():
-            continue
-        steady = float(np.nanmedian(t[len(t) // 2 :]))
-        if not np.isfinite(steady) or steady <= 0:
-            continue
-        slow = t > steady * (1 + WARMUP_TOLERANCE)
-        n = int(np.argmin(slow)) if not slow.all() else len(t)
-        n = min(n, len(t) // 2)
+        n = warmup_count(times.to_numpy(dtype="float64"))
         if n:
             step_numbers = times.index.get_level_values("step")
             rows.append((run_id, int(attempt), int(step_numbers[n - 1]), n))

@@ -16,8 +16,6 @@ import pandas as pd
 
 from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.warmup import (  # noqa: F401  (re-exported: the window's rule)
-    WARMUP_MIN_STEPS,
-    WARMUP_TOLERANCE,
     detected_warmup,
     warmup_once,
 )

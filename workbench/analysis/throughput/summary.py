@@ -14,6 +14,7 @@ from workbench.analysis.measured.windows import gap_filled, measured_steps, meas
 from workbench.analysis.throughput.completeness import missing_ranks
 from workbench.analysis.throughput.fsdp_comm import COLUMNS as FSDP_COLUMNS
 from workbench.analysis.throughput.fsdp_comm import summary_key
+from workbench.trace.known import estimate
 
 PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "step_s")
 
@@ -22,11 +23,12 @@ def run_summary(
     steps: pd.DataFrame, evals: pd.DataFrame, writers: int | None = None
 ) -> dict[str, Any]:
     """Throughput over the measured window (first measured step start to last step end, across
-    ranks; warm-up steps excluded): end to end (``samples_per_s``) and training alone
-    (``train_samples_per_s``: the window minus the evaluations and checkpoints inside it,
-    ``window_eval_s`` and ``window_save_s``); mean phase times, ``mean_gap_s`` (between steps,
-    checkpoints and evaluations included) and ``mean_save_s`` (over the steps with one), peak
-    memory, final loss and metric, from one run's ``steps`` and ``evals`` trace frames.
+    ranks; warm-up steps excluded): end to end (``samples_per_s``, its 95 % interval by
+    :func:`rate_interval`) and training alone (``train_samples_per_s``: the window minus the
+    evaluations and checkpoints inside it, ``window_eval_s`` and ``window_save_s``); mean phase
+    times, ``mean_gap_s`` (between steps, checkpoints and evaluations included) and
+    ``mean_save_s`` (over the steps with one), peak memory, final loss and metric, from one
+    run's ``steps`` and ``evals`` trace frames.
     ``writers``: the processes that trace (the run's ``RunConfig.processes``); when some lack
     rows, ``incomplete`` says which and the throughput is left out (a window over the other
     ranks would under-count the samples)."""
@@ -53,15 +55,15 @@ def run_summary(
             train_samples_per_s=None if pd.isna(train_rate) else float(train_rate),
             warmup_detected_steps=int(window["warmup_detected_steps"]),
         )
-        for phase in PHASES:
-            out[f"mean_{phase}"] = float(measured[phase].mean())
+        out.update(rate_interval(measured, out["samples_per_s"]))
+        out.update({f"mean_{phase}": float(measured[phase].mean()) for phase in PHASES})
         for column in FSDP_COLUMNS:  # FSDP's collectives, where traced (schema 2, FSDP found)
             values = measured[column].dropna() if column in measured.columns else []
             if len(values):
                 out[summary_key(column)] = float(values.mean())
         gap = gap_filled(steps)[measured.index].dropna()
-        out["mean_gap_s"] = float(gap.mean()) if len(gap) else None
         saves = measured["save_s"].dropna() if "save_s" in measured.columns else []
+        out["mean_gap_s"] = float(gap.mean()) if len(gap) else None
         out["mean_save_s"] = float(saves.mean()) if len(saves) else None
     if len(steps):
         last = steps[steps["step"] == steps["step"].max()]
@@ -77,6 +79,23 @@ def run_summary(
         )
         out["final_eval_loss"] = float(last_eval["loss"].iloc[0])
     return out
+
+
+def rate_interval(measured: pd.DataFrame, rate: float | None) -> dict[str, Any]:
+    """The 95 % interval of the run's throughput ``rate`` (``samples_per_s_low`` and ``_high``,
+    and ``samples_per_s_half_width``, a fraction of the rate) from its measured steps' times,
+    each step's slowest rank's, by batch means (:func:`workbench.trace.known.estimate`, the
+    rule a run measuring until known stops on); nothing under its fewest steps."""
+    per_step = measured.groupby(["attempt", "step"], sort=True)["step_s"].max()
+    found = estimate(per_step.to_numpy(dtype="float64"))
+    if found is None or rate is None:
+        return {}
+    half = found.half_width
+    return {
+        "samples_per_s_half_width": half,
+        "samples_per_s_low": rate / (1 + half),
+        "samples_per_s_high": rate / (1 - half) if half < 1 else None,
+    }
 
 
 def per_rank_table(steps: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,135 @@
+"""Measuring until known (``RunConfig.until_known``), against known answers.
+
+The rule (``workbench.trace.known``) on step times drawn from a known distribution, so the true
+mean is known and the interval's coverage can be counted: independent steps and steps
+correlated as a first-order autoregression (a slow stretch lasts several steps), each stopped
+at the first check where its interval is narrow enough, as a run does. A planted +10 % change is
+resolved and a planted no-op is not. Then real runs through the CLI: every rank stops at the
+same step, the step after which the interval was narrow enough, the evaluation after the loop
+still runs, and the terminal says how well the run is known.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.store.load import load_traces
+from workbench.trace import known
+
+from .test_cli import workbench
+
+TRUE_STEP_S = 0.05
+
+
+def steps_drawn(rng: np.random.Generator, n: int, phi: float, cv: float = 0.2) -> np.ndarray:
+    """``n`` step times of mean ``TRUE_STEP_S`` and spread ``cv`` of it; each step's noise
+    ``phi`` times the previous one's plus a fresh part (an AR(1) process; 0: independent)."""
+    fresh = rng.normal(0.0, 1.0, n)
+    noise = np.empty(n)
+    noise[0] = fresh[0]
+    for i in range(1, n):
+        noise[i] = phi * noise[i - 1] + np.sqrt(1 - phi**2) * fresh[i]
+    return TRUE_STEP_S * (1 + cv * noise)
+
+
+def run_until_known(times: np.ndarray, within: float) -> tuple[int, known.Verdict]:
+    """The rule as a run applies it: a look every ``CHECK_EVERY`` steps, stop on "known"."""
+    for n in range(known.CHECK_EVERY, len(times) + 1, known.CHECK_EVERY):
+        v = known.verdict(times[:n], within, 0.0, 1e9, n == len(times))
+        if v.stop:
+            return n, v
+    raise AssertionError("the step cap must stop it")
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.5], ids=["independent", "autocorrelated"])
+def test_the_interval_a_run_stops_on_covers_the_true_mean(phi: float) -> None:
+    """Over 100 runs each (a fixed seed), the 95 % interval at the stop holds the true mean
+    step time in at least 90 % of them, and each stopped known to +-3 % as asked. The plain
+    standard error of the steps would not do it for correlated steps: its coverage is counted
+    too, and must be below the batch means' (so this test tells the methods apart)."""
+    rng = np.random.default_rng(7)
+    covered = naive_covered = 0
+    runs = 100
+    for _ in range(runs):
+        times = steps_drawn(rng, 6000, phi)
+        n, v = run_until_known(times, 0.03)
+        e = v.estimate
+        assert v.stop == "known" and e is not None and e.half_width <= 0.03, (n, v)
+        covered += e.low_s <= TRUE_STEP_S <= e.high_s
+        used = times[v.warmup : n]
+        naive = 1.96 * used.std(ddof=1) / np.sqrt(len(used))
+        naive_covered += abs(used.mean() - TRUE_STEP_S) <= naive
+    assert covered >= 0.9 * runs, f"coverage {covered}/{runs} (phi {phi})"
+    if phi:
+        assert naive_covered < covered, (naive_covered, covered)
+
+
+def test_a_planted_ten_percent_change_is_resolved_and_a_no_op_is_not() -> None:
+    """Two runs each known to +-2 %: one 10 % slower is told apart in every one of 20 pairs;
+    two of the same speed are not told apart in at least 18 of 20 (a 95 % interval)."""
+    rng = np.random.default_rng(11)
+    told_change = told_no_op = 0
+    for _ in range(20):
+        base = run_until_known(steps_drawn(rng, 8000, 0.5), 0.02)[1].estimate
+        slower = run_until_known(steps_drawn(rng, 8000, 0.5) * 1.10, 0.02)[1].estimate
+        same = run_until_known(steps_drawn(rng, 8000, 0.5), 0.02)[1].estimate
+        assert base is not None and slower is not None and same is not None
+        _, lo, hi = known.ratio_interval(
+            slower.mean_s, slower.half_width, base.mean_s, base.half_width
+        )
+        told_change += known.resolved(lo, hi)
+        _, lo, hi = known.ratio_interval(same.mean_s, same.half_width, base.mean_s, base.half_width)
+        told_no_op += known.resolved(lo, hi)
+    assert told_change == 20 and told_no_op <= 2, (told_change, told_no_op)
+
+
+def test_warm_up_is_found_in_the_steps() -> None:
+    """Ten steps three times the steady state, then steady: the ten are left out."""
+    rng = np.random.default_rng(3)
+    times = np.concatenate([np.full(10, 3 * TRUE_STEP_S), steps_drawn(rng, 300, 0.0, cv=0.05)])
+    assert known.warmup_count(times) == 10
+    v = known.verdict(times, 0.05, 0.0, 1e9, False)
+    assert v.warmup == 10 and v.estimate is not None
+    assert v.estimate.low_s <= TRUE_STEP_S <= v.estimate.high_s
+
+
+PLANTED = ["run", "--model", "planted", "--world-size", "2", "--executor", "pool"]
+
+
+@pytest.mark.slow
+def test_a_run_stops_on_every_rank_once_known_and_says_how_well(tmp_path: Path) -> None:
+    """The planted model at 2 ranks, until known to +-5 %: both ranks' last step is the one
+    the run recorded, a multiple of the checks' spacing, before the 2,000-step cap; the run is
+    known to +-5 % there; the evaluation after the loop ran at that step; the terminal gives the
+    throughput's interval and how the run ended. The same run asked for +-0.1 % within 3 s
+    stops at its time cap and says so."""
+    done = workbench(
+        *PLANTED, "--until-known", "5%", "--run-name", "k", "--output-dir", str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "default" / "k"
+    record = json.loads((run / "run.json").read_text())["until_known"]
+    assert record["stopped_by"] == "known" and record["half_width"] <= 0.05, record
+    assert record["steps"] < record["cap_steps"] == 2000
+    assert record["steps"] % known.CHECK_EVERY == 0
+    steps = load_traces(run, "steps")
+    assert steps.groupby("rank")["step"].max().tolist() == [record["steps"]] * 2
+    assert load_traces(run, "eval")["step"].max() == record["steps"]
+    assert re.search(r"throughput: [\d,]+ samples/s \([\d,]+-[\d,]+, 95 %\)", done.stdout)
+    line = "measured until known (+-5 %): known to +-"
+    assert line in done.stdout and f"after {record['steps']:,} steps" in done.stdout
+
+    capped = workbench(
+        *PLANTED, "--until-known", "0.1%", "--until-known-max-s", "3", "--run-name", "cap",
+        "--output-dir", str(tmp_path),
+    )  # fmt: skip
+    assert capped.returncode == 0, capped.stderr[-3000:]
+    record = json.loads((tmp_path / "default" / "cap" / "run.json").read_text())["until_known"]
+    assert record["stopped_by"] == "time cap" and record["half_width"] > 0.001, record
+    assert "(+-0.1 %): known to +-" in capped.stdout
+    assert "only: time cap of 3 s" in capped.stdout, capped.stdout
