@@ -133,3 +133,30 @@ def test_a_run_stops_on_every_rank_once_known_and_says_how_well(tmp_path: Path) 
     assert record["stopped_by"] == "time cap" and record["half_width"] > 0.001, record
     assert "(+-0.1 %): known to +-" in capped.stdout
     assert "only: time cap of 3 s" in capped.stdout, capped.stdout
+
+
+@pytest.mark.slow
+def test_a_study_prints_each_speedup_with_its_interval(tmp_path: Path) -> None:
+    """``workbench scale`` at 1 and 2 ranks, each run until known to +-5 %: the finding's
+    speedup is the 2-rank run's training throughput over the 1-rank run's (run.json), its
+    interval that ratio times 1 -+ both runs' half-widths in quadrature, worked out here; and
+    the verdict follows the interval (faster only when the interval is wholly above 1x)."""
+    done = workbench(
+        "scale", "--world-sizes", "1,2", "--model", "planted", "--until-known", "5%",
+        "--executor", "pool", "--output-dir", str(tmp_path), "--sweep", "s",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = {}
+    for path in (tmp_path / "s").glob("*/run.json"):
+        record = json.loads(path.read_text())
+        assert record["until_known"]["stopped_by"] in ("known", "time cap"), record["until_known"]
+        summary[record["config"]["world_size"]] = record["summary"]
+    one, two = summary[1], summary[2]
+    speedup = two["train_samples_per_s"] / one["train_samples_per_s"]
+    half = (one["samples_per_s_half_width"] ** 2 + two["samples_per_s_half_width"] ** 2) ** 0.5
+    low, high = speedup * (1 - half), speedup * (1 + half)
+    said = f"2 ranks: {speedup:.2f}x ({low:.2f}x-{high:.2f}x, 95 %) the throughput of 1 rank"
+    assert said in done.stdout, done.stdout
+    verdict = "faster than" if low > 1 else "slower than" if high < 1 else "not resolved"
+    assert f"of ideal), {verdict}" in done.stdout, done.stdout
+    assert "until known to +-5 %, at most 2,000 steps" in done.stdout

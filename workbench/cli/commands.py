@@ -51,8 +51,12 @@ def _print_header(handle: Any, executor: str) -> None:
     """What was launched and where its results go, before the wait."""
     config = handle.config
     steps = (
-        "steps set by the script" if config.total_steps is None else f"{config.total_steps} steps"
+        "steps set by the script" if config.total_steps is None else f"{config.total_steps:,} steps"
     )
+    if config.until_known is not None:
+        from workbench.analysis.measured.units import percent
+
+        steps = f"until known to +-{percent(config.until_known)}, at most {steps}"
     nodes = f" on {config.nodes} nodes x {config.tasks_per_node}" if config.nodes > 1 else ""
     print(
         f"run {handle.run_id}: {config.world_size} rank(s){nodes}, {steps}, "

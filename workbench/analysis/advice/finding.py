@@ -66,6 +66,35 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
+def _interval(top: pd.Series) -> str:
+    """`` (1.31x-1.73x, 95 %)``: the speedup's interval, where its runs give one."""
+    low, high = float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    return f" ({ratio(low)}-{ratio(high)}, 95 %)"
+
+
+def _verdict(top: pd.Series) -> str:
+    """Faster, slower or no faster than the base: by the speedup's interval where there is one
+    (a difference it does not resolve is said to be unresolved, never ranked), else within
+    :data:`SAME` of 1 reads as no faster."""
+    speedup = float(top["speedup"])
+    low, high = float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
+    if math.isfinite(low) and math.isfinite(high):
+        if low > 1:
+            return "faster than"
+        if high < 1:
+            return "slower than"
+        return "not resolved (run longer or repeat) from"
+    return (
+        "faster than"
+        if speedup >= 1 + SAME
+        else "slower than"
+        if speedup <= 1 - SAME
+        else ("no faster than")
+    )
+
+
 def _why_no_speedup(per_run: pd.DataFrame, runs: pd.DataFrame, sizes: tuple[int, int]) -> str:
     """Why a point's speedup is unknown: a run whose samples were not counted (its measurement
     warnings say how to tell them), a run whose traces are incomplete, or neither known."""
@@ -105,16 +134,9 @@ def _curve_sentence(
     speedup, efficiency = float(top["speedup"]), float(top["efficiency"])
     if not math.isfinite(speedup):
         return f"{_ranks(n)}: no speedup ({_why_no_speedup(per_run, runs, (n0, n))})"
-    verdict = (
-        "faster than"
-        if speedup >= 1 + SAME
-        else "slower than"
-        if speedup <= 1 - SAME
-        else "no faster than"
-    )
     text = (
-        f"{_ranks(n)}: {ratio(speedup)}{_spread(top, base)} the throughput of {_ranks(n0)} "
-        f"({percent(efficiency)} of ideal), {verdict} {_ranks(n0)} "
+        f"{_ranks(n)}: {ratio(speedup)}{_interval(top)}{_spread(top, base)} the throughput of "
+        f"{_ranks(n0)} ({percent(efficiency)} of ideal), {_verdict(top)} {_ranks(n0)} "
         f"({rate(float(top['samples_per_s']))} against {rate(float(base['samples_per_s']))})"
     )
     at_top = per_run.loc[per_run["world_size"] == n, "run_id"]

@@ -53,6 +53,8 @@ FLOPS_FACTS = (
     "flops_error",
     "device_name",
 )
+#: Student t quantiles of a 95 % interval by degrees of freedom (runs - 1), for few repeats.
+_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 #: Per-run columns a point keeps when all its runs agree (NaN otherwise).
 POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
@@ -121,7 +123,7 @@ def _run_table(
     """:func:`run_table`, computed."""
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
-    extra = ("nodes", "train_samples", "precision", *FLOPS_FACTS)
+    extra = ("nodes", "train_samples", "precision", "samples_per_s_half_width", *FLOPS_FACTS)
     frame = group_frame(runs, group_by, extra)
     window = measured_window(steps, evals)
     # Speedup, efficiency and MFU compare training: evaluations and checkpoints inside the
@@ -212,8 +214,30 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
         aggs["incomplete"] = ("incomplete", lambda notes: "; ".join(n for n in notes if n))
     if "mfu_note" in per_run.columns:
         aggs["mfu_note"] = ("mfu_note", _distinct)
+    if "samples_per_s_half_width" in per_run.columns:
+        aggs["samples_per_s_half_width"] = ("samples_per_s_half_width", _within_runs)
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
+    if "samples_per_s_half_width" in table.columns:
+        table["samples_per_s_half_width"] = _point_half_width(table)
     return table.sort_values(point, kind="stable").reset_index(drop=True)
+
+
+def _within_runs(halves: pd.Series) -> float:
+    """The half-width (a fraction) of the mean of a point's runs from each run's own: they add
+    in quadrature over the count; NaN unless every run has one."""
+    h = halves.to_numpy(dtype="float64")
+    return float(np.sqrt(np.sum(h**2)) / len(h)) if len(h) and np.isfinite(h).all() else np.nan
+
+
+def _point_half_width(table: pd.DataFrame) -> pd.Series:
+    """A point's 95 % half-width (a fraction of its mean throughput): its runs' own
+    (:func:`_within_runs`) or, where launches disagree more than that, the spread between them
+    (Student t over the runs: a fresh launch places the ranks anew)."""
+    runs = table["runs"].to_numpy(dtype="float64")
+    t95 = np.array([_T95.get(int(r) - 1, 1.96) if r >= 2 else np.nan for r in runs])
+    between = t95 * table["samples_per_s_std"] / np.sqrt(runs) / table["samples_per_s"]
+    within = table["samples_per_s_half_width"]
+    return within.where(~(between > within), between)
 
 
 def _with_speedup(table: pd.DataFrame, keys: list[str], point: list[str]) -> pd.DataFrame:
@@ -235,6 +259,10 @@ def _with_speedup(table: pd.DataFrame, keys: list[str], point: list[str]) -> pd.
     table["speedup_std"] = (table["speedup"] * relative).where(~is_base)
     table["efficiency"] = table["speedup"] / table["ideal_speedup"]
     table["efficiency_std"] = table["speedup_std"] / table["ideal_speedup"]
+    if "samples_per_s_half_width" in table.columns:  # 95 %: both ends' in quadrature
+        half = np.hypot(table["samples_per_s_half_width"], base("samples_per_s_half_width"))
+        table["speedup_low"] = (table["speedup"] * (1 - half)).where(~is_base)
+        table["speedup_high"] = (table["speedup"] * (1 + half)).where(~is_base)
     first = point + [c for c in POINT_FACTS if c in table.columns and c not in point]
     first += ["runs", "samples_per_s", "samples_per_s_std", "samples_per_s_per_device"]
     first += ["samples_per_s_per_device_std", "speedup", "speedup_std", "ideal_speedup"]
@@ -285,7 +313,11 @@ def scaling_table(
     the runs' standard deviations ``s`` of both ends' throughputs (means ``m``): the spread of
     one run's speedup over one base run, not the standard error of the mean speedup. It is NaN
     when either end has a single run, and at the base (1 by definition);
-    ``efficiency_std = speedup_std / ideal_speedup``. ``time_to_quality_s``: seconds on the
+    ``efficiency_std = speedup_std / ideal_speedup``. ``samples_per_s_half_width``: the
+    point's 95 % interval as a fraction of its throughput (each run's from its step times,
+    ``run.json``; or the spread between its launches where larger); ``speedup_low`` and
+    ``speedup_high``: the speedup's 95 % interval, both ends' fractions in quadrature (NaN at
+    the base, or where a run has none). ``time_to_quality_s``: seconds on the
     run's training clock (t0 to the end of the first evaluation whose metric reaches
     ``target_metric``; a resumed attempt starts where the previous one's last step ended) with
     the target by default the group's worst final metric, the quality every point reached
