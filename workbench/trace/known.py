@@ -148,9 +148,7 @@ def verdict(
     return Verdict("step cap" if last_step else None, e, warm)
 
 
-def ratio_interval(
-    a: float, a_half: float, b: float, b_half: float
-) -> tuple[float, float, float]:
+def ratio_interval(a: float, a_half: float, b: float, b_half: float) -> tuple[float, float, float]:
     """``a / b`` of two independent figures, each known to +-``half`` (a fraction of it, a
     95 % interval), with its own 95 % interval: the fractions add in quadrature (the delta
     method). Returns the ratio, its low and its high."""
@@ -163,3 +161,37 @@ def resolved(low: float, high: float, against: float = 1.0) -> bool:
     """Whether an interval tells its figure from ``against`` (a speedup from 1x, a change from
     none): it lies wholly on one side."""
     return low > against or high < against
+
+
+#: Student t quantiles of a 95 % interval by degrees of freedom (launches - 1), for few launches.
+T95_BY_DF = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+
+
+def pooled(rates: Sequence[float], halves: Sequence[float]) -> tuple[float, float]:
+    """The throughput of a study point launched ``len(rates)`` times (each launch's ``rate``,
+    known to +-``half``, a fraction) and its 95 % half-width, a fraction: the launches' own
+    intervals in quadrature over their count, or, where the launches disagree more than that,
+    the spread between them (Student t over the launches: each launch places its ranks and
+    threads anew, which no single launch's steps can show). NaN half-width where a launch has
+    none."""
+    r = np.asarray(rates, dtype="float64")
+    h = np.asarray(halves, dtype="float64")
+    mean = float(r.mean()) if len(r) else math.nan
+    if not len(r) or not np.isfinite(h).all():
+        return mean, math.nan
+    within = float(np.sqrt(np.sum(h**2)) / len(h))
+    if len(r) < 2:
+        return mean, within
+    between = T95_BY_DF.get(len(r) - 1, 1.96) * float(r.std(ddof=1)) / math.sqrt(len(r)) / mean
+    return mean, max(within, between)
+
+
+def another_launch(
+    rates: Sequence[float], halves: Sequence[float], within: float, cap: int
+) -> bool:
+    """Whether a study point is launched again: below ``cap`` launches, after one (which cannot
+    show the spread between launches) or while the pooled interval (:func:`pooled`) is wider
+    than +-``within``."""
+    if not len(rates) or len(rates) >= cap:
+        return False
+    return len(rates) < 2 or not pooled(rates, halves)[1] <= within

@@ -6,11 +6,12 @@ them in).
 A cause with knobs (communication:
 :func:`~workbench.analysis.advice.candidates.candidates_for`) gets each change's predicted gain
 (:func:`~workbench.analysis.advice.candidates.predicted_gain`, the model fed by the point's own
-measurements) and its interval: the gain predicted from each sampled step on its own (its wall
-step and exposed communication), and the 95 % interval of their median (order statistics, no
-distribution assumed; none under 2 sampled steps). A cause no knob reaches gets the finding's
-words for it (:data:`~workbench.analysis.advice.candidates.SAID`) and a bound, not a
-prediction: the gain if that cause went back to its ideal, ``share / (1 - share)`` of the step.
+measurements): the median of the gains predicted from each sampled step on its own (its wall
+step and exposed communication), with the 95 % interval of that median (order statistics, no
+distribution assumed); under 2 sampled steps, the gain at the mean step and no interval. A
+cause no knob reaches gets the finding's words for it
+(:data:`~workbench.analysis.advice.candidates.SAID`) and a bound, not a prediction: the gain
+if that cause went back to its ideal, ``share / (1 - share)`` of the step.
 Pure pandas; no torch.
 """
 
@@ -21,6 +22,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from workbench.analysis.advice.candidates import (
     SAID,
@@ -101,8 +104,11 @@ def ranked_changes(
             out.append(Change(c.label, in_script=not c.reachable, partial=c.partial))
             continue
         c = as_measured(c, inputs)
-        gain = predicted_gain(c.change, inputs)[0]
         each = [predicted_gain(c.change, _at_step(inputs, t, e))[0] for t, e in sampled]
-        low, high = median_interval([g for g in each if math.isfinite(g)])
+        each = [g for g in each if math.isfinite(g)]
+        low, high = median_interval(each)
+        # The figure its interval is of: the median over the sampled steps (the gain at the
+        # mean step can lie outside the median's interval), else the gain at the mean step.
+        gain = float(np.median(each)) if len(each) >= 2 else predicted_gain(c.change, inputs)[0]
         out.append(Change(c.label, gain, low, high, False, not c.reachable, c.partial, c.assumes))
     return sorted(out, key=lambda c: prediction_order(c.gain, c.partial))

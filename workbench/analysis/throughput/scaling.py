@@ -28,6 +28,7 @@ from workbench.analysis.measured.windows import (
 )
 from workbench.analysis.throughput.completeness import mark_incomplete
 from workbench.analysis.throughput.groups import assign_groups, group_frame, resolve_group_by
+from workbench.trace.known import pooled
 
 #: Per-run figures a scaling point averages (mean and ``_std``), when present.
 POINT_METRICS = (
@@ -53,8 +54,6 @@ FLOPS_FACTS = (
     "flops_error",
     "device_name",
 )
-#: Student t quantiles of a 95 % interval by degrees of freedom (runs - 1), for few repeats.
-_T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 #: Per-run columns a point keeps when all its runs agree (NaN otherwise).
 POINT_FACTS = ("scaling", "per_device_batch_size", "global_batch_size")
 
@@ -214,30 +213,19 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
         aggs["incomplete"] = ("incomplete", lambda notes: "; ".join(n for n in notes if n))
     if "mfu_note" in per_run.columns:
         aggs["mfu_note"] = ("mfu_note", _distinct)
-    if "samples_per_s_half_width" in per_run.columns:
-        aggs["samples_per_s_half_width"] = ("samples_per_s_half_width", _within_runs)
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
-    if "samples_per_s_half_width" in table.columns:
-        table["samples_per_s_half_width"] = _point_half_width(table)
+    if "samples_per_s_half_width" in per_run.columns:
+        table["samples_per_s_half_width"] = _point_half_width(per_run, point).to_numpy()
     return table.sort_values(point, kind="stable").reset_index(drop=True)
 
 
-def _within_runs(halves: pd.Series) -> float:
-    """The half-width (a fraction) of the mean of a point's runs from each run's own: they add
-    in quadrature over the count; NaN unless every run has one."""
-    h = halves.to_numpy(dtype="float64")
-    return float(np.sqrt(np.sum(h**2)) / len(h)) if len(h) and np.isfinite(h).all() else np.nan
-
-
-def _point_half_width(table: pd.DataFrame) -> pd.Series:
-    """A point's 95 % half-width (a fraction of its mean throughput): its runs' own
-    (:func:`_within_runs`) or, where launches disagree more than that, the spread between them
-    (Student t over the runs: a fresh launch places the ranks anew)."""
-    runs = table["runs"].to_numpy(dtype="float64")
-    t95 = np.array([_T95.get(int(r) - 1, 1.96) if r >= 2 else np.nan for r in runs])
-    between = t95 * table["samples_per_s_std"] / np.sqrt(runs) / table["samples_per_s"]
-    within = table["samples_per_s_half_width"]
-    return within.where(~(between > within), between)
+def _point_half_width(per_run: pd.DataFrame, point: list[str]) -> pd.Series:
+    """Each point's 95 % half-width (a fraction of its mean throughput), its launches pooled
+    (:func:`workbench.trace.known.pooled`: their own intervals, or the spread between them
+    where larger), in the order of ``per_run.groupby(point)``."""
+    return per_run.groupby(point, dropna=False, sort=True)[
+        ["samples_per_s", "samples_per_s_half_width"]
+    ].apply(lambda g: pooled(g["samples_per_s"], g["samples_per_s_half_width"])[1])
 
 
 def _with_speedup(table: pd.DataFrame, keys: list[str], point: list[str]) -> pd.DataFrame:
