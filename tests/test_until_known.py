@@ -135,27 +135,55 @@ def test_a_run_stops_on_every_rank_once_known_and_says_how_well(tmp_path: Path) 
     assert "only: time cap of 3 s" in capped.stdout, capped.stdout
 
 
+def test_launches_pool_their_own_intervals_or_their_spread() -> None:
+    """Worked by hand: two launches that agree keep their own intervals in quadrature over
+    their count; two that disagree take the Student t interval of their spread (12.71 for
+    two); a point is launched again after one launch, not after two that agree within the
+    goal, again after two that disagree, and never at the cap."""
+    mean, half = known.pooled([100.0, 100.0], [0.02, 0.02])
+    assert mean == 100.0 and half == pytest.approx((2 * 0.02**2) ** 0.5 / 2)
+    mean, half = known.pooled([90.0, 110.0], [0.01, 0.01])
+    assert half == pytest.approx(12.71 * (200**0.5) / 2**0.5 / 100)
+    assert known.another_launch([100.0], [0.02], 0.05, 3)
+    assert not known.another_launch([100.0, 100.0], [0.02, 0.02], 0.05, 3)
+    assert known.another_launch([90.0, 110.0], [0.01, 0.01], 0.05, 3)
+    assert not known.another_launch([90.0, 110.0, 100.0], [0.01] * 3, 0.05, 3)
+    assert not known.another_launch([100.0], [0.02], 0.05, 1)
+
+
 @pytest.mark.slow
 def test_a_study_prints_each_speedup_with_its_interval(tmp_path: Path) -> None:
-    """``workbench scale`` at 1 and 2 ranks, each run until known to +-5 %: the finding's
-    speedup is the 2-rank run's training throughput over the 1-rank run's (run.json), its
-    interval that ratio times 1 -+ both runs' half-widths in quadrature, worked out here; and
-    the verdict follows the interval (faster only when the interval is wholly above 1x)."""
+    """``workbench scale`` at 1 and 2 ranks, each run until known to +-5 % and each point
+    launched twice (the cap: one launch cannot show the spread between launches): the finding's
+    speedup is the mean training throughput (run.json) of the 2-rank launches over the 1-rank
+    ones', its interval that ratio times 1 -+ both points' half-widths in quadrature, each
+    point's the larger of its launches' own (in quadrature over 2) and the Student t interval
+    of their spread (12.71 for two), all worked out here; and the verdict follows the interval
+    (faster only when the interval is wholly above 1x)."""
     done = workbench(
         "scale", "--world-sizes", "1,2", "--model", "planted", "--until-known", "5%",
-        "--executor", "pool", "--output-dir", str(tmp_path), "--sweep", "s",
+        "--until-known-launches", "2", "--executor", "pool", "--output-dir", str(tmp_path),
+        "--sweep", "s",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = {}
+    launches: dict[int, list[dict]] = {1: [], 2: []}
     for path in (tmp_path / "s").glob("*/run.json"):
         record = json.loads(path.read_text())
         assert record["until_known"]["stopped_by"] in ("known", "time cap"), record["until_known"]
-        summary[record["config"]["world_size"]] = record["summary"]
-    one, two = summary[1], summary[2]
-    speedup = two["train_samples_per_s"] / one["train_samples_per_s"]
-    half = (one["samples_per_s_half_width"] ** 2 + two["samples_per_s_half_width"] ** 2) ** 0.5
+        launches[record["config"]["world_size"]].append(record["summary"])
+    assert [len(v) for v in launches.values()] == [2, 2]
+
+    def point(runs: list[dict]) -> tuple[float, float]:
+        rates = [r["train_samples_per_s"] for r in runs]
+        mean = sum(rates) / 2
+        own = (sum(r["samples_per_s_half_width"] ** 2 for r in runs)) ** 0.5 / 2
+        spread = abs(rates[0] - rates[1]) / 2**0.5  # the standard deviation of two
+        return mean, max(own, 12.71 * spread / 2**0.5 / mean)
+
+    (one, h1), (two, h2) = point(launches[1]), point(launches[2])
+    speedup, half = two / one, (h1**2 + h2**2) ** 0.5
     low, high = speedup * (1 - half), speedup * (1 + half)
-    said = f"2 ranks: {speedup:.2f}x ({low:.2f}x-{high:.2f}x, 95 %) the throughput of 1 rank"
+    said = f"2 ranks: {speedup:.2f}x ({low:.2f}x-{high:.2f}x, 95 %, 2 launches against 2) the"
     assert said in done.stdout, done.stdout
     verdict = "faster than" if low > 1 else "slower than" if high < 1 else "not resolved"
     assert f"of ideal), {verdict}" in done.stdout, done.stdout

@@ -259,22 +259,28 @@ def _submit(
 ) -> list[Any]:
     """Run every config and wait for each with a progress bar; a failed run is reported and
     the study goes on. Locally one after another (as ``run.study.run_study``), each on the
-    machine to itself; on Slurm all submitted at once (job arrays), so the queue is waited
-    for once."""
+    machine to itself, a point again while its launches disagree (``run.launches``); on Slurm
+    all submitted at once (job arrays), so the queue is waited for once, each point once."""
     from workbench.cli import progress as bars
     from workbench.errors import RunFailedError
     from workbench.run.launch import launch, launch_array
+    from workbench.run.launches import next_launch
 
     submitted = launch_array(configs, **options) if executor == "slurm" else None
     handles = []
     for i, config in enumerate(configs, start=1):
-        handle = submitted[i - 1] if submitted else launch(config, executor, **options)
-        _print_header(handle, executor)
-        try:
-            bars.wait(handle, desc=f"run {i}/{len(configs)}", progress=progress)
-        except RunFailedError as exc:
-            print(f"run {handle.run_id} failed: {exc}", file=sys.stderr)
-        handles.append(handle)
+        done: list[Any] = []
+        this = config
+        while this is not None:  # again while the point's launches disagree (run.launches)
+            handle = submitted[i - 1] if submitted else launch(this, executor, **options)
+            _print_header(handle, executor)
+            try:
+                bars.wait(handle, desc=f"run {i}/{len(configs)}", progress=progress)
+            except RunFailedError as exc:
+                print(f"run {handle.run_id} failed: {exc}", file=sys.stderr)
+            done.append(handle)
+            this = None if submitted else next_launch(config, done)
+        handles += done
     return handles
 
 

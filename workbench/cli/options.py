@@ -54,6 +54,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "warmup_steps",
         "until_known",
         "until_known_max_s",
+        "until_known_launches",
         "optimizer",
         "learning_rate",
         "momentum",

@@ -188,6 +188,9 @@ class RunConfig:
         maximum=0.5,
     )
     until_known_max_s: float = setting("until_known's cap: seconds of training", 300.0, above=0)
+    until_known_launches: int = setting(
+        "until_known: a study point's launches at most (again while they disagree)", 1, minimum=1
+    )
     optimizer: str = setting(f"one of {', '.join(OPTIMIZERS)}", "sgd", choices=OPTIMIZERS)
     learning_rate: float = setting("learning rate", 0.05, above=0)
     momentum: float = setting("SGD momentum", 0.9, minimum=0)
@@ -283,8 +286,7 @@ class RunConfig:
         self._derive()
 
     def _normalise(self) -> list[Problem]:
-        """Take the shapes JSON gives (lists for tuples, a dict for ``fault``) and copy the
-        option mappings; the problems of a ``fault`` dict, as ``fault.<key>``."""
+        """Take JSON's shapes (lists for tuples, a dict for ``fault``: its problems returned)."""
         for name, given, shape in SHAPES:
             if isinstance(getattr(self, name), given):
                 object.__setattr__(self, name, shape(getattr(self, name)))

@@ -12,6 +12,7 @@ from workbench.errors import ConfigError, PreflightError, Problem, RunFailedErro
 from workbench.run.backends import backend
 from workbench.run.handle import RunHandle
 from workbench.run.launch import launch
+from workbench.run.launches import next_launch
 
 
 def layout_problem(world_size: int, tasks_per_node: int | None) -> str | None:
@@ -105,20 +106,27 @@ def run_study(
     progress: bool = True,
     **executor_options: Any,
 ) -> list[RunHandle]:
-    """Launch each config in turn and wait for it; a failed run is reported, the study goes on.
-    What the executor cannot run of any config is refused before the first (:func:`check_study`)."""
+    """Launch each config in turn and wait for it (again, measuring until known, while its
+    launches disagree: :mod:`workbench.run.launches`); a failed run is reported, the study goes
+    on. What the executor cannot run of any config is refused before the first
+    (:func:`check_study`)."""
     from tqdm.auto import tqdm
 
     check_study(configs, executor, **executor_options)
 
-    handles = []
+    handles: list[RunHandle] = []
     bar = tqdm(configs, desc="runs", unit="run", disable=not progress)
     for config in bar:
         bar.set_postfix_str(f"{config.model} x{config.world_size}")
-        handle = launch(config, executor, **executor_options)
-        try:
-            handle.wait()
-        except RunFailedError as exc:
-            bar.write(f"run {handle.run_id} failed: {exc}")
-        handles.append(handle)
+        done: list[RunHandle] = []
+        this: RunConfig | None = config
+        while this is not None:  # again while the point's launches disagree (launches.py)
+            handle = launch(this, executor, **executor_options)
+            try:
+                handle.wait()
+            except RunFailedError as exc:
+                bar.write(f"run {handle.run_id} failed: {exc}")
+            done.append(handle)
+            this = next_launch(config, done)
+        handles += done
     return handles

@@ -323,11 +323,14 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
         summary, report = write_summary(spec)
     except Exception as exc:  # the points' results stand even when the summary cannot be made
         summary_error = f"{type(exc).__name__}: {exc}"
+    from workbench.run.launches import point_run_id
     from workbench.store.load import iter_run_dirs
 
     ids = {p.run_id for p in points}
-    others = [
-        d.name for d in iter_run_dirs(spec.sweep_dir.parent, [spec.name]) if d.name not in ids
+    others = [  # a point's further launches are its own (run.launches)
+        d.name
+        for d in iter_run_dirs(spec.sweep_dir.parent, [spec.name])
+        if point_run_id(d.name) not in ids
     ]
     return SweepResult(
         name=spec.name,

@@ -66,12 +66,15 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
-def _interval(top: pd.Series) -> str:
-    """`` (1.31x-1.73x, 95 %)``: the speedup's interval, where its runs give one."""
+def _interval(top: pd.Series, base: pd.Series) -> str:
+    """`` (1.31x-1.73x, 95 %)``: the speedup's interval, where its runs give one, with the
+    launches pooled at each end where there were several (`` ..., 3 launches against 2``)."""
     low, high = float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
-    return f" ({ratio(low)}-{ratio(high)}, 95 %)"
+    runs, base_runs = int(top.get("runs", 1)), int(base.get("runs", 1))
+    launches = f", {runs} launches against {base_runs}" if max(runs, base_runs) > 1 else ""
+    return f" ({ratio(low)}-{ratio(high)}, 95 %{launches})"
 
 
 def _verdict(top: pd.Series) -> str:
@@ -135,7 +138,8 @@ def _curve_sentence(
     if not math.isfinite(speedup):
         return f"{_ranks(n)}: no speedup ({_why_no_speedup(per_run, runs, (n0, n))})"
     text = (
-        f"{_ranks(n)}: {ratio(speedup)}{_interval(top)}{_spread(top, base)} the throughput of "
+        f"{_ranks(n)}: {ratio(speedup)}{_interval(top, base) or _spread(top, base)} the "
+        f"throughput of "
         f"{_ranks(n0)} ({percent(efficiency)} of ideal), {_verdict(top)} {_ranks(n0)} "
         f"({rate(float(top['samples_per_s']))} against {rate(float(base['samples_per_s']))})"
     )
