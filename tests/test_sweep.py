@@ -102,7 +102,10 @@ def test_quickstart_spec_parses_into_four_small_points() -> None:
         {"model": "mlp", "world_size": 1},
         {"model": "mlp", "world_size": 2},
     ]
-    assert all(p.config.per_device_batch_size == 32 and p.config.total_steps <= 50 for p in points)
+    # small: each run stops once known to +-5 %, within 6 s or 1,000 steps, 3 launches at most
+    assert all(p.config.per_device_batch_size == 32 for p in points)
+    assert all(p.config.until_known == 0.05 and p.config.until_known_max_s <= 6 for p in points)
+    assert all(p.config.total_steps <= 1000 and p.config.until_known_launches == 3 for p in points)
     assert spec.notebook_path() == NOTEBOOK_02
     assert spec.to_dict()["grid"] == {"model": ["transformer", "mlp"], "world_size": [1, 2]}
 
