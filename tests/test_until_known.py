@@ -188,3 +188,33 @@ def test_a_study_prints_each_speedup_with_its_interval(tmp_path: Path) -> None:
     verdict = "faster than" if low > 1 else "slower than" if high < 1 else "not resolved"
     assert f"of ideal), {verdict}" in done.stdout, done.stdout
     assert "until known to +-5 %, at most 2,000 steps" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_script_over_a_dataloader_stops_when_known_and_its_code_after_the_loop_runs(
+    tmp_path: Path,
+) -> None:
+    """A torchrun-style script (DDP, a DataLoader, 40 epochs of 64 steps, then a checkpoint and
+    its own print) at 2 ranks until known to +-20 %: its loop ends on every rank at the step the
+    ranks agreed (a multiple of the looks' spacing, far before the 2,560 steps it asks for), its
+    epochs after that are empty, its checkpoint is written and its lines are printed; the
+    workbench's throughput over the same steps is the script's own within 2 %."""
+    checkpoint = tmp_path / "ckpt.pt"
+    done = workbench(
+        "run", "--script", "tests/scripts/epochs_then_checkpoint.py", "--world-size", "2",
+        "--until-known", "20%", "--warmup-steps", "5", "--run-name", "s", "--output-dir",
+        str(tmp_path), "--", "--epochs", "40", "--warmup", "5", "--checkpoint", str(checkpoint),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "default" / "s"
+    record = json.loads((run / "run.json").read_text())
+    until = record["until_known"]
+    assert until["stopped_by"] == "known" and until["steps"] % known.CHECK_EVERY == 0, until
+    logs = "".join(p.read_text() for p in (run / "logs").glob("*.out"))
+    own_steps = re.search(r"^steps=(\d+)$", logs, re.M)
+    assert own_steps and int(own_steps.group(1)) == until["steps"] < 2560, (until, logs[-2000:])
+    assert checkpoint.exists() and f"checkpoint saved: {checkpoint}" in logs
+    assert load_traces(run, "steps").groupby("rank")["step"].max().tolist() == [until["steps"]] * 2
+    own = float(re.search(r"own_samples_per_s=([\d.]+)", logs).group(1))  # type: ignore[union-attr]
+    assert record["summary"]["samples_per_s"] == pytest.approx(own, rel=0.02)
+    assert "known to +-" in done.stdout and f"after {until['steps']:,} steps" in done.stdout

@@ -188,8 +188,12 @@ def until_known_text(record: dict[str, Any]) -> str:
     head, steps = f"measured until known (+-{goal}): {known}", number(record["steps"])
     if record.get("stopped_by") == "known":
         return f"{head} after {steps} steps{found}"
+    if record.get("note"):  # known, but the script's loop could not be ended from outside
+        return f"{head} after {steps} steps: {record['note']}{found}"
     if record.get("stopped_by") == "time cap":
         cap = f"time cap of {seconds(record['cap_s'])}"
-    else:
+    elif record.get("stopped_by") == "step cap":
         cap = f"cap of {number(record['cap_steps'])} steps"
+    else:
+        cap = "the script's own end"
     return f"{head} only: {cap} ({steps} steps){found}"

@@ -27,6 +27,7 @@ from workbench.config.run_config import RunConfig
 from workbench.errors import ScriptExit
 from workbench.rank import distributed, hook_cost, memory_parts, network
 from workbench.store.trace_files import consolidate
+from workbench.trace.script_until_known import ScriptUntilKnown
 from workbench.trace.torch_hooks import ScriptHooks
 from workbench.trace.tracer import Tracer
 
@@ -179,6 +180,11 @@ def run_script_rank(
             local_rank=env.local_rank,
             local_world_size=env.local_world_size,
             rendezvous=(env.master_addr, env.master_port),
+            until_known=None
+            if config.until_known is None
+            else ScriptUntilKnown(
+                config.until_known, config.until_known_max_s, config.warmup_steps
+            ),
         ).install()
         try:
             with as_main_program(config, cwd):
@@ -215,6 +221,7 @@ def _summary(
         **({"memory_parts": hooks.memory_parts} if hooks.memory_parts is not None else {}),
         "measurement_warnings": list(dict.fromkeys(hooks.warnings)),
         **({"network": hooks.measured} if hooks.measured is not None else {}),
+        "until_known": None if hooks.until_known is None else hooks.until_known.record(),
     }
 
 

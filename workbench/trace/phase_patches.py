@@ -52,13 +52,18 @@ def backward(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:
 def fetch(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:
     """A DataLoader fetch timed; its batch is counted only until the root's training forward
     has counted one (``forward_hooks``): from then on the forwards count (a step whose forward
-    cannot has no samples)."""
+    cannot has no samples). Once the ranks agree the run is known, a training fetch ends its
+    epoch instead (``script_until_known``)."""
     kinds, times, extras = hooks.log.kinds, hooks.log.times, hooks.log.extras
     clock, is_grad_enabled = _clock, torch.is_grad_enabled
+
+    until = hooks.until_known
 
     def __next__(iterator: Any) -> Any:
         if not is_grad_enabled():
             return original(iterator)
+        if until is not None and until.refuse():  # the ranks agreed: known (script_until_known)
+            raise StopIteration
         kinds.append(FETCH)
         times.append(clock())
         try:

@@ -99,6 +99,8 @@ def init_process_group(hooks: Any, original: Callable[..., Any]) -> Callable[...
         # Every rank leaves this barrier together: their trace clocks agree from here.
         side = dist.new_group(backend="gloo")
         dist.barrier(group=side)
+        if hooks.until_known is not None:  # its agreed stop, on the same side group
+            hooks.until_known.group = side
         hooks.flush()  # steps before it (one process, no group yet) on the old zero
         hooks.tracer.set_t0()
         hooks.joined_group = True

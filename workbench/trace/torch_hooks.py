@@ -61,6 +61,7 @@ from workbench.errors import ScriptError
 from workbench.trace import forward_hooks, phase_patches, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
 from workbench.trace.fsdp_comm import FSDPCommMeter
+from workbench.trace.script_until_known import ScriptUntilKnown
 from workbench.trace.step_events import (
     OPTIMIZER,
     OPTIMIZER_END,
@@ -104,8 +105,10 @@ class ScriptHooks:
         local_rank: int | None = None,
         local_world_size: int | None = None,
         rendezvous: tuple[str, int] | None = None,
+        until_known: ScriptUntilKnown | None = None,
     ) -> None:
         self.tracer = tracer
+        self.until_known = until_known  # measuring until known: its steps and agreed stop
         # DDP settings the run gives (tune's candidates), over the script's own arguments
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
@@ -239,7 +242,9 @@ class ScriptHooks:
         log = self.log
         first = not log.last_is_optimizer_end()  # the step's first optimizer step
         log.kinds.append(OPTIMIZER)
-        log.times.append(_clock())
+        log.times.append(now := _clock())
+        if first and self.until_known is not None:
+            self.until_known.step(now)
         # The step's communication and learning rate, logged where they differ from the last
         # logged (the log carries each on to the steps after it).
         if first:
