@@ -180,11 +180,7 @@ def run_script_rank(
             local_rank=env.local_rank,
             local_world_size=env.local_world_size,
             rendezvous=(env.master_addr, env.master_port),
-            until_known=None
-            if config.until_known is None
-            else ScriptUntilKnown(
-                config.until_known, config.until_known_max_s, config.warmup_steps
-            ),
+            until_known=_until_known(config),
         ).install()
         try:
             with as_main_program(config, cwd):
@@ -194,6 +190,13 @@ def run_script_rank(
             hooks.close()
     consolidate(traces, env.rank)
     return _summary(env, device, label, hooks, tracer)
+
+
+def _until_known(config: RunConfig) -> ScriptUntilKnown | None:
+    """The script's measuring until known, where the run asks for it."""
+    if config.until_known is None:
+        return None
+    return ScriptUntilKnown(config.until_known, config.until_known_max_s, config.warmup_steps)
 
 
 def _summary(

@@ -1,22 +1,24 @@
 """A script's rank measuring until known (``RunConfig.until_known``), by the rule of
 :mod:`workbench.trace.known`: the time between the starts of consecutive steps' optimizer steps
 (after the warm-up), a look every ``known.CHECK_EVERY`` steps agreed by every rank (one small
-allreduce on the hooks' own gloo group), and once agreed, the script's training loop ended the
-way it ends an epoch: its next training fetch from a DataLoader (one under autograd; an
-evaluation under ``no_grad`` is untouched) raises StopIteration, so a ``for batch in loader``
-ends cleanly, its later epochs are empty, and its code after the loop (a checkpoint, its own
-print) runs. A loop that is not over a DataLoader cannot be ended from outside: it runs to its
-own end, and the record says so."""
+allreduce on the hooks' own gloo group: ``script_group``). Once agreed, the script's training
+loop is ended the way an epoch ends: its next training fetch from a DataLoader (one under
+autograd; an evaluation under ``no_grad`` is untouched) raises StopIteration, so a ``for batch
+in loader`` ends cleanly, its later epochs are empty, and its code after the loop (a checkpoint,
+its own print) runs. A loop that is not over a DataLoader cannot be ended from outside: it runs
+to its own end, and the record says so."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from workbench.trace import known
+
+#: Each flag true on every rank where it is true on any (``script_group`` sets it once the
+#: script has a process group: an allreduce on the hooks' own gloo group).
+Agree = Callable[[list[bool]], list[bool]]
 
 
 class ScriptUntilKnown:
@@ -31,7 +33,7 @@ class ScriptUntilKnown:
         self.last: known.Verdict | None = None
         self.stopped_by: str | None = None  # what the ranks agreed on
         self.refused = 0  # training fetches refused after the agreement
-        self.group: Any = None  # the hooks' gloo side group, once the script has a process group
+        self.agree: Agree = lambda flags: flags  # one process until the script joins a group
 
     def step(self, now: float) -> None:
         """A step's optimizer phase starts at ``now``; every ``CHECK_EVERY`` steps the ranks
@@ -48,12 +50,7 @@ class ScriptUntilKnown:
     def _agree(self, now: float) -> None:
         elapsed = now - self._t0 if self._t0 is not None else 0.0
         self.last = known.verdict(self.cycles, self.within, elapsed, self.cap_s, False)
-        flags = torch.tensor(
-            [self.last.stop != "known", self.last.stop == "time cap"], dtype=torch.int32
-        )
-        if self.group is not None and dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        unknown, time_up = (bool(v) for v in flags.tolist())
+        unknown, time_up = self.agree([self.last.stop != "known", self.last.stop == "time cap"])
         if not unknown or time_up:
             self.stopped_by = "known" if not unknown else "time cap"
 

@@ -107,15 +107,13 @@ class ScriptHooks:
         rendezvous: tuple[str, int] | None = None,
         until_known: ScriptUntilKnown | None = None,
     ) -> None:
-        self.tracer = tracer
-        self.until_known = until_known  # measuring until known: its steps and agreed stop
+        self.tracer, self.until_known = tracer, until_known  # until known: steps, agreed stop
         # DDP settings the run gives (tune's candidates), over the script's own arguments
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.on_ddp = on_ddp  # e.g. registers the run's comm hook on every DDP built
         # with the primary DDP when the training is over, on every rank (the network benchmark
         # at its buckets: ``finish``), kept in ``measured``; never before the first step
-        self.at_end = at_end
-        self.at_end_fsdp = at_end_fsdp  # the same, with the FSDP meter, where no DDP was built
+        self.at_end, self.at_end_fsdp = at_end, at_end_fsdp  # the latter: FSDP's, without DDP
         self.measured: Any = None
         # (model, its optimizer, FSDP's gather dtype) -> the parts: once, at the first step
         self._count_memory = count_memory
