@@ -194,10 +194,11 @@ def any_rank_flag(flag: bool, device: torch.device) -> bool:
     return any_rank_flags([flag], device)[0]
 
 
-def any_rank_flags(flags: Sequence[bool], device: torch.device) -> list[bool]:
-    """Each of ``flags``, true on every rank if it is true on any rank (one small allreduce)."""
+def any_rank_flags(flags: Sequence[bool], device: torch.device, group: Any = None) -> list[bool]:
+    """Each of ``flags``, true on every rank (of ``group``; None: the default group) if it is
+    true on any rank (one small allreduce)."""
     t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return [bool(v) for v in t.tolist()]
 
 

@@ -11,6 +11,7 @@ the rank with it. The workbench does not join a process group itself: the script
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import sys
@@ -182,6 +183,8 @@ def run_script_rank(
             rendezvous=(env.master_addr, env.master_port),
             until_known=_until_known(config),
         ).install()
+        if hooks.until_known is not None:
+            hooks.until_known.agree = functools.partial(_agree, hooks)
         try:
             with as_main_program(config, cwd):
                 run_main(config)
@@ -197,6 +200,14 @@ def _until_known(config: RunConfig) -> ScriptUntilKnown | None:
     if config.until_known is None:
         return None
     return ScriptUntilKnown(config.until_known, config.until_known_max_s, config.warmup_steps)
+
+
+def _agree(hooks: ScriptHooks, flags: list[bool]) -> list[bool]:
+    """A script's ranks agreeing on their stop until known: on the hooks' own gloo group once
+    the script has a process group, alone before."""
+    if hooks.side_group is None:
+        return flags
+    return distributed.any_rank_flags(flags, torch.device("cpu"), group=hooks.side_group)
 
 
 def _summary(

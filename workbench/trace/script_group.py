@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import sys
@@ -29,7 +28,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from workbench.errors import ScriptError
@@ -101,21 +99,13 @@ def init_process_group(hooks: Any, original: Callable[..., Any]) -> Callable[...
         # Every rank leaves this barrier together: their trace clocks agree from here.
         side = dist.new_group(backend="gloo")
         dist.barrier(group=side)
-        if hooks.until_known is not None:  # its agreed stop, on the same side group
-            hooks.until_known.agree = functools.partial(any_rank_flags, side)
+        hooks.side_group = side  # the group a script's stop until known is agreed on
         hooks.flush()  # steps before it (one process, no group yet) on the old zero
         hooks.tracer.set_t0()
         hooks.joined_group = True
         return result
 
     return init_process_group
-
-
-def any_rank_flags(group: Any, flags: list[bool]) -> list[bool]:
-    """Each of ``flags`` true on every rank of ``group`` where it is true on any."""
-    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return [bool(v) for v in t.tolist()]
 
 
 def destroy_process_group(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,7 +1,7 @@
 """A script's rank measuring until known (``RunConfig.until_known``), by the rule of
 :mod:`workbench.trace.known`: the time between the starts of consecutive steps' optimizer steps
 (after the warm-up), a look every ``known.CHECK_EVERY`` steps agreed by every rank (one small
-allreduce on the hooks' own gloo group: ``script_group``). Once agreed, the script's training
+allreduce on the hooks' own gloo group). Once agreed, the script's training
 loop is ended the way an epoch ends: its next training fetch from a DataLoader (one under
 autograd; an evaluation under ``no_grad`` is untouched) raises StopIteration, so a ``for batch
 in loader`` ends cleanly, its later epochs are empty, and its code after the loop (a checkpoint,
@@ -16,8 +16,8 @@ from typing import Any
 
 from workbench.trace import known
 
-#: Each flag true on every rank where it is true on any (``script_group`` sets it once the
-#: script has a process group: an allreduce on the hooks' own gloo group).
+#: Each flag true on every rank where it is true on any (the rank sets it: an allreduce on the
+#: hooks' own gloo group once the script has a process group).
 Agree = Callable[[list[bool]], list[bool]]
 
 

@@ -135,8 +135,8 @@ class ScriptHooks:
         self.plain_open: list[tuple[Any, bool]] = []
         self.uncounted = self.counted = 0  # steps whose samples nothing counted, and others
         # where the rank's rendezvous is (MASTER_ADDR, MASTER_PORT): the script's own
-        # init_process_group meets there whatever it set (``script_group``)
-        self.rendezvous, self.joined_group = rendezvous, False
+        # init_process_group meets there whatever it set; then the hooks' own gloo group
+        self.rendezvous, self.joined_group, self.side_group = rendezvous, False, None
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.warnings: list[str] = []
         self.backward_depth = 0  # a backward inside a backward (reentrant checkpointing)
