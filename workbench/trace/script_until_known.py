@@ -71,8 +71,9 @@ class ScriptUntilKnown:
         out = known.Verdict(stop, final.estimate, final.warmup)
         record = out.record(self.within, self.steps, 0, self.cap_s)
         if self.stopped_by is not None and not self.refused:
+            said = "known" if self.stopped_by == "known" else "its time cap reached"
             record["note"] = (
-                "known, but the script's training loop is not over a DataLoader: it ran to "
+                f"{said}, but the script's training loop is not over a DataLoader: it ran to "
                 "its own end"
             )
         return record
