@@ -22,11 +22,11 @@ class UntilKnown:
         self.cycles: list[float] = []
         self._from: float | None = None  # when the measured step in progress started
         self._t0: float | None = None
-        self.last: known.Verdict | None = None  # the last verdict looked at
         self.stopped_by: str | None = None  # what the ranks agreed on, if they stopped early
 
     @property
     def on(self) -> bool:
+        """Whether the run measures until known."""
         return self.within is not None
 
     def step_started(self, now: float, measured: bool) -> None:
@@ -49,8 +49,7 @@ class UntilKnown:
         """This rank's verdict now."""
         assert self.within is not None
         elapsed = time.perf_counter() - (self._t0 or time.perf_counter())
-        self.last = known.verdict(self.cycles, self.within, elapsed, self.cap_s, last_step)
-        return self.last
+        return known.verdict(self.cycles, self.within, elapsed, self.cap_s, last_step)
 
     def record(self, steps: int) -> dict[str, Any] | None:
         """What the rank's summary (and run.json) keeps: the goal, how the run ended, how well

@@ -30,7 +30,6 @@ class ScriptUntilKnown:
         self.steps = 0
         self._last: float | None = None
         self._t0: float | None = None
-        self.last: known.Verdict | None = None
         self.stopped_by: str | None = None  # what the ranks agreed on
         self.refused = 0  # training fetches refused after the agreement
         self.agree: Agree = lambda flags: flags  # one process until the script joins a group
@@ -49,8 +48,8 @@ class ScriptUntilKnown:
 
     def _agree(self, now: float) -> None:
         elapsed = now - self._t0 if self._t0 is not None else 0.0
-        self.last = known.verdict(self.cycles, self.within, elapsed, self.cap_s, False)
-        unknown, time_up = self.agree([self.last.stop != "known", self.last.stop == "time cap"])
+        stop = known.verdict(self.cycles, self.within, elapsed, self.cap_s, False).stop
+        unknown, time_up = self.agree([stop != "known", stop == "time cap"])
         if not unknown or time_up:
             self.stopped_by = "known" if not unknown else "time cap"
 

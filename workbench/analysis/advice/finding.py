@@ -66,10 +66,15 @@ def _spread(top: pd.Series, base: pd.Series) -> str:
     return f" ± {std:.2f} ({int(top['runs'])} runs against {int(base['runs'])})"
 
 
+def _bounds(top: pd.Series) -> tuple[float, float]:
+    """The speedup's 95 % interval (NaN where the runs gave none)."""
+    return float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
+
+
 def _interval(top: pd.Series, base: pd.Series) -> str:
     """`` (1.31x-1.73x, 95 %)``: the speedup's interval, where its runs give one, with the
     launches pooled at each end where there were several (`` ..., 3 launches against 2``)."""
-    low, high = float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
+    low, high = _bounds(top)
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
     runs, base_runs = int(top.get("runs", 1)), int(base.get("runs", 1))
@@ -81,21 +86,15 @@ def _verdict(top: pd.Series) -> str:
     """Faster, slower or no faster than the base: by the speedup's interval where there is one
     (a difference it does not resolve is said to be unresolved, never ranked), else within
     :data:`SAME` of 1 reads as no faster."""
-    speedup = float(top["speedup"])
-    low, high = float(top.get("speedup_low", math.nan)), float(top.get("speedup_high", math.nan))
-    if math.isfinite(low) and math.isfinite(high):
-        if low > 1:
-            return "faster than"
-        if high < 1:
-            return "slower than"
-        return "not resolved (run longer or repeat) from"
-    return (
-        "faster than"
-        if speedup >= 1 + SAME
-        else "slower than"
-        if speedup <= 1 - SAME
-        else ("no faster than")
-    )
+    low, high = _bounds(top)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        speedup = float(top["speedup"])
+        if abs(speedup - 1) < SAME:
+            return "no faster than"
+        return "faster than" if speedup > 1 else "slower than"
+    if low > 1 or high < 1:
+        return "faster than" if low > 1 else "slower than"
+    return "not resolved (run longer or repeat) from"
 
 
 def _why_no_speedup(per_run: pd.DataFrame, runs: pd.DataFrame, sizes: tuple[int, int]) -> str:
