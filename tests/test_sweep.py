@@ -433,7 +433,9 @@ def _live_sweep_processes(points) -> list[int]:
 def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: Path) -> None:
     """Ctrl-C once the second point (2 ranks) has launched, then run again: the first point is
     kept as it was, nothing half-done looks complete or keeps running, and all three points end
-    complete with a summary."""
+    complete with a summary. Each point asks for a second launch (a goal of +-0.1 % that 6
+    steps cannot reach): the sweep launches them once every point's notebook has run, in
+    rounds, the first point's too."""
     spec_path = tmp_path / "grid.yaml"
     spec_path.write_text(
         yaml.safe_dump(
@@ -441,7 +443,7 @@ def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: 
                 "name": "grid",
                 "output_dir": str(tmp_path / "store"),
                 "notebook": str(NOTEBOOK_02),
-                "fixed": SMALL,
+                "fixed": {**SMALL, "until_known": 0.001, "until_known_launches": 2},
                 # three points: one kept, one interrupted (2 ranks), one never started
                 "grid": {"world_size": [2], "per_device_batch_size": [32, 64]},
                 "include": [{"world_size": 1, "per_device_batch_size": 32}],
@@ -518,6 +520,16 @@ def test_interrupted_sweep_resumes_without_rerunning_completed_points(tmp_path: 
         (2, 32),
         (2, 64),
     ]
+    assert list(summary["runs"]) == [2, 2, 2], "each point's two launches pooled"
+    # the further launches came after every point's first, in the points' order
+    firsts = [json.loads((p.path / "run.json").read_text())["submitted_at"] for p in points]
+    again = [
+        json.loads((p.path.parent / f"{p.run_id}-launch2" / "run.json").read_text()) for p in points
+    ]
+    assert all(a["status"] == "completed" for a in again)
+    starts = [a["submitted_at"] for a in again]
+    assert min(starts) > max(firsts) and starts == sorted(starts), (firsts, starts)
+    assert not any((p.path.parent / f"{p.run_id}-launch2" / NOTEBOOK_FILE).exists() for p in points)
     assert result.report_path == spec.sweep_dir / "report.html"
     assert result.report_path.stat().st_size > 10_000
     assert _live_sweep_processes(points) == []

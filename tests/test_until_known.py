@@ -195,14 +195,16 @@ def test_a_script_over_a_dataloader_stops_when_known_and_its_code_after_the_loop
     tmp_path: Path,
 ) -> None:
     """A torchrun-style script (DDP, a DataLoader, 40 epochs of 64 steps, then a checkpoint and
-    its own print) at 2 ranks until known to +-20 %: its loop ends on every rank at the step the
+    its own print) at 2 ranks until known to +-10 %: its loop ends on every rank at the step the
     ranks agreed (a multiple of the looks' spacing, far before the 2,560 steps it asks for), its
     epochs after that are empty, its checkpoint is written and its lines are printed; the
     workbench's throughput over the same steps is the script's own within 2 %."""
     checkpoint = tmp_path / "ckpt.pt"
     done = workbench(
         "run", "--script", "tests/scripts/epochs_then_checkpoint.py", "--world-size", "2",
-        "--until-known", "20%", "--warmup-steps", "5", "--run-name", "s", "--output-dir",
+        # +-10 %, not looser: in the 100 steps +-20 % takes, one step of the ramp that the
+        # workbench finds and leaves out (the script counts it) moves the two figures 3 % apart
+        "--until-known", "10%", "--warmup-steps", "5", "--run-name", "s", "--output-dir",
         str(tmp_path), "--", "--epochs", "40", "--warmup", "5", "--checkpoint", str(checkpoint),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

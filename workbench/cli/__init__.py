@@ -14,7 +14,7 @@ from typing import Any
 
 from workbench.cli import commands
 from workbench.cli.help import Formatter, examples
-from workbench.cli.options import add_config_options, world_sizes
+from workbench.cli.options import add_config_options, budget, world_sizes
 from workbench.cli.predict import add_predict
 from workbench.cli.slurm_flags import add_slurm_flags
 from workbench.cli.tune import add_tune
@@ -124,6 +124,15 @@ def _add_scale(sub: Any) -> None:
         metavar="N",
         help="ranks (devices) per node (default: one node per world size; with --nodes, 1)",
     )
+    _study_flags(study)
+    _no_progress(study)
+    add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
+    add_slurm_flags(scale, layout="--nodes, --tasks-per-node and --time-min")
+    scale.set_defaults(func=commands.scale)
+
+
+def _study_flags(study: Any) -> None:
+    """``scale``'s flags of how the study runs: where, within what budget, its report."""
     study.add_argument(
         "--executor",
         default="local",
@@ -132,14 +141,19 @@ def _add_scale(sub: Any) -> None:
         "world size submitted at once, as one job array per layout (default: local)",
     )
     study.add_argument(
+        "--budget",
+        type=budget,
+        metavar="DEVICE_SECONDS",
+        help="stop launching when the study has held this many device-seconds (ranks x "
+        "seconds; '2000', '30 device-minutes', '2h') and say which points remain unknown "
+        "and by how much; a run measuring until known is capped at what is left "
+        "(default: no budget)",
+    )
+    study.add_argument(
         "--report",
         metavar="HTML",
         help="HTML file to write (default: <output-dir>/<sweep>/report.html)",
     )
-    _no_progress(study)
-    add_config_options(scale, skip=("world_size", "nodes", "tasks_per_node", "run_name"))
-    add_slurm_flags(scale, layout="--nodes, --tasks-per-node and --time-min")
-    scale.set_defaults(func=commands.scale)
 
 
 def _add_sweep(sub: Any) -> None:
@@ -165,6 +179,13 @@ def _add_sweep(sub: Any) -> None:
         help="list the points, their run ids and what would run; run nothing",
     )
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument(
+        "--budget",
+        type=budget,
+        metavar="DEVICE_SECONDS",
+        help="as scale's: stop when this call has held this many device-seconds (default: "
+        "the spec's budget_device_s, else none)",
+    )
     sweep.add_argument("--output-dir", help="root of the result store (default: the spec's)")
     sweep.add_argument(
         "--executor",

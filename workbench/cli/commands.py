@@ -207,12 +207,14 @@ def scale(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        handles = _submit(configs, args.executor, options, progress=not args.no_progress)
+        handles = _submit(configs, args.executor, options, not args.no_progress, args.budget)
     except PreflightError as exc:  # the executor's options, refused before the first launch
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for handle in handles:
         print(f"{handle.run_id}: {handle.status()}")
+    if handles.budget_note():
+        print(handles.budget_note())
     report = args.report or str(Path(config.output_dir) / config.sweep / "report.html")
     with report_bar(progress=not args.no_progress) as bar:
         path = report_from_store(config.sweep, report, output_dir=config.output_dir, progress=bar)
@@ -255,33 +257,19 @@ def _print_layouts(configs: list[Any], options: dict[str, Any]) -> None:
 
 
 def _submit(
-    configs: list[Any], executor: str, options: dict[str, Any], progress: bool
-) -> list[Any]:
-    """Run every config and wait for each with a progress bar; a failed run is reported and
-    the study goes on. Locally one after another (as ``run.study.run_study``), each on the
-    machine to itself, a point again while its launches disagree (``run.launches``); on Slurm
-    all submitted at once (job arrays), so the queue is waited for once, each point once."""
+    configs: list[Any], executor: str, options: dict[str, Any], progress: bool, budget: Any
+) -> Any:
+    """Run every config and wait for each with a progress bar (the study loop of
+    ``run.rounds``: locally one after another, each on the machine to itself; on Slurm a round
+    submitted at once, as job arrays); a failed run is reported and the study goes on."""
     from workbench.cli import progress as bars
-    from workbench.errors import RunFailedError
-    from workbench.run.launch import launch, launch_array
-    from workbench.run.launches import next_launch
+    from workbench.run.rounds import run_rounds
 
-    submitted = launch_array(configs, **options) if executor == "slurm" else None
-    handles = []
-    for i, config in enumerate(configs, start=1):
-        done: list[Any] = []
-        this = config
-        while this is not None:  # again while the point's launches disagree (run.launches)
-            handle = submitted[i - 1] if submitted else launch(this, executor, **options)
-            _print_header(handle, executor)
-            try:
-                bars.wait(handle, desc=f"run {i}/{len(configs)}", progress=progress)
-            except RunFailedError as exc:
-                print(f"run {handle.run_id} failed: {exc}", file=sys.stderr)
-            done.append(handle)
-            this = None if submitted else next_launch(config, done)
-        handles += done
-    return handles
+    def wait(handle: Any, label: str) -> None:
+        _print_header(handle, executor)
+        bars.wait(handle, desc=label, progress=progress)
+
+    return run_rounds([(c, []) for c in configs], executor, wait, budget_device_s=budget, **options)
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -307,7 +295,9 @@ def sweep(args: argparse.Namespace) -> int:
             print(f"  {point.index:>3}  {point.run_id}  {action:<4}  {values}")
         return 0
     try:
-        result = run_sweep(spec, force=args.force, progress=not args.no_progress)
+        result = run_sweep(
+            spec, force=args.force, progress=not args.no_progress, budget_device_s=args.budget
+        )
     except KeyboardInterrupt:
         # Completed points are kept; the interrupted one never looks complete.
         print(
@@ -320,6 +310,8 @@ def sweep(args: argparse.Namespace) -> int:
         line = f"  {outcome.index:>3}  {outcome.run_id}  {outcome.status}"
         print(line + (f": {outcome.error}" if outcome.error else ""))
     print(result)
+    if result.budget_note:
+        print(result.budget_note)
     if result.other_runs:
         print(
             f"note: {len(result.other_runs)} run(s) in {result.sweep_dir} are not points of this "

@@ -145,6 +145,16 @@ def fraction(text: str) -> float:
         ) from None
 
 
+def budget(text: str) -> float:
+    """``--budget``: device-seconds (:func:`workbench.config.budget.budget_seconds`)."""
+    from workbench.config.budget import budget_seconds
+
+    try:
+        return budget_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 #: Fields whose flag reads its value its own way.
 _CONVERTERS = {"until_known": fraction}
 

@@ -68,7 +68,8 @@ def run_task(task: Task, env: distributed.RankEnv) -> dict[str, Any]:
     try:
         device = distributed.pick_device(task.config.device, env.local_rank)
         base["device_facts"] = distributed.device_facts(device)
-        write_json(state_path, {**base, "status": "running", "started_at": time.time()})
+        base["started_at"] = time.time()  # kept in every later record: the run's device time
+        write_json(state_path, {**base, "status": "running"})
         if task.config.is_script:
             summary = run_script_rank(
                 task.config,

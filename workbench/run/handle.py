@@ -272,9 +272,11 @@ class RunHandle:
         device, crashes at exit and summary."""
         states = self.rank_states()
         status = status or final_status(states, self.config.processes)
+        ended_at = time.time()
         fields: dict[str, Any] = {
             "status": status,
-            "ended_at": time.time(),
+            "ended_at": ended_at,
+            "device_s": self._device_s(states, ended_at),
             "hosts": sorted({s.get("host", "") for s in states.values()}),
             # What each rank ran on, as it saw it (the launcher never touches CUDA itself).
             "devices": {
@@ -299,6 +301,17 @@ class RunHandle:
         except Exception as exc:  # a summary must never hide the run's own outcome
             fields["summary_error"] = f"{type(exc).__name__}: {exc}"
         return fields
+
+    def _device_s(self, states: dict[int, dict[str, Any]], ended_at: float) -> float | None:
+        """Device-seconds the run held: its devices (one per rank) x the time from when they
+        became its own (the back end says: submission, or a queued job's first rank) to its
+        end; None where its submission is not recorded."""
+        submitted = read_json(self.path / schema.RUN_FILE).get("submitted_at")
+        if submitted is None:
+            return None
+        starts = [float(s["started_at"]) for s in states.values() if "started_at" in s]
+        held_since = self.backend.held_since(float(submitted), starts)
+        return self.config.processes * max(0.0, ended_at - held_since)
 
     def _disk_full_fields(self, fields: dict[str, Any], full: StoreFullError) -> dict[str, Any]:
         """The end's fields when the store's disk is full: a failure says so first (the ranks

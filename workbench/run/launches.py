@@ -14,7 +14,7 @@ from workbench import schema
 from workbench.config.run_config import RunConfig
 from workbench.run.handle import RunHandle
 from workbench.store.files import read_json
-from workbench.trace.known import another_launch
+from workbench.trace.known import another_launch, pooled
 
 _LAUNCH = re.compile(r"-launch\d+$")
 
@@ -37,6 +37,15 @@ def _measured(handle: RunHandle) -> tuple[float, float] | None:
     summary = read_json(handle.path / schema.RUN_FILE).get("summary") or {}
     rate, half = summary.get("train_samples_per_s"), summary.get("samples_per_s_half_width")
     return None if rate is None else (float(rate), float("nan") if half is None else float(half))
+
+
+def known_to(done: Sequence[RunHandle]) -> float:
+    """The 95 % half-width (a fraction) of a point's throughput over its completed launches
+    ``done`` (:func:`workbench.trace.known.pooled`); NaN where none completed."""
+    measured = [m for m in map(_measured, done) if m is not None]
+    if not measured:
+        return float("nan")
+    return pooled([m[0] for m in measured], [m[1] for m in measured])[1]
 
 
 def next_launch(config: RunConfig, done: Sequence[RunHandle]) -> RunConfig | None:

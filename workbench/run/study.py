@@ -8,11 +8,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from workbench.config.run_config import RunConfig
-from workbench.errors import ConfigError, PreflightError, Problem, RunFailedError
+from workbench.errors import ConfigError, PreflightError, Problem
 from workbench.run.backends import backend
 from workbench.run.handle import RunHandle
-from workbench.run.launch import launch
-from workbench.run.launches import next_launch
+from workbench.run.rounds import StudyRuns, run_rounds
 
 
 def layout_problem(world_size: int, tasks_per_node: int | None) -> str | None:
@@ -104,29 +103,35 @@ def run_study(
     configs: Sequence[RunConfig],
     executor: str = "local",
     progress: bool = True,
+    budget_device_s: float | None = None,
+    again: bool = True,
     **executor_options: Any,
-) -> list[RunHandle]:
-    """Launch each config in turn and wait for it (again, measuring until known, while its
-    launches disagree: :mod:`workbench.run.launches`); a failed run is reported, the study goes
-    on. What the executor cannot run of any config is refused before the first
-    (:func:`check_study`)."""
+) -> StudyRuns:
+    """Launch each config and wait for it, then, round after round, again the points whose
+    launches disagree (measuring until known: :mod:`workbench.run.rounds`), within
+    ``budget_device_s`` device-seconds where given; ``again=False``: each point once. A failed
+    run is reported, the study goes on. What the executor cannot run of any config is refused
+    before the first (:func:`check_study`). The handles come point by point; the result says
+    what the budget left undone (:meth:`StudyRuns.budget_note`)."""
     from tqdm.auto import tqdm
 
     check_study(configs, executor, **executor_options)
+    with tqdm(total=len(configs), desc="runs", unit="run", disable=not progress) as bar:
 
-    handles: list[RunHandle] = []
-    bar = tqdm(configs, desc="runs", unit="run", disable=not progress)
-    for config in bar:
-        bar.set_postfix_str(f"{config.model} x{config.world_size}")
-        done: list[RunHandle] = []
-        this: RunConfig | None = config
-        while this is not None:  # again while the point's launches disagree (launches.py)
-            handle = launch(this, executor, **executor_options)
+        def wait(handle: RunHandle, label: str) -> None:
+            bar.total = max(bar.total, bar.n + 1)  # a launch again: one more than planned
+            bar.set_postfix_str(f"{label}: {handle.config.model} x{handle.config.world_size}")
             try:
                 handle.wait()
-            except RunFailedError as exc:
-                bar.write(f"run {handle.run_id} failed: {exc}")
-            done.append(handle)
-            this = next_launch(config, done)
-        handles += done
-    return handles
+            finally:
+                bar.update(1)
+
+        return run_rounds(
+            [(c, []) for c in configs],
+            executor,
+            wait,
+            budget_device_s=budget_device_s,
+            again=again,
+            say=bar.write,
+            **executor_options,
+        )

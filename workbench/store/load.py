@@ -51,6 +51,7 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
         "path": str(run_path),
         "submitted_at": run.get("submitted_at"),
         "ended_at": run.get("ended_at"),
+        "device_s": run.get("device_s"),  # devices x the time they were the run's
         "failed_rank": (run.get("failure") or {}).get("rank"),
     }
     for key, value in config.items():

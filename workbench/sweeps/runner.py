@@ -30,8 +30,10 @@ from workbench.sweeps.execute import (
     check_notebook,
     execute_notebook,
 )
+from workbench.sweeps.launch_again import forget_launches, launch_again, spent_by
 from workbench.sweeps.run_ids import point_run_id
 from workbench.sweeps.spec import SweepPoint, SweepSpec, load_spec
+from workbench.sweeps.summary import other_runs, write_summary
 
 NOTEBOOK_FILE = "notebook.ipynb"
 #: The executed notebook while it runs; renamed to NOTEBOOK_FILE only when the point succeeded.
@@ -39,8 +41,6 @@ PARTIAL_NOTEBOOK_FILE = "notebook.partial.ipynb"
 #: The executed notebook of a point that failed (kept for its tracebacks; never counts as done).
 FAILED_NOTEBOOK_FILE = "notebook.failed.ipynb"
 POINT_FILE = "sweep_point.json"
-SUMMARY_FILE = "summary.csv"
-REPORT_FILE = "report.html"
 
 
 # -- state of a point in the store
@@ -91,6 +91,8 @@ class SweepResult:
     summary_path: Path | None
     report_path: Path | None
     summary_error: str | None = None
+    budget_note: str | None = None
+    """what the budget left undone (points not run, points known less well than asked)"""
     other_runs: list[str] = field(default_factory=list)
     """runs in the sweep's folder that are not points of this spec (an older version of it,
     say); the summary and report include them"""
@@ -120,9 +122,12 @@ class SweepResult:
         return not self.failed
 
     def __str__(self) -> str:
+        left = len(self._ids("left"))
         return (
             f"sweep {self.name}: {len(self.ran)} ran, {len(self.skipped)} skipped, "
-            f"{len(self.failed)} failed ({self.sweep_dir})"
+            f"{len(self.failed)} failed"
+            + (f", {left} left for the budget" * bool(left))
+            + f" ({self.sweep_dir})"
         )
 
 
@@ -199,6 +204,7 @@ def run_point(spec: SweepSpec, point: SweepPoint, notebook: Path) -> PointOutcom
     start = time.monotonic()
     if point.path.exists():
         shutil.rmtree(point.path)  # a stale attempt: its files must not mix with the new ones
+    forget_launches(point)  # nor its further launches with the new first one
     point.path.mkdir(parents=True)
     _record_point(spec, point, notebook)
     partial = point.path / PARTIAL_NOTEBOOK_FILE
@@ -241,36 +247,6 @@ def point_state_after_run(path: Path) -> str | None:
     return None
 
 
-def _has_step_traces(run_paths: list[str]) -> bool:
-    """Whether any of these runs wrote a step trace file with something in it."""
-    pattern = schema.steps_file(0, "*").replace("00000", "*")  # any rank, Parquet or live
-    return any(
-        f.stat().st_size > 0
-        for path in run_paths
-        for f in (Path(path) / schema.TRACES_DIR).glob(pattern)
-    )
-
-
-def write_summary(spec: SweepSpec) -> tuple[Path | None, Path | None]:
-    """``summary.csv`` (the scaling table) and ``report.html`` of every run in the sweep's
-    folder, written by the report, which computes the table once; (None, None) when the folder
-    holds no completed run with traces yet."""
-    from workbench.store.load import load_runs
-    from workbench.ui.report import report_from_store
-
-    runs = load_runs(spec.sweep_dir.parent, [spec.name])
-    if runs.empty or not (runs["status"] == "completed").any():
-        return None, None
-    if not _has_step_traces(list(runs.loc[runs["status"] == "completed", "path"])):
-        return None, None
-    summary = spec.sweep_dir / SUMMARY_FILE
-    title = f"Sweep {spec.name}" + (f": {spec.description}" if spec.description else "")
-    report = report_from_store(
-        spec.sweep_dir, spec.sweep_dir / REPORT_FILE, title=title, summary_csv=summary
-    )
-    return summary, report
-
-
 def _pool_for(spec: SweepSpec) -> contextlib.AbstractContextManager[Any]:
     """On the pool executor, one template that every point's kernel forks its ranks from
     (torch imported once a sweep, not once a rank), unless one already serves this process;
@@ -283,9 +259,59 @@ def _pool_for(spec: SweepSpec) -> contextlib.AbstractContextManager[Any]:
     return shared_template()
 
 
-def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> SweepResult:
+def _run_points(
+    spec: SweepSpec, force: bool, budget_s: float | None, bar: Any
+) -> tuple[list[PointOutcome], float]:
+    """Each point's notebook (its first launch) unless complete, while the budget lasts; the
+    outcomes and the device-seconds spent."""
+    notebook = spec.notebook_path()
+    outcomes: list[PointOutcome] = []
+    used = 0.0
+    for point in bar:
+        bar.set_postfix_str(point.run_id)
+        where = {"index": point.index, "run_id": point.run_id, "path": point.path}
+        if not force and point_state(point.path) == "complete":
+            outcomes.append(PointOutcome(**where, status="skipped"))
+            continue
+        if budget_s is not None and used >= budget_s:
+            outcomes.append(PointOutcome(**where, status="left", error="budget spent"))
+            continue
+        outcome = run_point(spec, point, notebook)
+        used += spent_by(point)
+        if outcome.status == "failed":
+            bar.write(
+                f"point {point.index} ({point.run_id}) failed: {outcome.error}\n"
+                f"  notebook: {point.path / FAILED_NOTEBOOK_FILE}"
+            )
+        outcomes.append(outcome)
+    return outcomes, used
+
+
+def _budget_note(outcomes: list[PointOutcome], again: Any, budget_s: float | None) -> str | None:
+    """What the budget left undone: points whose notebook never ran, and points known less
+    well than asked when it ran out (``again.left``)."""
+    never = [o.run_id for o in outcomes if o.status == "left"]
+    if budget_s is None or not (never or again.left):
+        return None
+    parts = [f"{run_id}: not measured" for run_id in never] + [p.text() for p in again.left]
+    return (
+        f"budget of {budget_s:,.0f} device-seconds spent; the sweep stopped short of: "
+        + "; ".join(parts)
+    )
+
+
+def run_sweep(
+    spec: SweepSpec,
+    force: bool = False,
+    progress: bool = True,
+    budget_device_s: float | None = None,
+) -> SweepResult:
     """Run every point that is not complete (all of them with ``force``), one after another,
-    each by executing the sweep notebook with papermill; then write the summary and report.
+    each by executing the sweep notebook with papermill (its first launch); then launch again,
+    round after round, the points whose launches disagree (measuring until known:
+    :mod:`workbench.sweeps.launch_again`); then write the summary and report.
+    ``budget_device_s`` (else the spec's ``budget_device_s``): no launch starts once this
+    call has held that many device-seconds; ``SweepResult.budget_note`` says what was left.
 
     A failed point does not stop the sweep (see ``SweepResult.failed``). Ctrl-C stops it at
     once: the current point's ranks are ended and its folder never looks complete; completed
@@ -293,45 +319,37 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
     """
     from tqdm.auto import tqdm
 
+    from workbench.config.budget import budget_seconds
+
+    budget = budget_device_s
+    if budget is None and spec.budget_device_s is not None:
+        budget = budget_seconds(spec.budget_device_s)
     points = spec.points()
-    notebook = spec.notebook_path()
-    check_notebook(notebook)
-    outcomes: list[PointOutcome] = []
+    check_notebook(spec.notebook_path())
     with (
         _pool_for(spec),
         tqdm(points, desc=f"sweep {spec.name}", unit="point", disable=not progress) as bar,
     ):
-        for point in bar:
-            bar.set_postfix_str(point.run_id)
-            if not force and point_state(point.path) == "complete":
-                outcomes.append(
-                    PointOutcome(
-                        index=point.index, run_id=point.run_id, path=point.path, status="skipped"
-                    )
-                )
-                continue
-            outcome = run_point(spec, point, notebook)
-            if outcome.status == "failed":
-                bar.write(
-                    f"point {point.index} ({point.run_id}) failed: {outcome.error}\n"
-                    f"  notebook: {point.path / FAILED_NOTEBOOK_FILE}"
-                )
-            outcomes.append(outcome)
+        outcomes, used = _run_points(spec, force, budget, bar)
+        done = [p for p in points if point_state(p.path) == "complete"]
+
+        def wait(handle: Any, label: str) -> None:
+            bar.set_postfix_str(f"{handle.run_id} ({label})")
+            try:
+                handle.wait()
+            except KeyboardInterrupt:  # as a point's: its ranks ended, recorded as cancelled
+                _stop_point(handle.path, "sweep interrupted (KeyboardInterrupt)")
+                raise
+
+        again = launch_again(
+            spec, done, None if budget is None else budget - used, wait, say=bar.write
+        )
     summary = report = None
     summary_error = None
     try:
         summary, report = write_summary(spec)
     except Exception as exc:  # the points' results stand even when the summary cannot be made
         summary_error = f"{type(exc).__name__}: {exc}"
-    from workbench.run.launches import point_run_id
-    from workbench.store.load import iter_run_dirs
-
-    ids = {p.run_id for p in points}
-    others = [  # a point's further launches are its own (run.launches)
-        d.name
-        for d in iter_run_dirs(spec.sweep_dir.parent, [spec.name])
-        if point_run_id(d.name) not in ids
-    ]
     return SweepResult(
         name=spec.name,
         sweep_dir=spec.sweep_dir,
@@ -339,7 +357,8 @@ def run_sweep(spec: SweepSpec, force: bool = False, progress: bool = True) -> Sw
         summary_path=summary,
         report_path=report,
         summary_error=summary_error,
-        other_runs=others,
+        budget_note=_budget_note(outcomes, again, budget),
+        other_runs=other_runs(spec, points),
     )
 
 

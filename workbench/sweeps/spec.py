@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.config.budget import budget_seconds
 from workbench.config.names import folder_name_problem
 from workbench.config.run_config import RunConfig, init_field_names
 from workbench.errors import ConfigError, PreflightError, Problem
@@ -78,6 +79,9 @@ class SweepSpec:
     cell_timeout_s: float | None = None
     """per-cell time limit in seconds; default: the point's ``timeout_min`` plus 5 minutes (plus
     a day of queueing on a scheduler)"""
+    budget_device_s: float | str | None = None
+    """stop launching when a call of the sweep has held this many device-seconds (a number, or
+    a text such as ``30 device-minutes``); the points left are said; default: no budget"""
     source: str | None = None
     """the YAML file this spec came from (not a spec key)"""
 
@@ -125,6 +129,11 @@ class SweepSpec:
             p.append(Problem("output_dir", self.output_dir, "a folder path"))
         if not isinstance(self.description, str):
             p.append(Problem("description", self.description, "text"))
+        if self.budget_device_s is not None:
+            try:
+                budget_seconds(self.budget_device_s)
+            except ValueError as exc:
+                p.append(Problem("budget_device_s", self.budget_device_s, str(exc)))
         t = self.cell_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
             p.append(Problem("cell_timeout_s", t, "a number of seconds > 0, or omitted"))

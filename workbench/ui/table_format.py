@@ -68,6 +68,10 @@ COLUMN_FORMATS: dict[str, Formatter] = {
     "slow_fraction": units.percent,
     "relative_error": units.percent,
     "tflops_per_device": _tflops,
+    "speedup_low": units.ratio,
+    "speedup_high": units.ratio,
+    "samples_per_s_half_width": lambda v: f"+-{units.percent(v)}",
+    "device_s": lambda v: f"{v:,.0f} device-s",
 }
 #: Name endings -> formatter, tried in order (``samples_per_s`` before ``_s``).
 SUFFIX_FORMATS: tuple[tuple[str, Formatter], ...] = (

@@ -25,10 +25,13 @@ SCALING_COLUMNS = (
     "runs",
     "samples_per_s",
     "samples_per_s_std",
+    "samples_per_s_half_width",
     "samples_per_s_per_device",
     "end_to_end_samples_per_s",
     "speedup",
     "speedup_std",
+    "speedup_low",
+    "speedup_high",
     "efficiency",
     "wall_step_s",
     "epoch_s",
@@ -38,6 +41,7 @@ SCALING_COLUMNS = (
     "tflops_per_device",
     "mfu",
     "mfu_note",
+    "device_s",
     "incomplete",
 )
 #: The footnote under a scaling table that shows achieved FLOP/s: how they were computed.

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.advice.candidates import NOISE, verified
+from workbench.analysis.advice.cost import cost_line
 from workbench.analysis.advice.diagnosis import inputs_of
 from workbench.analysis.advice.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.advice.ranked_advice import MORE, Change, ranked_changes
@@ -78,7 +79,8 @@ def _interval(top: pd.Series, base: pd.Series) -> str:
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
     runs, base_runs = int(top.get("runs", 1)), int(base.get("runs", 1))
-    launches = f", {runs} launches against {base_runs}" if max(runs, base_runs) > 1 else ""
+    word = "launch" if runs == 1 else "launches"
+    launches = f", {runs} {word} against {base_runs}" if max(runs, base_runs) > 1 else ""
     return f" ({ratio(low)}-{ratio(high)}, 95 %{launches})"
 
 
@@ -387,7 +389,7 @@ def findings(
         label = _label(mine.iloc[0], varying)
         out.append(_labelled(label, sentence))
         out += [_labelled(label, line) for line in _memory_parts(mine, runs)]
-    out += [verified(t) for t in tunes]
+    out += [verified(t) for t in tunes] + [c for c in [cost_line(runs)] if c]
     out += _straggler_lines(steps, found)
     memory = memory_by_rank(steps)
     peak = memory["cuda_peak_bytes"].max()

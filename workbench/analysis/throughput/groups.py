@@ -50,6 +50,10 @@ NOT_GROUPING = (
     "eval_timeout_s",
     "signal_delay_s",
     "derived",
+    # How long a point is measured (until its throughput is known, a budget's cap), not what.
+    "until_known",
+    "until_known_max_s",
+    "until_known_launches",
     # A script run's model is ``script:<its name>``: the path would only repeat it in every label.
     "script",
     "script_module",

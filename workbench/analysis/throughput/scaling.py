@@ -122,7 +122,14 @@ def _run_table(
     """:func:`run_table`, computed."""
     if statuses is not None and "status" in runs.columns:
         runs = runs[runs["status"].isin(list(statuses))]
-    extra = ("nodes", "train_samples", "precision", "samples_per_s_half_width", *FLOPS_FACTS)
+    extra = (
+        "nodes",
+        "train_samples",
+        "precision",
+        "samples_per_s_half_width",
+        "device_s",
+        *FLOPS_FACTS,
+    )
     frame = group_frame(runs, group_by, extra)
     window = measured_window(steps, evals)
     # Speedup, efficiency and MFU compare training: evaluations and checkpoints inside the
@@ -213,6 +220,8 @@ def _points(per_run: pd.DataFrame, point: list[str]) -> pd.DataFrame:
         aggs["incomplete"] = ("incomplete", lambda notes: "; ".join(n for n in notes if n))
     if "mfu_note" in per_run.columns:
         aggs["mfu_note"] = ("mfu_note", _distinct)
+    if "device_s" in per_run.columns:  # what the point cost: all its launches
+        aggs["device_s"] = ("device_s", lambda held: held.sum(min_count=1))
     table = per_run.groupby(point, dropna=False, sort=True).agg(**aggs).reset_index()
     if "samples_per_s_half_width" in per_run.columns:
         table["samples_per_s_half_width"] = _point_half_width(per_run, point).to_numpy()

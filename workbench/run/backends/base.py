@@ -9,7 +9,7 @@ whether it still runs, and how to stop it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -75,6 +75,9 @@ class Backend(ABC):
     """whether the ranks run on this machine (ports and CUDA are then checked here)"""
     queue_s: ClassVar[float] = 0.0
     """how long a queue may hold a job before it starts (a sweep's cells wait that much more)"""
+    submits_at_once: ClassVar[bool] = False
+    """whether a study submits a round's runs together (job arrays: the scheduler gives each
+    its own devices) instead of one after another (ranks on this machine share its cores)"""
 
     def __repr__(self) -> str:
         return f"<{self.name} executor>"
@@ -104,6 +107,11 @@ class Backend(ABC):
         """A submission the scheduler refused (``said``: its words) as one clear error; None
         (the default) lets the submitter's own exception through."""
         return None
+
+    def held_since(self, submitted_at: float, rank_starts: Sequence[float]) -> float:
+        """When a run's devices became its own, for its device-seconds: at submission by
+        default (nothing queues; the interpreters' start-up is the run's cost too)."""
+        return submitted_at
 
     def check(self, config: RunConfig, options: Mapping[str, Any]) -> list[Problem]:
         """Every problem with these options and this config for this back end."""

@@ -137,6 +137,12 @@ class SlurmBackend(Backend):
     options = SLURM_OPTIONS
     on_this_machine = False
     queue_s = QUEUE_S
+    submits_at_once = True
+
+    def held_since(self, submitted_at: float, rank_starts: Sequence[float]) -> float:
+        """The first rank's start (the queue's wait is not the run's): the job's own start-up
+        before it, a second or so, is left out."""
+        return min(rank_starts, default=submitted_at)
 
     def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
         """Unknown options, and options of the wrong type."""
