@@ -86,13 +86,14 @@ def test_the_finding_and_the_table_say_the_cost(two_rounds: dict, capsys) -> Non
             mine["device_s"].sum()
         )
         assert table.loc[table["world_size"] == n, "runs"].item() == 2
-    assert main(["report", "rounds", "--output-dir", str(two_rounds["store"])]) == 0
+    html = two_rounds["store"] / "report.html"
+    assert (
+        main(["report", "rounds", "--output-dir", str(two_rounds["store"]), "-o", str(html)]) == 0
+    )
     capsys.readouterr()
-    from workbench.analysis.advice.cost import cost_line
-
-    total = runs["device_s"].sum()
-    assert cost_line(runs).startswith(f"cost: {total:,.0f} device-seconds")
-    assert "in 4 launches" in cost_line(runs)
+    said = f"cost: {runs['device_s'].sum():,.0f} device-seconds in 4 launches"
+    assert said in html.read_text(), "the report's finding says the cost"
+    assert " device-s<" in html.read_text(), "and its table each point's"
 
 
 @pytest.mark.slow
