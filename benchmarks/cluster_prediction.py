@@ -168,15 +168,16 @@ def _sweeps(emu: Path, store: Path, plan: dict[str, Any], script_args: list[str]
 
 def _predicted(
     emu: Path, store: Path, fit: str, n: int, busbw: float, hop: float, strategy: str = ""
-) -> float:
+) -> dict[str, float]:
     """``workbench predict`` of the fit sweep at ``n`` ranks on ``busbw`` B/s and ``hop`` s
-    (with ``strategy``: that strategy's row, ``--strategy`` given)."""
+    (with ``strategy``: that strategy's row, ``--strategy`` given): its throughput and 95 %
+    interval."""
     argv = ["predict", fit, "--output-dir", str(store), "--world-sizes", f"2,{n}"]
     argv += ["--busbw", f"{busbw:.6g}", "--latency", f"{hop:.6g}", "--json"]
     argv += ["--strategy", strategy] if strategy else []
     rows = json.loads(_workbench(emu, *argv))
     mine = [r for r in rows if r["world_size"] == n and r.get("strategy", strategy) == strategy]
-    return float(mine[0]["samples_per_s"])
+    return {k: float(mine[0][k]) for k in ("samples_per_s", "low", "high")}
 
 
 def _bytes_busbw(run: pd.Series) -> float:
@@ -205,16 +206,19 @@ def held_out(emu: Path, store: Path, plan: dict[str, Any]) -> pd.DataFrame:
                 row["hop_us"] = float(r["network_latency_s"]) * 1e6
                 row["measured"] = float(measured.loc[n, "samples_per_s"])
                 fit, strategy = f"{regime}-fit", plan.get("strategy", "")
-                row["predicted"] = _predicted(emu, store, fit, n, busbw, 0.0, strategy)
+                said = {"": _predicted(emu, store, fit, n, busbw, 0.0, strategy)}
                 hop = float(r["network_latency_s"])
                 if strategy == "fsdp":  # the same runs, from the DDP study of the same model
                     ddp = f"{regime}-ddp-fit"
-                    row["predicted_from_ddp"] = _predicted(emu, store, ddp, n, busbw, 0.0, "fsdp")
+                    said["_from_ddp"] = _predicted(emu, store, ddp, n, busbw, 0.0, "fsdp")
                 if plan.get("hop", True):
-                    row["predicted_hop"] = _predicted(emu, store, fit, n, _bytes_busbw(r), hop)
-                for k in ("", "_hop", "_from_ddp"):
-                    if f"predicted{k}" in row:
-                        row[f"error{k}"] = row[f"predicted{k}"] / row["measured"] - 1
+                    said["_hop"] = _predicted(emu, store, fit, n, _bytes_busbw(r), hop)
+                for k, p in said.items():
+                    row[f"predicted{k}"] = p["samples_per_s"]
+                    row[f"error{k}"] = p["samples_per_s"] / row["measured"] - 1
+                    # the 95 % interval: does it hold the measured figure, and how wide is it
+                    row[f"covered{k}"] = p["low"] <= row["measured"] <= p["high"]
+                    row[f"half_width{k}"] = (p["high"] - p["low"]) / 2 / p["samples_per_s"]
                 rows.append(row)
     return pd.DataFrame(rows)
 
@@ -280,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
             if column not in rows.columns:
                 continue
             errors = rows[column].abs()
+            k = column.removeprefix("error")
+            halves, covered = rows[f"half_width{k}"], rows[f"covered{k}"]
             print(
                 f"{where}, {model} at the point: median |error| {errors.median():.1%}, "
-                f"worst {errors.max():.1%}"
+                f"worst {errors.max():.1%}; its 95 % interval held the measured figure in "
+                f"{int(covered.sum())} of {len(rows)}, median half-width {halves.median():.1%} "
+                f"({halves.median() / errors.median():.1f}x the median error)"
             )
     result = {"machine": machine(), "plan": plan, "points": table.to_dict("records")}
     write_result(args.out, "cluster_prediction", result)

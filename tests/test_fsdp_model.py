@@ -152,10 +152,16 @@ def test_an_fsdp_study_predicts_fsdp_and_ddp_by_hand() -> None:
     at2 = out[(out["world_size"] == 2) & (out["strategy"] == "fsdp")].iloc[0]
     assert at2["step_s"] == pytest.approx(1.1 + 0.8 * 0.5 * 19_904 / 1e4)
     assert at2["relative_error"] == pytest.approx(1.5 / 1.89616 - 1)
+    # the intervals: the frames carry no run intervals, so the model's floors alone: FSDP from
+    # its own curve +-1.96 x 2 % (13.5/s-14.7/s), DDP from an FSDP study +-1.96 x 4 %
+    # (14.7/s-17.1/s); they overlap, so neither is said to be faster
+    assert at4.loc["fsdp", "half_width"] == pytest.approx(0.0392)
+    assert at4.loc["ddp", "half_width"] == pytest.approx(0.0784)
     words = finding(out, [4], 20_000)
     assert words == [
-        "4 ranks: FSDP 14.1/s, DDP 15.9/s (DDP 1.13x as fast); a rank holds FSDP 13.2 KiB, "
-        "DDP 33 KiB; within 20 kB (19.5 KiB): only FSDP fits"
+        "4 ranks: FSDP 14.1/s (13.5/s-14.7/s), DDP 15.9/s (14.7/s-17.1/s) (not resolved: their "
+        "95 % intervals overlap); a rank holds FSDP 13.2 KiB, DDP 33 KiB; within 20 kB "
+        "(19.5 KiB): only FSDP fits"
     ], words
 
 
@@ -238,7 +244,8 @@ def test_the_command_compares_strategies(tmp_path: Path, capsys: pytest.CaptureF
     assert main([*argv, "--busbw", "1e4", "--strategy", "fsdp,ddp", "--device-memory", "20kB"]) == 0
     text = capsys.readouterr().out
     first = text.splitlines()[0]
-    assert first.startswith("4 ranks: FSDP 14.1/s, DDP 15.9/s") and "only FSDP fits" in first
+    assert first.startswith("4 ranks: FSDP 14.1/s (13.5/s-14.7/s), DDP 15.9/s (14.7/s-17.1/s)")
+    assert "only FSDP fits" in first and "95 % low" in text
     assert "DDP (from FSDP)" in text and "2.27 s" in text and "13.2 KiB" in text, text
     # without a network, on the one the runs measured (2e4 B/s): half the collectives' time
     assert main([*argv, "--strategy", "fsdp", "--json"]) == 0

@@ -46,8 +46,8 @@ def test_predict_by_hand() -> None:
     # exposed (0.5 s, what 0.5 s of backward can hide); 1.75 s at N=8, of which at most 0.5 s
     # hidden: 1.25 s exposed. Steps 1.5 and 2.25 s, 16 / 1.5 and 64 / 2.25 samples/s,
     # speedups 4/3 and 32/9 over 8/s. The model's error on the sweep: with its own network
-    # (2e6 B/s: ring 0.5 s, 0.25 s exposed) it predicts 1.25 s at N=2, as measured: 0, so
-    # low = high = predicted.
+    # (2e6 B/s: ring 0.5 s, 0.25 s exposed) it predicts 1.25 s at N=2, as measured: 0, so the
+    # interval takes the floor of 2 % (x 1.96: +-3.92 %); the frames carry no run intervals.
     runs, steps = _sweep()
     net = target_network(busbw_bytes_per_s=1e6)
     out = predict(runs, steps, [2, 8], net).set_index("world_size")
@@ -58,7 +58,9 @@ def test_predict_by_hand() -> None:
     assert out["speedup"].tolist() == pytest.approx([4 / 3, 32 / 9])
     assert out["efficiency"].tolist() == pytest.approx([2 / 3, 4 / 9])
     assert out["model_error"].tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
-    assert out["low"].tolist() == pytest.approx(out["samples_per_s"].tolist())
+    assert out["half_width"].tolist() == pytest.approx([0.0392, 0.0392])
+    assert out["low"].tolist() == pytest.approx([16 / 1.5 * 0.9608, 64 / 2.25 * 0.9608])
+    assert out["high"].tolist() == pytest.approx([16 / 1.5 * 1.0392, 64 / 2.25 * 1.0392])
 
 
 def test_one_curve_given_no_group_columns_keeps_its_error() -> None:
@@ -129,7 +131,7 @@ def test_more_ranks_on_the_runs_own_machine_need_no_network_flag(
     assert row["step_s"] == pytest.approx(1.4375)
     assert row["exposed_comm_s"] == pytest.approx(0.4375)
     assert row["samples_per_s"] == pytest.approx(64 / 1.4375)
-    assert row["low"] == pytest.approx(row["high"])
+    assert row["low"] == pytest.approx(64 / 1.4375 * (1 - 0.0392))  # the floor, as above
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert text.startswith("network: as the runs measured it on their own machine"), text

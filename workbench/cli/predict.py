@@ -21,8 +21,9 @@ def add_predict(sub: Any) -> None:
         description="From a sweep's completed runs, the scaling model's throughput, step time "
         "(compute and exposed communication), speedup and efficiency at the given world sizes "
         "on the given network (none given: more ranks on the network the runs measured on "
-        "their own machine); low and high bound the throughput by the model's own error on "
-        "the sweep's measured world sizes. It needs a multi-rank run (its gradient bytes and "
+        "their own machine); low and high are a 95 %% interval: the model's own error on "
+        "the sweep's measured world sizes (at least 2 %%) and the runs' own intervals. It "
+        "needs a multi-rank run (its gradient bytes and "
         "its overlap). A config's runs on one node and on several are one curve: compute "
         "from its smallest run, each link class (within a node, across nodes) from the runs "
         "that crossed it.",

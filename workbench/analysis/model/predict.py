@@ -3,13 +3,13 @@
 :func:`predict` feeds the scaling model (:mod:`workbench.analysis.model.scaling_model`: each curve's
 base, its compute less the measured exposed communication, its own calibrated overlap) with a
 given network and reads off, per curve and world size, throughput, step time, compute, exposed
-communication, speedup and efficiency. ``low`` and ``high`` bound the throughput by the model's
-error on the runs themselves, ``model_error``: the RMS of its relative errors at the measured
-world sizes other than the base, with the runs' own network (their micro-benchmark or a fit);
-the interval is the prediction divided and multiplied by ``1 + model_error``. NaN when no such
-point exists (the note says so, never a made-up interval). The model knows nothing of what the
-runs' own machine added with N (ranks sharing cores): such growth shows as model error. Pure
-pandas; no torch.
+communication, speedup and efficiency. ``low`` and ``high`` are a 95 % interval of the
+throughput (``half_width``, a fraction: :mod:`workbench.analysis.model.prediction_interval`):
+the model's error on the runs themselves, ``model_error`` (the RMS of its relative errors at
+the measured world sizes other than the base, with the runs' own network: their
+micro-benchmark or a fit; at least a floor, the note says where it stands alone), and the
+measured runs' own intervals. The model knows nothing of what the runs' own machine added with
+N (ranks sharing cores): such growth shows as model error. Pure pandas; no torch.
 
 On a cluster (:func:`target_cluster`: ranks per node, a link class within a node and one
 across nodes) the allreduce is the two-level one of
@@ -23,7 +23,6 @@ import math
 import re
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from workbench.analysis.measured.links import INTRA
@@ -31,8 +30,16 @@ from workbench.analysis.measured.stored import StoredSteps, is_stored
 from workbench.analysis.measured.windows import check_columns
 from workbench.analysis.model.cluster_network import ClusterNetwork, nodes_for
 from workbench.analysis.model.network import NetworkModel, network_fit
+from workbench.analysis.model.prediction_interval import (
+    FLOOR,
+    half_width,
+    model_error,
+    per_curve,
+    runs_half_width,
+)
 from workbench.analysis.model.scaling_model import predicted_vs_measured
 from workbench.analysis.throughput.groups import resolve_group_by
+from workbench.analysis.throughput.scaling import run_table
 
 #: The columns of :func:`predict`, after the curve's group columns.
 PREDICT_COLUMNS = (
@@ -47,6 +54,7 @@ PREDICT_COLUMNS = (
     "efficiency",
     "base_world_size",
     "model_error",
+    "half_width",
     "network",
     "bound_by",
     "note",
@@ -192,34 +200,6 @@ def sweep_ranks_per_node(runs: pd.DataFrame) -> int:
     return per_node[0]
 
 
-def _model_error(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per curve: the RMS relative error of the model on its own measured points other than the
-    base (each on the network its link class measured); NaN without such a point. It depends
-    on neither the network asked about nor the world sizes: computed once per stored runs and
-    grouping."""
-    if not is_stored(steps):
-        return _model_error_of(runs, steps, keys)
-    key = ("model_error", id(runs), tuple(keys))
-    return steps.kept(key, (runs,), lambda: _model_error_of(runs, steps, keys)).copy()
-
-
-def _model_error_of(runs: pd.DataFrame, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """:func:`_model_error`, computed."""
-    own = predicted_vs_measured(runs, steps, None, group_by=keys)
-    curve = [c for c in keys if c in own.columns]
-    beyond = (own["world_size"] != own["base_world_size"]) | (own["nodes"] != own["base_nodes"])
-    check = own[beyond].dropna(subset=["relative_error"])
-    if check.empty:
-        return pd.DataFrame(columns=[*curve, "model_error"])
-    if not curve:  # one curve: every run is of it
-        rms_all = float(np.sqrt(np.mean(np.square(check["relative_error"]))))
-        return pd.DataFrame({"model_error": [rms_all]})
-    rms = check.groupby(curve, dropna=False)["relative_error"].apply(
-        lambda e: float(np.sqrt(np.mean(np.square(e))))
-    )
-    return rms.rename("model_error").reset_index()
-
-
 def _gradient_traffic(steps: pd.DataFrame | StoredSteps, run_ids: pd.Series) -> bool:
     """Whether a multi-rank run of ``run_ids`` handed gradient bytes to allreduce."""
     if is_stored(steps):
@@ -274,18 +254,16 @@ def predict(
     if rows["predicted_samples_per_s"].isna().all():
         notes = "; ".join(dict.fromkeys(str(n) for n in rows["note"]))
         raise PredictionError(f"no curve could be predicted: {notes}")
-    error = _model_error(runs, steps, keys)
-    if curve and len(error):
-        rows = rows.merge(error, on=curve, how="left")
-    else:  # one curve (its one error) or no error known
-        rows["model_error"] = float(error["model_error"].iloc[0]) if len(error) else np.nan
+    rows = per_curve(rows, model_error(runs, steps, keys), curve, "model_error")
+    spread = runs_half_width(run_table(runs, steps, group_by=keys), keys)
+    rows = per_curve(rows, spread, curve, "runs_half_width")
+    half = half_width(rows["model_error"], rows["runs_half_width"])
     curve = [c for c in curve if rows[c].astype(str).nunique() > 1]  # those that tell apart
     out = rows[curve].copy() if curve else pd.DataFrame(index=rows.index)
     out["world_size"] = rows["world_size"].astype("int64")
     out["samples_per_s"] = rows["predicted_samples_per_s"]
-    # within a factor (1 + error) either way: measured = predicted / (1 + relative error)
-    out["low"] = out["samples_per_s"] / (1 + rows["model_error"])
-    out["high"] = out["samples_per_s"] * (1 + rows["model_error"])
+    out["low"] = out["samples_per_s"] * (1 - half)
+    out["high"] = out["samples_per_s"] * (1 + half)
     out["step_s"] = rows["predicted_step_s"]
     out["exposed_comm_s"] = rows["predicted_comm_s"]
     out["compute_s"] = rows["predicted_step_s"] - rows["predicted_comm_s"]
@@ -293,11 +271,12 @@ def predict(
     out["efficiency"] = rows["predicted_speedup"] / (rows["world_size"] / rows["base_world_size"])
     out["base_world_size"] = rows["base_world_size"].astype("int64")
     out["model_error"] = rows["model_error"]
+    out["half_width"] = half
     out["network"] = network.description or network.name if network else rows["network"]
     out["bound_by"] = rows["bound_by"] if "bound_by" in rows.columns else None
     out["note"] = [
         str(note)
-        + ("" if math.isfinite(float(e)) else "; no interval: no measured point besides the base")
+        + ("" if math.isfinite(float(e)) else f"; no measured point besides the base: {FLOOR}")
         for note, e in zip(rows["note"], rows["model_error"], strict=True)
     ]
     return out[[*curve, *PREDICT_COLUMNS]].reset_index(drop=True)

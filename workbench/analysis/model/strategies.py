@@ -51,6 +51,13 @@ from workbench.analysis.model.memory import (
     memory_per_rank,
 )
 from workbench.analysis.model.network import NetworkModel, network_fit
+from workbench.analysis.model.prediction_interval import (
+    CROSS_STRATEGY_FLOOR,
+    half_width,
+    model_error,
+    per_curve,
+    runs_half_width,
+)
 from workbench.analysis.model.scaling_model import predicted_vs_measured
 from workbench.analysis.model.strategy_base import SourceCurve, source_curve
 from workbench.analysis.throughput.groups import resolve_group_by
@@ -317,6 +324,7 @@ def compare_strategies(
     if out.empty:
         return out
     out["relative_error"] = out["samples_per_s"] / out["measured_samples_per_s"] - 1
+    out = _with_interval(out, runs, steps, keys, per_run)
     limit = device_memory_bytes
     fits = [
         None if limit is None or not np.isfinite(t) else bool(t <= limit)
@@ -324,3 +332,24 @@ def compare_strategies(
     ]
     out["fits"] = pd.Series(fits, index=out.index, dtype=object)
     return out
+
+
+def _with_interval(
+    out: pd.DataFrame,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame | StoredSteps,
+    keys: list[str],
+    per_run: pd.DataFrame,
+) -> pd.DataFrame:
+    """``out`` with each row's 95 % interval (``half_width``, ``low``, ``high``: as
+    :func:`~workbench.analysis.model.predict.predict`'s; a strategy the source curve never ran
+    at least :data:`CROSS_STRATEGY_FLOOR` of model error)."""
+    curve = [k for k in keys if k in out.columns]
+    out = per_curve(out, model_error(runs, steps, keys), curve, "model_error")
+    out = per_curve(out, runs_half_width(per_run, keys), curve, "runs_half_width")
+    own = half_width(out["model_error"], out["runs_half_width"])
+    other = half_width(out["model_error"], out["runs_half_width"], CROSS_STRATEGY_FLOOR)
+    out["half_width"] = own.where(out["strategy"] == out["from_strategy"], other)
+    out["low"] = out["samples_per_s"] * (1 - out["half_width"])
+    out["high"] = out["samples_per_s"] * (1 + out["half_width"])
+    return out.drop(columns="runs_half_width")
