@@ -424,6 +424,38 @@ def test_failing_and_hanging_points_do_not_stop_the_sweep(tmp_path: Path) -> Non
     assert result.summary_error is None
 
 
+def test_a_budget_stops_the_sweep_and_names_the_points_left(tmp_path: Path) -> None:
+    """A stand-in notebook whose run held 5 device-seconds; a budget of 3: the first point runs,
+    the two after it are left, named, and that is no failure."""
+    nb = write_notebook(
+        tmp_path / "fake.ipynb",
+        SWEEP_PARAMETERS,
+        "import json\n"
+        "from pathlib import Path\n"
+        "run = Path(output_dir) / sweep / run_name\n"
+        "(run / 'run.json').write_text(json.dumps({'status': 'completed', 'ended_at': 1.0,\n"
+        "                                          'device_s': 5.0, 'config': config}))",
+    )
+    spec = spec_of(
+        tmp_path,
+        notebook=str(nb),
+        budget_device_s="3 device-seconds",
+        fixed={"model": "mlp", "per_device_batch_size": 8},
+        grid={"seed": [0, 1, 2]},
+    )
+    result = run_sweep(spec, progress=False)
+    first, second, third = spec.points()
+    assert [o.status for o in result.outcomes] == ["completed", "left", "left"]
+    assert result.ok and "2 left for the budget" in str(result)
+    assert result.budget_note == (
+        "budget spent: 5 of 3 device-seconds; the study stopped short of: "
+        f"{second.run_id}: not measured; {third.run_id}: not measured"
+    )
+    assert not second.path.exists() and not third.path.exists()
+    with pytest.raises(ConfigError, match="budget_device_s"):
+        spec_of(tmp_path, budget_device_s="a lot")
+
+
 def _live_sweep_processes(points) -> list[int]:
     return [pid for p in points for pid in job_processes(p.path)]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,8 @@ class PointLeft:
         if self.launches == 0 or math.isnan(self.known_to):
             return f"{name}: not measured"
         runs = f"{self.launches} launch{'es' if self.launches != 1 else ''}"
-        return f"{name}: known to +-{percent(self.known_to)} only ({runs})"
+        asked = "" if self.goal is None else f", +-{percent(self.goal)} asked"
+        return f"{name}: known to +-{percent(self.known_to)} only ({runs}{asked})"
 
 
 class StudyRuns(list[RunHandle]):
@@ -57,21 +58,32 @@ class StudyRuns(list[RunHandle]):
 
     budget_device_s: float | None = None
     spent_device_s: float = 0.0
-    left: list[PointLeft]
+
+    def __init__(self, handles: Iterable[RunHandle] = ()) -> None:
+        super().__init__(handles)
+        self.left: list[PointLeft] = []
 
     def budget_note(self) -> str | None:
         """What the budget left undone, in one paragraph; None where it was not reached."""
-        if not self.left:
-            return None
-        assert self.budget_device_s is not None
-        return (
-            f"budget spent: {self.spent_device_s:,.0f} of {self.budget_device_s:,.0f} "
-            "device-seconds; the study stopped short of: " + "; ".join(p.text() for p in self.left)
-        )
+        return budget_note(self.spent_device_s, self.budget_device_s, self.left)
+
+
+def budget_note(spent: float, budget: float | None, left: Sequence[PointLeft]) -> str | None:
+    """``budget spent: 2,034 of 2,000 device-seconds; the study stopped short of: ...``, each
+    point left in words; None where nothing was left."""
+    if budget is None or not left:
+        return None
+    return (
+        f"budget spent: {spent:,.0f} of {budget:,.0f} device-seconds; the study stopped short "
+        "of: " + "; ".join(p.text() for p in left)
+    )
 
 
 def point_label(config: RunConfig) -> str:
-    """A point as people say it: ``transformer at 2 ranks`` (a script by its file name)."""
+    """A point as people say it: its run name where it has one (a sweep's point), else
+    ``transformer at 2 ranks`` (a script by its file name)."""
+    if config.run_name:
+        return config.run_name
     what = Path(config.script).name if config.is_script else config.model
     return f"{what} at {config.world_size} rank{'s' if config.world_size != 1 else ''}"
 

@@ -23,6 +23,7 @@ from typing import Any
 from workbench import schema
 from workbench.run.handle import attach
 from workbench.run.processes import kill_run
+from workbench.run.rounds import PointLeft, StudyRuns, budget_note
 from workbench.store.files import read_json, update_run, write_json
 from workbench.sweeps.execute import (
     NOTEBOOK_PARAMETERS,
@@ -287,17 +288,21 @@ def _run_points(
     return outcomes, used
 
 
-def _budget_note(outcomes: list[PointOutcome], again: Any, budget_s: float | None) -> str | None:
-    """What the budget left undone: points whose notebook never ran, and points known less
+def _budget_note(
+    points: list[SweepPoint],
+    outcomes: list[PointOutcome],
+    budget: float | None,
+    used: float,
+    again: StudyRuns,
+) -> str | None:
+    """What the budget left undone: the points whose notebook never ran, and those known less
     well than asked when it ran out (``again.left``)."""
-    never = [o.run_id for o in outcomes if o.status == "left"]
-    if budget_s is None or not (never or again.left):
-        return None
-    parts = [f"{run_id}: not measured" for run_id in never] + [p.text() for p in again.left]
-    return (
-        f"budget of {budget_s:,.0f} device-seconds spent; the sweep stopped short of: "
-        + "; ".join(parts)
-    )
+    never = [
+        PointLeft(p.config, 0, float("nan"), p.config.until_known)
+        for p, o in zip(points, outcomes, strict=True)
+        if o.status == "left"
+    ]
+    return budget_note(used + again.spent_device_s, budget, never + again.left)
 
 
 def run_sweep(
@@ -357,7 +362,7 @@ def run_sweep(
         summary_path=summary,
         report_path=report,
         summary_error=summary_error,
-        budget_note=_budget_note(outcomes, again, budget),
+        budget_note=_budget_note(points, outcomes, budget, used, again),
         other_runs=other_runs(spec, points),
     )
 
