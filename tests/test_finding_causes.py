@@ -118,3 +118,38 @@ def test_the_advice_follows_a_data_wait() -> None:
         "largest cause: data loading, 33 % of the 2-rank step; most promising: load the data "
         "ahead (more loader workers, prefetching, data on local disk): up to +50 %"
     ), said
+
+
+def test_each_share_gets_an_interval_over_the_launches_at_each_end() -> None:
+    """Two launches at each end, parts by hand: compute 1.0 and 1.2 s at 1 rank, 1.5 and 1.7 s
+    at 2 (weak scaling: work ratio 1), the 2-rank step 2.0 s. The compute share (1.6 - 1.1) /
+    2 = 25 %, its half-width Student t with 1 degree of freedom (12.71) x sqrt(0.02 / 2 + 0.02
+    / 2) / 2 = 89.9 %; the wait, 0 at one rank by construction, 0.1 and 0.3 s at 2: (0.2) / 2
+    = 10 % +- 12.71 x sqrt(0.02 / 2) / 2 = 63.6 %. One launch at the base: no interval where
+    the base counts (compute, data, gaps); communication, none at one rank, keeps its own."""
+    causes = ["compute", "exposed_transfer", "exposed_all_gather", "exposed_reduce_scatter"]
+    rows = {
+        "b1": (8, 1.0, 0.0), "b2": (8, 1.2, 0.0), "t1": (16, 1.5, 0.1), "t2": (16, 1.7, 0.3),
+    }  # fmt: skip
+    parts = pd.DataFrame(
+        [
+            {"samples_per_step": sps, "compute": c, "wait": w, "data": 0.0, "gaps": 0.0}
+            | {k: 0.0 for k in causes[1:]}
+            for sps, c, w in rows.values()
+        ],
+        index=pd.Index(list(rows), name="run_id"),
+    )
+    two = efficiency_loss(parts, ["b1", "b2"], ["t1", "t2"], 1, 2, 8 / 1.1, 16 / 2.0)
+    two = two.set_index("cause")
+    assert two.loc["compute", "share"] == pytest.approx(0.25)
+    half = 12.71 * (0.02 / 2 + 0.02 / 2) ** 0.5 / 2
+    assert two.loc["compute", ["share_low", "share_high"]].tolist() == pytest.approx(
+        [0.25 - half, 0.25 + half]
+    )
+    assert two.loc["wait", "share"] == pytest.approx(0.1)
+    half = 12.71 * (0.02 / 2) ** 0.5 / 2
+    assert two.loc["wait", "share_high"] == pytest.approx(0.1 + half)
+    assert pd.isna(two.loc["unexplained", "share_low"])
+    one = efficiency_loss(parts, ["b1"], ["t1", "t2"], 1, 2, 8 / 1.0, 16 / 2.0).set_index("cause")
+    assert one.loc[["compute", "data", "gaps"], "share_low"].isna().all()
+    assert one.loc["wait", "share_high"] == pytest.approx(0.1 + half)

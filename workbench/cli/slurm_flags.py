@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from workbench.run.backends import backend
+
 #: Flags whose value is one option as it is (text or a number): (flag, option, type, metavar,
 #: help).
 _SCALARS: tuple[tuple[str, str, Any, str, str], ...] = (
@@ -76,13 +78,14 @@ def slurm_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``launch`` options the Slurm flags give (``{}`` where none was given); a
     :class:`SlurmFlagError` where one is malformed or given without ``--executor slurm``."""
     given = {d: getattr(args, d) for d in _DESTS if getattr(args, d, None) is not None}
-    if given and args.executor != "slurm":
-        flags = ", ".join(_FLAGS[d] for d in given)
+    back_end = backend(args.executor)
+    if set(given) - set(back_end.options):
+        flags = ", ".join(_FLAGS[d] for d in given if d not in back_end.options)
         raise SlurmFlagError(
             f"{flags}: Slurm options, given with --executor {args.executor}; add "
             "--executor slurm, or leave them out"
         )
-    if getattr(args, "dry_run", False) and args.executor != "slurm":
+    if getattr(args, "dry_run", False) and not back_end.job_script:
         raise SlurmFlagError(
             f"--dry-run: prints the sbatch script of --executor slurm; with --executor "
             f"{args.executor} there is none (leave --dry-run out)"

@@ -240,7 +240,7 @@ def _write(config: RunConfig, run_path: Path, executor: str, resume: bool) -> An
         attempt=attempt,
         cwd=os.getcwd(),
         # Pool workers started before this launch: they get the caller's variables with the task.
-        environ=dict(os.environ) if executor == "pool" else None,
+        environ=dict(os.environ) if backend(executor).warm_workers else None,
     )
     return task
 

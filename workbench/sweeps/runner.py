@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import schema
+from workbench.run.backends import backend
 from workbench.run.handle import attach
 from workbench.run.processes import kill_run
 from workbench.run.rounds import PointLeft, StudyRuns, budget_note
@@ -255,7 +256,7 @@ def _pool_for(spec: SweepSpec) -> contextlib.AbstractContextManager[Any]:
     from workbench.run.backends.pool import SHARED_TEMPLATE_ENV, shared_template
 
     served = os.environ.get(SHARED_TEMPLATE_ENV)
-    if spec.executor != "pool" or (served and os.path.exists(served)):
+    if not backend(spec.executor).warm_workers or (served and os.path.exists(served)):
         return contextlib.nullcontext()
     return shared_template()
 

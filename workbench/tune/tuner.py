@@ -48,6 +48,7 @@ from workbench.analysis.advice.candidates import (
 from workbench.analysis.run_digests import RULES
 from workbench.config.run_config import RunConfig
 from workbench.errors import ConfigError, TuneError
+from workbench.run.backends import backend
 from workbench.run.backends.pool import warm_pool
 from workbench.store.digests.serve import open_frames
 from workbench.store.files import read_json, write_json
@@ -164,11 +165,10 @@ def tune(
     so far). ``repeats``: pairs per candidate (2 or more). ``executor``: ``pool`` (warm
     workers), ``local`` or ``slurm``; ``executor_options``: what ``launch`` takes besides
     (for ``slurm``, its options: partition, account, ...). ``noise``: the smallest gain worth
-    measuring and counting.
-    ``top``: measure at most this many candidates (highest prediction first). ``changes``:
-    try these RunConfig changes instead of the diagnosis's list (each predicted, and measured
-    whatever its prediction).
-    ``progress``: called with a line of progress before each short run."""
+    measuring and counting. ``top``: measure at most this many candidates (highest prediction
+    first). ``changes``: try these RunConfig changes instead of the diagnosis's list (each
+    predicted, and measured whatever its prediction). ``progress``: called with a line of
+    progress before each short run."""
     _refuse_bad_input(repeats, budget_s)
     path = find_run(run, output_dir)
     config, run_id, base = _load_base(path, changes)
@@ -189,8 +189,8 @@ def tune(
     # a budget that holds no candidate is refused before any process starts
     measured = [rows[i]["change"] for i in todo]
     room = room_for_probe(budget_s, inputs, measured, config, short, repeats)
-    pool = warm_pool(size=config.processes) if executor == "pool" and (todo or probe) else None
-    with pool or nullcontext():
+    warm = backend(executor).warm_workers and (todo or probe)
+    with warm_pool(config.processes) if warm else nullcontext():
         if probe:
             inputs, spent = _probe(result, plan, config, inputs, room, where, progress)
             if result.batch_cost:  # the larger batch predicted again, from the split

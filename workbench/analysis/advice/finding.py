@@ -19,10 +19,10 @@ from workbench.analysis.advice.cost import cost_line
 from workbench.analysis.advice.diagnosis import inputs_of
 from workbench.analysis.advice.losses import CAUSE_WORDS, efficiency_loss, run_parts
 from workbench.analysis.advice.ranked_advice import MORE, Change, ranked_changes
-from workbench.analysis.measured.stored import StoredSteps, is_stored
+from workbench.analysis.advice.straggler_words import straggler_lines
+from workbench.analysis.measured.stored import StoredSteps
 from workbench.analysis.measured.units import gib, percent, rate, ratio, seconds
 from workbench.analysis.model.batch_cost import batch_cost
-from workbench.analysis.stragglers.slow_ranks import stragglers, stragglers_in_store
 from workbench.analysis.throughput.comm import communication
 from workbench.analysis.throughput.fsdp_comm import size
 from workbench.analysis.throughput.groups import curve_words, resolve_group_by
@@ -32,13 +32,6 @@ from workbench.schema import SAMPLES_NOT_COUNTED
 
 #: Speedups within this of 1 read as "no faster" rather than faster or slower.
 SAME = 0.05
-#: The straggler report's phases in words.
-PHASE_WORDS = {
-    "data_s": "data loading",
-    "forward_s": "forward",
-    "backward_compute_s": "backward compute",
-    "optimizer_s": "the optimizer step",
-}
 
 
 def _ranks(n: int) -> str:
@@ -250,6 +243,11 @@ class Finding(str):
         return self
 
 
+def _share(value: float) -> str:
+    """A share of the step, no ``-0.0 %`` for a share under half a tenth of a percent."""
+    return percent(0.0 if abs(value) < 0.0005 else value)
+
+
 def _losses(causes: pd.DataFrame, contention: bool) -> list[tuple[str, str, str]]:
     """The loss table's rows: each cause's words, its share of the step and its seconds per
     step at the base and at N (shares under half a percent left out, except unexplained)."""
@@ -263,8 +261,9 @@ def _losses(causes: pd.DataFrame, contention: bool) -> list[tuple[str, str, str]
         detail = ""
         if row.cause != "unexplained":
             detail = f"{_time(row.base_s)} -> {_time(row.top_s)} per step"
-        share = 0.0 if abs(row.share) < 0.0005 else row.share
-        rows.append((words, percent(share), detail))
+        if math.isfinite(row.share_low):  # over the launches at each end
+            detail += f"; 95 %: {_share(row.share_low)} to {_share(row.share_high)}"
+        rows.append((words, _share(row.share), detail))
     return rows
 
 
@@ -305,25 +304,6 @@ def _causes_finding(
         lead += how
     heading = f"of the {percent(loss)} lost, as shares of the {n}-rank step:"
     return Finding(lead, more, heading, _losses(causes, contention))
-
-
-def _straggler_lines(steps: pd.DataFrame | StoredSteps, found: pd.DataFrame | None) -> list[str]:
-    """A line per straggler (``found``, or ranked here), or ``no slow rank``."""
-    if found is None:
-        found = (
-            stragglers_in_store(steps.run_dirs, stored=steps)
-            if is_stored(steps)
-            else stragglers(steps)
-        )
-    out = []
-    for row in found.itertuples():
-        words = PHASE_WORDS.get(str(row.slow_phase), str(row.slow_phase))
-        phase = f", mostly in {words}" if row.slow_phase else ""
-        out.append(
-            f"rank {row.rank} of run {row.run_id} is a straggler from step {row.start_step}: "
-            f"{ratio(row.ratio)} the others' compute time{phase}"
-        )
-    return out or ["no slow rank"]
 
 
 def _memory_parts(per_run: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
@@ -390,7 +370,7 @@ def findings(
         out.append(_labelled(label, sentence))
         out += [_labelled(label, line) for line in _memory_parts(mine, runs)]
     out += [verified(t) for t in tunes] + [c for c in [cost_line(runs)] if c]
-    out += _straggler_lines(steps, found)
+    out += straggler_lines(steps, found)
     memory = memory_by_rank(steps)
     peak = memory["cuda_peak_bytes"].max()
     if not math.isfinite(peak):

@@ -32,6 +32,7 @@ import pandas as pd
 
 from workbench.analysis.measured.stored import is_stored
 from workbench.analysis.measured.windows import measured_steps
+from workbench.trace.known import T95_BY_DF
 
 #: The measured causes, in the order they are told.
 CAUSES = (
@@ -126,8 +127,10 @@ def efficiency_loss(
     the throughputs are the scaling table's means, so the loss is the table's). One row per
     cause (:data:`CAUSES`, then ``unexplained``): ``base_s`` and ``top_s`` (seconds per
     step), ``ideal_s`` (the base's scaled by the per-device work ratio), ``share`` (growth
-    over ideal / the step at N) and, on every row, ``loss`` (1 - efficiency). Empty when
-    either end lacks a measurement."""
+    over ideal / the step at N) with its 95 % interval over the launches at each end
+    (``share_low``, ``share_high``: NaN with one launch at an end, and for ``unexplained``)
+    and, on every row, ``loss`` (1 - efficiency). Empty when either end lacks a
+    measurement."""
     base = parts.loc[parts.index.isin(base_runs)]
     top = parts.loc[parts.index.isin(top_runs)]
     empty = pd.DataFrame(columns=["cause", "base_s", "top_s", "ideal_s", "share", "loss"])
@@ -141,11 +144,29 @@ def efficiency_loss(
     rows = []
     for cause in CAUSES:
         b, t = float(base[cause].mean()), float(top[cause].mean())
-        if base_world_size == 1 and cause in COMMUNICATION:
+        none_at_base = base_world_size == 1 and cause in COMMUNICATION
+        if none_at_base:
             b = 0.0  # one rank neither communicates nor waits
-        rows.append((cause, b, t, b * work, (t - b * work) / step))
+        share = (t - b * work) / step
+        half = _share_half_width(top[cause], None if none_at_base else base[cause], work) / step
+        rows.append((cause, b, t, b * work, share, share - half, share + half))
     loss = (step - step0 * work) / step
     named = sum(r[4] for r in rows if np.isfinite(r[4]))
-    rows.append(("unexplained", np.nan, np.nan, np.nan, loss - named))
-    out = pd.DataFrame(rows, columns=["cause", "base_s", "top_s", "ideal_s", "share"])
-    return out.assign(loss=loss)
+    rows.append(("unexplained", np.nan, np.nan, np.nan, loss - named, np.nan, np.nan))
+    columns = ["cause", "base_s", "top_s", "ideal_s", "share", "share_low", "share_high"]
+    return pd.DataFrame(rows, columns=columns).assign(loss=loss)
+
+
+def _share_half_width(top: pd.Series, base: pd.Series | None, work: float) -> float:
+    """The 95 % half-width, seconds per step, of a cause's growth ``mean(top) - work x
+    mean(base)`` over the launches at each end (``base`` None: 0 by construction there):
+    Student t on the launches' spread, its degrees of freedom the fewer launches' less one;
+    NaN where an end has a single launch (one launch cannot show how launches differ)."""
+    ends = [top.dropna()] + ([] if base is None else [base.dropna()])
+    if min(len(e) for e in ends) < 2:
+        return float("nan")
+    variance = top.dropna().var(ddof=1) / len(ends[0])
+    if base is not None:
+        variance += work**2 * ends[1].var(ddof=1) / len(ends[1])
+    df = min(len(e) for e in ends) - 1
+    return T95_BY_DF.get(df, 1.96) * float(np.sqrt(variance))

@@ -75,6 +75,11 @@ class Backend(ABC):
     """whether the ranks run on this machine (ports and CUDA are then checked here)"""
     queue_s: ClassVar[float] = 0.0
     """how long a queue may hold a job before it starts (a sweep's cells wait that much more)"""
+    warm_workers: ClassVar[bool] = False
+    """whether its rank processes start before a launch (a warm pool): a launch hands them the
+    caller's environment, and a study or a tune keeps one set warm across its runs"""
+    job_script: ClassVar[bool] = False
+    """whether a launch submits a job script (``--dry-run`` prints it)"""
     submits_at_once: ClassVar[bool] = False
     """whether a study submits a round's runs together (job arrays: the scheduler gives each
     its own devices) instead of one after another (ranks on this machine share its cores)"""

@@ -307,6 +307,7 @@ class PoolBackend(Backend):
         "warm_pool(), else one made on first use)",
     }
     on_this_machine = True
+    warm_workers = True
 
     def check(self, config: RunConfig, options: Mapping[str, Any]) -> list[Problem]:
         """Unknown options, several nodes, and a ``pool`` that is not an open WarmPool."""

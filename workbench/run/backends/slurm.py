@@ -138,6 +138,7 @@ class SlurmBackend(Backend):
     on_this_machine = False
     queue_s = QUEUE_S
     submits_at_once = True
+    job_script = True
 
     def held_since(self, submitted_at: float, rank_starts: Sequence[float]) -> float:
         """The first rank's start (the queue's wait is not the run's): the job's own start-up
