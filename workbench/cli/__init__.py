@@ -18,7 +18,7 @@ from workbench.cli.options import add_config_options, budget, world_sizes
 from workbench.cli.predict import add_predict
 from workbench.cli.slurm_flags import add_slurm_flags
 from workbench.cli.tune import add_tune
-from workbench.run.backends import BACKENDS
+from workbench.run.backends import BACKENDS, study_executors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,9 +136,10 @@ def _study_flags(study: Any) -> None:
     study.add_argument(
         "--executor",
         default="local",
-        choices=["local", "pool", "slurm"],
-        help="where the ranks run; local and pool: this machine, one node; slurm: every "
-        "world size submitted at once, as one job array per layout (default: local)",
+        choices=study_executors(),
+        help="where the ranks run; local and pool: this machine, one node, one run at a "
+        "time; slurm: every world size submitted at once (each round of launches again too), "
+        "as one job array per layout (default: local)",
     )
     study.add_argument(
         "--budget",

@@ -10,6 +10,7 @@ from typing import Any
 
 from workbench.cli.help import Formatter, examples
 from workbench.cli.slurm_flags import SlurmFlagError, add_slurm_flags, slurm_options
+from workbench.run.backends import study_executors
 
 _DURATION = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -53,7 +54,7 @@ def add_tune(sub: Any) -> None:
     parser.add_argument(
         "--executor",
         default="pool",
-        choices=["pool", "local", "slurm"],
+        choices=study_executors(),
         help="where the short runs run: pool (warm workers here), local, or slurm (one job "
         "each, with the flags below) (default: pool)",
     )

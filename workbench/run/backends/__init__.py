@@ -17,6 +17,11 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+def study_executors() -> list[str]:
+    """The executors a study or a tune can run on: those of more than one rank."""
+    return [name for name, b in BACKENDS.items() if b.several_ranks]
+
+
 def backend(name: str) -> Backend:
     """The back end called ``name``; a PreflightError listing the valid names otherwise."""
     found = BACKENDS.get(name) if isinstance(name, str) else None
@@ -26,4 +31,4 @@ def backend(name: str) -> Backend:
     return found
 
 
-__all__ = ["BACKENDS", "SLURM_OPTIONS", "Backend", "JobWatch", "backend"]
+__all__ = ["BACKENDS", "SLURM_OPTIONS", "Backend", "JobWatch", "backend", "study_executors"]

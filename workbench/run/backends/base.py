@@ -78,6 +78,8 @@ class Backend(ABC):
     warm_workers: ClassVar[bool] = False
     """whether its rank processes start before a launch (a warm pool): a launch hands them the
     caller's environment, and a study or a tune keeps one set warm across its runs"""
+    several_ranks: ClassVar[bool] = True
+    """whether it runs more than one rank (a study's or a tune's runs need several)"""
     job_script: ClassVar[bool] = False
     """whether a launch submits a job script (``--dry-run`` prints it)"""
     submits_at_once: ClassVar[bool] = False

@@ -36,6 +36,7 @@ class DebugBackend(Backend):
     name = "debug"
     options: Mapping[str, str] = {}
     on_this_machine = True
+    several_ranks = False
 
     def config_problems(self, config: RunConfig) -> list[Problem]:
         """One rank only."""
