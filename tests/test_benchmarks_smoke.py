@@ -41,6 +41,7 @@ NEEDS = {
 }
 #: The figures each script prints (a number with its unit or word); any other script: a number.
 FIGURES = {
+    "adaptive_study.py": r"adaptive / fixed device-seconds: [\d.]+",
     "analysis_scale.py": r"report, digests present\s+[\d.]+ s",
     "cluster_prediction.py": r"held out \(\d+ points at [\d, ]+ nodes\), bus bandwidth at the",
     "launch_latency.py": r"to_result_s: workbench [\d.]+ s, torchrun [\d.]+ s, ratio",
