@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workbench import schema
 from workbench.analysis.measured.units import percent
@@ -84,7 +85,7 @@ def point_label(config: RunConfig) -> str:
     ``transformer at 2 ranks`` (a script by its file name)."""
     if config.run_name:
         return config.run_name
-    what = Path(config.script).name if config.is_script else config.model
+    what = Path(str(config.script)).name if config.is_script else config.model
     return f"{what} at {config.world_size} rank{'s' if config.world_size != 1 else ''}"
 
 
@@ -111,7 +112,7 @@ class _Study:
         executor: str,
         budget_device_s: float | None,
         repeat: bool,
-        options: dict[str, object],
+        options: dict[str, Any],
     ) -> None:
         self.configs = [c for c, _ in points]
         self.done = [list(d) for _, d in points]
@@ -166,7 +167,7 @@ def run_rounds(
     budget_device_s: float | None = None,
     again: bool = True,
     say: Callable[[str], object] = lambda text: print(text, file=sys.stderr),
-    **executor_options: object,
+    **executor_options: Any,
 ) -> StudyRuns:
     """Launch each point (its config and the launches it already has) in rounds until none
     asks for another (``again=False``: after the first round) or the budget is spent. A
