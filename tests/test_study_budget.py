@@ -30,7 +30,8 @@ def _run(path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def two_rounds(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """mlp at 1 and 2 ranks through ``run_study``, two launches each."""
+    """mlp at 1 and 2 ranks through ``run_study``, two launches each, on warm pool workers (the
+    rounds are the executor's business alone: the pool's start-up is a tenth of a second)."""
     store = tmp_path_factory.mktemp("rounds")
     config = RunConfig(
         model="mlp",
@@ -44,7 +45,7 @@ def two_rounds(tmp_path_factory: pytest.TempPathFactory) -> dict:
         **UNREACHABLE,
     )
     before = time.time()
-    handles = run_study(scaling_configs(config, [1, 2]), progress=False)
+    handles = run_study(scaling_configs(config, [1, 2]), executor="pool", progress=False)
     return {"handles": handles, "wall_s": time.time() - before, "store": store}
 
 
