@@ -157,6 +157,7 @@ PROFILES_DIR = (
     "profiles"  # torch.profiler traces, one per rank (Holistic Trace Analysis, TensorBoard)
 )
 LOGS_DIR = "logs"
+FLIGHT_DIR = "flight"  # each rank's flight record: where it is, its last collectives
 
 
 #: Trace file suffixes: one Arrow IPC stream per rank and kind while the rank runs (record batches

@@ -90,3 +90,5 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 OPTIMIZERS = ("sgd", "adamw")
 FAULT_KINDS = ("raise", "exit", "hang", "kill", "preempt")
+#: Where in its step a fault strikes (``start``: before anything of the step).
+FAULT_PHASES = ("start", "data", "forward", "backward", "optimizer")

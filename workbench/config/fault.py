@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config.choices import FAULT_KINDS
+from workbench.config.choices import FAULT_KINDS, FAULT_PHASES
 from workbench.config.fields import check_fields, refuse_unknown_keywords, setting
 from workbench.errors import ConfigError, Problem
 
@@ -14,7 +14,8 @@ from workbench.errors import ConfigError, Problem
 @refuse_unknown_keywords
 @dataclass(frozen=True, kw_only=True)
 class FaultInjection:
-    """Make one rank misbehave on purpose, to test how failures are reported."""
+    """Make one rank misbehave on purpose, to test how failures are reported (and explained:
+    a hang in a step's data loading, forward or optimizer step, a rank that exits)."""
 
     rank: int = setting("global rank that misbehaves", 0, minimum=0)
     step: int = setting("global step (from 1) at whose start it misbehaves", 1, minimum=1)
@@ -23,6 +24,12 @@ class FaultInjection:
         "preempt: the scheduler's preemption signal to this rank",
         "raise",
         choices=FAULT_KINDS,
+    )
+    phase: str = setting(
+        "where in the step: at its start, or as its data loading, forward, backward or "
+        "optimizer step begins",
+        "start",
+        choices=FAULT_PHASES,
     )
     attempt: int = setting(
         "only on this attempt (0 = first launch), so a resumed run runs clean", 0, minimum=0

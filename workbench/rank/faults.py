@@ -12,14 +12,17 @@ from workbench.config.run_config import RunConfig
 from workbench.errors import InjectedFault
 
 
-def inject_fault(config: RunConfig, rank: int, step: int, attempt: int) -> None:
-    """Do what ``config.fault`` asks if it names this rank, step and attempt; else nothing.
+def inject_fault(
+    config: RunConfig, rank: int, step: int, attempt: int, phase: str = "start"
+) -> None:
+    """Do what ``config.fault`` asks if it names this rank, step, phase and attempt; else
+    nothing.
 
     Kinds: ``raise`` (an ``InjectedFault``), ``exit`` (status 3, no clean-up), ``kill``
     (SIGKILL), ``preempt`` (the scheduler's warning signal, as before a time limit) and ``hang``
     (sleep forever: the collective timeout and the launcher's watchdog must notice)."""
     f = config.fault
-    if f is None or f.rank != rank or f.step != step or f.attempt != attempt:
+    if f is None or f.rank != rank or f.step != step or f.attempt != attempt or f.phase != phase:
         return
     if f.kind == "raise":
         raise InjectedFault(f"injected fault on rank {rank} at step {step}")

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -39,7 +40,9 @@ from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.profiling import step_profiler
 from workbench.rank.trainer import Trainer
 from workbench.rank.until_known import UntilKnown
+from workbench.store.flight_file import AFTER, BETWEEN, DATA, EVALUATION, PHASES
 from workbench.store.trace_files import consolidate, trim_for_resume
+from workbench.trace import flight
 from workbench.trace.phase_clock import PhaseClock
 from workbench.trace.tracer import Tracer
 
@@ -125,6 +128,7 @@ def train(
         clock = PhaseClock(device)
         until = UntilKnown(config)
         loop = Loop(config, env, attempt, stop, trainer, tracer, profiler, clock, sample_log, until)
+        trainer.phase = _phases(loop)
         distributed.barrier()
         tracer.set_t0()
         clock.anchor(tracer.t0)
@@ -168,6 +172,21 @@ def memory_record(trainer: Trainer, tracer: Tracer) -> dict[str, Any] | None:
     if trainer.memory is None:
         return None
     return {**trainer.memory, "peak_bytes": tracer.memory(fresh=True)["mem_peak_bytes"]}
+
+
+def _phases(loop: Loop) -> Callable[[int], None]:
+    """What the trainer tells of each phase of a step: the flight recorder, and a fault
+    planted in that phase (``FaultInjection.phase``)."""
+    recorder, config = flight.active(), loop.config
+    if config.fault is None or config.fault.phase == "start":
+        return recorder.phase
+
+    def phase(p: int) -> None:
+        recorder.phase(p)
+        name = PHASES[p].split()[0]  # "data loading" -> "data", "optimizer step" -> "optimizer"
+        inject_fault(config, loop.env.rank, recorder.step, loop.attempt, name)
+
+    return phase
 
 
 def built_in_steps(config: RunConfig) -> int:
@@ -225,13 +244,16 @@ def train_step(loop: Loop, state: LoopState, micro: list[list[int]]) -> None:
     """The next optimizer step over the micro-batches ``micro``, traced."""
     state.step += 1
     step, tracer = state.step, loop.tracer
+    flight.active().at(step, DATA)
     inject_fault(loop.config, loop.env.rank, step, loop.attempt)
+    loop.trainer.phase(DATA)
     warmup = step - state.attempt_start <= loop.config.warmup_steps
     if loop.sample_log is not None:
         record = {"epoch": state.epoch, "step": step, "indices": sum(micro, [])}
         loop.sample_log.write(json.dumps(record) + "\n")
     loop.trainer.set_lr(step)
     fields = loop.trainer.step(micro, loop.clock)
+    flight.active().phase(BETWEEN)
     loop.until.step_started(loop.clock.started_at, measured=not warmup)
     loss = fields["loss"]
     if isinstance(loss, float) and not math.isfinite(loss):  # a tensor: checked at the flush
@@ -262,6 +284,7 @@ def end_of_epoch(loop: Loop, state: LoopState) -> None:
     config = loop.config
     if state.step % config.steps_per_epoch == 0:
         if config.eval_every_epochs and (state.epoch + 1) % config.eval_every_epochs == 0:
+            flight.active().phase(EVALUATION)
             loop.trainer.evaluate(loop.tracer, state.epoch, state.step)
             state.last_eval_step = state.step
             loop.until.interrupted()
@@ -302,6 +325,7 @@ def finish(loop: Loop, state: LoopState) -> None:
     otherwise the evaluation at the end (unless the last step was just evaluated) and the final
     checkpoint, so a longer run can continue from here."""
     trainer, tracer = loop.trainer, loop.tracer
+    flight.active().phase(AFTER)
     if state.preempted:
         trainer.save(state.step, tracer)
         return

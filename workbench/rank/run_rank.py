@@ -27,6 +27,8 @@ from workbench.rank.loop import train
 from workbench.rank.preemption import PreemptionSignal
 from workbench.rank.script import run_script_rank, script_label
 from workbench.store.files import rank_file, write_json
+from workbench.store.flight_file import flight_path
+from workbench.trace import flight
 
 
 class Task(Protocol):
@@ -55,6 +57,9 @@ def run_task(task: Task, env: distributed.RankEnv) -> dict[str, Any]:
     # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     state_path = rank_file(Path(task.run_dir), env.rank)
+    for name, value in flight.TORCH_RECORDER_ENV.items():  # before any process group
+        os.environ.setdefault(name, value)
+    recorder = flight.start(flight_path(Path(task.run_dir) / schema.FLIGHT_DIR, env.rank))
     base = {
         "rank": env.rank,
         "local_rank": env.local_rank,
@@ -85,6 +90,7 @@ def run_task(task: Task, env: distributed.RankEnv) -> dict[str, Any]:
                 task.config, env, device, Path(task.run_dir), task.run_id, task.attempt, stop
             )
     except BaseException as exc:
+        recorder.dump(exc)  # before the record that says it failed: the launcher reads both
         write_json(
             state_path,
             {
@@ -96,6 +102,8 @@ def run_task(task: Task, env: distributed.RankEnv) -> dict[str, Any]:
             },
         )
         raise
+    finally:
+        flight.stop()
     status = "preempted" if summary["preempted"] else "completed"
     write_json(state_path, {**base, "status": status, "ended_at": time.time(), "summary": summary})
     if summary["preempted"] and env.rank == 0:

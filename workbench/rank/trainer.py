@@ -30,6 +30,7 @@ from workbench.rank.models import (
     shard_blocks,
     takes_dict_batch,
 )
+from workbench.store.flight_file import BACKWARD, DATA, FORWARD, OPTIMIZER
 from workbench.trace.comm_timing import DDPCommSampler, warn
 from workbench.trace.fsdp_comm import FSDPCommMeter
 from workbench.trace.phase_clock import PhaseClock
@@ -86,6 +87,10 @@ def fsdp_dtypes(config: RunConfig) -> tuple[torch.dtype | None, torch.dtype | No
     return param, None if reduce is None else TORCH_DTYPES[reduce]
 
 
+def _nothing(phase: int) -> None:
+    pass
+
+
 class Trainer:
     """The state of one rank's training: model, strategy wrapper, optimizer, scaler, comm meter.
 
@@ -122,6 +127,8 @@ class Trainer:
         self.optimizer = make_optimizer(config, self.ddp.parameters())
         #: This rank's memory in its parts (``memory_parts.count``), from its first step on.
         self.memory: dict[str, Any] | None = None
+        #: Told each phase of a step as it begins (the flight recorder; a planted fault).
+        self.phase: Callable[[int], None] = _nothing
         # DDP alone fails on parameters without gradients, and not with static_graph or
         # find_unused_parameters; a bare module or DataParallel never does.
         self.checked_unused = (
@@ -296,11 +303,15 @@ class Trainer:
         accum = len(micro_batches)
         clock.start()
         loss_sum: torch.Tensor | None = None
+        phase = self.phase
         for m, indices in enumerate(micro_batches):
+            if m:
+                phase(DATA)  # the step's first: the loop said so before the step began
             inputs, targets = fetch_batch(self.train_set, indices)
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             clock.mark()
+            phase(FORWARD)
             no_sync = m < accum - 1 and isinstance(self.ddp, DDP)
             sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
             if self.sharded and accum > 1:  # FSDP's no_sync: reduce on the last micro-step only
@@ -311,11 +322,13 @@ class Trainer:
                     if accum > 1:  # on CUDA every op is a kernel launch: none for the usual case
                         loss = loss / accum
                 clock.mark()
+                phase(BACKWARD)
                 self.scaler.scale(loss).backward()
                 clock.mark()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if not self.checked_unused:
             self._check_unused_parameters()
+        phase(OPTIMIZER)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.memory is None:  # once: the parts do not change from step to step

@@ -33,7 +33,9 @@ from workbench.run.failure import (
     rank_measurements,
     root_cause,
 )
+from workbench.run.hang_words import Hang, explain_hang
 from workbench.store.files import read_json, read_rank_states, release_space, update_run
+from workbench.store.flight_file import flight_path, read_flight
 from workbench.store.load import load_traces
 from workbench.store.run_status import rank_gone
 
@@ -208,10 +210,34 @@ class RunHandle:
         )
         if cause is None:
             return None
-        log_path = self._log_path(cause.rank)
-        return cause.record(
-            str(log_path) if log_path else None, self._tail(log_path, cause.tail_lines)
-        )
+        hang = self._hang()
+        if hang is None:
+            log_path = self._log_path(cause.rank)
+            return cause.record(
+                str(log_path) if log_path else None, self._tail(log_path, cause.tail_lines)
+            )
+        log_path = self._log_path(hang.rank)
+        return {
+            # no log tail: its last lines are a stack's outermost frames; the text has its top
+            **cause.record(str(log_path) if log_path else None, None),
+            "rank": hang.rank,
+            "exception": hang.text,
+            "traceback": self.rank_states().get(hang.rank, {}).get("traceback"),
+            "hang": hang.record(),
+            "first_error": {"rank": cause.rank, "exception": cause.exception},
+        }
+
+    def _hang(self) -> Hang | None:
+        """What the ranks' flight records say happened (:mod:`workbench.run.hang_words`)."""
+        processes = int(self.config.processes)
+        folder = self.path / schema.FLIGHT_DIR
+        records = {r: read_flight(flight_path(folder, r)) for r in range(processes)}
+        stacks = {r: self._tail(self._log_path(r), 200) for r in self._hung}
+        try:
+            return explain_hang(records, self.rank_states(), processes, stacks, time.time())
+        except Exception as exc:  # the failure is still recorded, without its explanation
+            warnings.warn(f"run {self.run_id}: the hang was not explained ({exc!r})", stacklevel=2)
+            return None
 
     def failure_error(self) -> RunFailedError:
         """The run's failure as an exception (the recorded root cause, else one found now)."""

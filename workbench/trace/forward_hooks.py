@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.store import flight_file
 from workbench.trace.fsdp_comm import MARK as FSDP_MARK
 from workbench.trace.step_counts import batch_shape, output_loss
 from workbench.trace.step_events import FORWARD
@@ -59,6 +60,7 @@ def forward_starts(hooks: Any, module: Any, args: Any, kwargs: Any) -> bool:
     kinds = log.kinds
     kinds.append(FORWARD)
     log.times.append(_clock())
+    hooks.flight.at(hooks.flight_step + 1, flight_file.FORWARD)
     root = hooks.root
     if root is None:
         hooks.root = root = module
@@ -114,6 +116,7 @@ def ddp_forward(hooks: Any, original: Callable[..., Any], traced: str) -> Callab
             hooks.synced_forwards += 1
         kinds.append(FORWARD)
         times.append(clock())
+        hooks.flight.at(hooks.flight_step + 1, flight_file.FORWARD)
         root = hooks.root
         if root is None:
             hooks.root = root = ddp

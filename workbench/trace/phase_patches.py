@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from workbench.store import flight_file
 from workbench.trace import forward_hooks
 from workbench.trace.step_counts import batch_shape
 from workbench.trace.step_events import BACKWARD, BACKWARD_END, FETCH, FETCH_END
@@ -32,6 +33,7 @@ def backward(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(tensors, *args, **kwargs)
         kinds.append(BACKWARD)
         times.append(clock())
+        hooks.flight.at(hooks.flight_step + 1, flight_file.BACKWARD)
         if isinstance(tensors, tensor) and tensors.numel() == 1:
             root = tensors
             scaled = hooks.scaled
@@ -66,6 +68,7 @@ def fetch(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:
             raise StopIteration
         kinds.append(FETCH)
         times.append(clock())
+        hooks.flight.at(hooks.flight_step + 1, flight_file.DATA)
         try:
             batch = original(iterator)
         except StopIteration:  # the end of an epoch: nothing was fetched

@@ -58,7 +58,8 @@ from torch.utils.data import dataloader
 import workbench.trace as trace_api
 from workbench import schema
 from workbench.errors import ScriptError
-from workbench.trace import forward_hooks, phase_patches, script_group
+from workbench.store import flight_file
+from workbench.trace import flight, forward_hooks, phase_patches, script_group
 from workbench.trace.comm_timing import CommFields, DDPCommSampler, warn
 from workbench.trace.fsdp_comm import FSDPCommMeter
 from workbench.trace.script_until_known import ScriptUntilKnown
@@ -122,6 +123,8 @@ class ScriptHooks:
         self.warmup_steps, self.comm_every_steps = warmup_steps, comm_every_steps
         self.collective_timeout_s = collective_timeout_s
         self.log, self.steps = StepLog(), 0
+        # where the rank is, for the launcher to read if it hangs: the step it is in
+        self.flight, self.flight_step = flight.active(), 0
         self.primary: DistributedDataParallel | None = None
         self.sampler: DDPCommSampler | None = None
         self.fsdp: FSDPCommMeter | None = None  # FSDP2's collectives, from a module's first call
@@ -241,6 +244,9 @@ class ScriptHooks:
         first = not log.last_is_optimizer_end()  # the step's first optimizer step
         log.kinds.append(OPTIMIZER)
         log.times.append(now := _clock())
+        if first:
+            self.flight_step += 1
+            self.flight.at(self.flight_step, flight_file.OPTIMIZER)
         if first and self.until_known is not None:
             self.until_known.step(now)
         # The step's communication and learning rate, logged where they differ from the last
@@ -270,6 +276,7 @@ class ScriptHooks:
         now = _clock()
         self.log.kinds.append(OPTIMIZER_END)
         self.log.times.append(now)
+        self.flight.phase(flight_file.BETWEEN)
         if now >= self._due:
             self._tick(now)
 
@@ -306,6 +313,7 @@ class ScriptHooks:
         ``at_end`` once, with the primary DDP (else ``at_end_fsdp`` with the FSDP meter),
         while the process group still exists. Never before the first step: clocks such as the
         HF Trainer's run from before it builds its DDP, and would count the benchmark."""
+        self.flight.phase(flight_file.AFTER)  # a rank that leaves early is seen to
         if self.measured is not None or not (dist.is_available() and dist.is_initialized()):
             return
         if self.at_end is not None and self.primary is not None:

@@ -1,0 +1,222 @@
+"""The flight recorder of a rank: its step and phase, and every collective its Python code
+issues (the script's, FSDP2's, the workbench's own), in a memory-mapped file the launcher reads
+when a rank hangs or dies (:mod:`workbench.store.flight_file`); on a failure the rank adds
+PyTorch's own flight recorder, which sees the collectives torch issues in C++ too (DDP's
+gradient buckets), where this torch has it.
+
+Each collective is recorded with its process group's own sequence number (read before the
+call: the call's is one more), so that the ranks' records line up collective by collective,
+and so that they line up with PyTorch's recorder. A wrapper costs about 1 us a collective
+(benchmarks/flight_recorder.py); a phase change about 0.2 us.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.store.flight_file import OPS, FlightFile, dump_path
+
+#: Each op's buffer: the index of the positional argument (and its keyword) whose bytes are
+#: the collective's size, as nccl-tests counts it; None: no buffer (a barrier) or objects.
+_BUFFER: dict[str, tuple[int, str] | None] = {
+    "all_reduce": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_into_tensor": (0, "output_tensor"),
+    "reduce_scatter": (1, "input_list"),
+    "reduce_scatter_tensor": (1, "input"),
+    "reduce": (0, "tensor"),
+    "gather": (0, "tensor"),
+    "scatter": (0, "tensor"),
+    "all_to_all": (1, "input_tensor_list"),
+    "all_to_all_single": (1, "input"),
+    "barrier": None,
+    "all_gather_object": None,
+    "broadcast_object_list": None,
+    "send": (0, "tensor"),
+    "recv": (0, "tensor"),
+}
+#: PyTorch's recorder on gloo too (torch >= 2.8; NCCL's is on already): its entries name the
+#: collectives torch issues in C++. A bounded ring, a few microseconds a collective.
+TORCH_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return int(value.numel()) * int(value.element_size())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+class FlightRecorder:
+    """One rank's recorder: :meth:`at` where its loop moves on, :meth:`install` to wrap the
+    collectives of ``torch.distributed``, :meth:`dump` on a failure."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = FlightFile(path)
+        self.at = self.file.at
+        self._groups: dict[int, tuple[Any, int]] = {}  # id(group) -> (group, its index)
+        self._undo: list[Callable[[], None]] = []
+
+    @property
+    def step(self) -> int:
+        return self.file.step
+
+    def phase(self, phase: int) -> None:
+        """The rank is now in ``phase`` of the same step."""
+        self.file.at(self.file.step, phase)
+
+    def _group(self, group: Any) -> tuple[Any, int]:
+        found = self._groups.get(id(group))
+        if found is None:
+            pg = group if group is not None else dist.distributed_c10d._get_default_group()
+            ranks = dist.get_process_group_ranks(pg)
+            found = self._groups[id(group)] = (pg, self.file.group_index(sorted(ranks)))
+        return found
+
+    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        op = OPS.index(name)
+        buffer = _BUFFER[name]
+        at = None if buffer is None else buffer[0]
+        key = None if buffer is None else buffer[1]
+        try:
+            params = list(inspect.signature(original).parameters)
+        except (TypeError, ValueError):
+            params = []
+        by_place = params.index("group") if "group" in params else None
+        file, group_of, compiling = self.file, self._group, torch.compiler.is_compiling
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return original(*args, **kwargs)
+            try:
+                group = kwargs.get("group")
+                if group is None and by_place is not None and len(args) > by_place:
+                    group = args[by_place]
+                pg, index = group_of(group)
+                seq = pg._get_sequence_number_for_group() + 1
+                value = args[at] if at is not None and len(args) > at else kwargs.get(key)
+                slot = file.issued(seq, op, _nbytes(value), index)
+            except Exception:  # no default group yet, a torch without sequence numbers
+                return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            file.returned(slot)
+            return result
+
+        collective.__wrapped__ = original  # type: ignore[attr-defined]
+        collective._flight = True  # type: ignore[attr-defined]
+        return collective
+
+    def install(self) -> FlightRecorder:
+        """Wrap each collective of ``torch.distributed`` (the names scripts and FSDP2 call)."""
+        for name in OPS:
+            original = getattr(dist, name, None)
+            if original is None or hasattr(original, "_flight"):
+                continue
+            setattr(dist, name, self._wrap(name, original))
+            self._undo.append(lambda n=name, o=original: setattr(dist, n, o))
+        return self
+
+    def remove(self) -> None:
+        """Put torch's own collectives back."""
+        while self._undo:
+            self._undo.pop()()
+
+    def dump(self, exc: BaseException | None) -> None:
+        """What a failing rank can still say: its exception, and PyTorch's flight recorder's
+        entries where it is on (``torch_recorder``). Never raises."""
+        try:
+            record: dict[str, Any] = {"at": time.time(), "step": self.file.step}
+            if exc is not None:
+                record["exception"] = "".join(traceback.format_exception_only(exc)).strip()
+            record["torch_recorder"] = torch_recorder_entries()
+            dump_path(self.file.path).write_text(json.dumps(record))
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        self.remove()
+        self.file.close()
+
+
+def torch_recorder_entries() -> list[dict[str, Any]] | None:
+    """PyTorch's flight recorder, each entry as ``{seq, op, bytes, pg, issued_at}``; None
+    where it is off or absent."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        raw = json.loads(_dump_fr_trace_json(True, True))
+    except Exception:
+        return None
+    out = []
+    for e in raw.get("entries") or ():
+        sizes = e.get("input_sizes") or []
+        numel = sum(_product(s) for s in sizes)
+        dtype = (e.get("input_dtypes") or ["Float"])[0]
+        out.append(
+            {
+                "seq": int(e.get("collective_seq_id") or 0),
+                "op": str(e.get("profiling_name", "?")).split(":")[-1],
+                "bytes": numel * _DTYPE_BYTES.get(dtype, 4),
+                "pg": (e.get("process_group") or ["0"])[0],
+                "issued_at": (e.get("time_created_ns") or 0) / 1e9,
+                "p2p": bool(e.get("is_p2p")),
+            }
+        )
+    return out or None
+
+
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Byte": 1}
+
+
+def _product(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class _NoRecorder:
+    """Where no recorder runs (a rank's loop called outside a run): every call does nothing."""
+
+    step = 0
+
+    def at(self, step: int, phase: int) -> None:
+        self.step = step
+
+    def phase(self, phase: int) -> None:
+        pass
+
+
+_active: FlightRecorder | _NoRecorder = _NoRecorder()
+
+
+def start(path: Path) -> FlightRecorder:
+    """This process's recorder, writing ``path``, its collectives wrapped (:func:`active`)."""
+    global _active
+    recorder = FlightRecorder(path).install()
+    _active = recorder
+    return recorder
+
+
+def stop() -> None:
+    """Close this process's recorder (its file stays)."""
+    global _active
+    if isinstance(_active, FlightRecorder):
+        _active.close()
+    _active = _NoRecorder()
+
+
+def active() -> FlightRecorder | _NoRecorder:
+    """This process's recorder (one that records nothing where none was started)."""
+    return _active
