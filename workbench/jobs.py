@@ -190,13 +190,18 @@ def sbatch_text(executor: Any) -> str:
 
 
 def cancel_job(job: Any, grace_s: float = 5.0) -> None:
-    """Ask a submitted job to stop (SIGINT to a local controller, ``scancel`` on Slurm); a local
-    controller gets ``grace_s`` to end its tasks, then is killed."""
+    """Ask a submitted job to stop (SIGTERM to a local controller, ``scancel`` on Slurm); a
+    local controller gets ``grace_s`` to end its tasks, then is killed. Not submitit's own
+    cancel for a local job: its SIGINT makes the controller print a ``KeyboardInterrupt``
+    traceback into the user's terminal; SIGTERM it forwards to its tasks and waits quietly."""
+    process = getattr(job, "_process", None)  # a LocalJob's controller process
     try:
-        job.cancel()
+        if process is not None:
+            process.terminate()
+        else:
+            job.cancel()
     except Exception:  # already gone, or the scheduler is away: the caller kills what is left
         pass
-    process = getattr(job, "_process", None)  # a LocalJob's controller process
     deadline = time.monotonic() + grace_s
     while process is not None and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

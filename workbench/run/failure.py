@@ -74,6 +74,8 @@ class RootCause:
     exception: str | None
     traceback: str | None = None
     hung: bool = False
+    #: The rank raised an exception of its own (not a peer's timeout or closed connection).
+    own: bool = False
 
     @property
     def tail_lines(self) -> int:
@@ -101,7 +103,7 @@ def _candidate(
     if status == "failed":
         exception = state.get("exception") or ""
         peer = any(marker in exception for marker in PEER_ERRORS)
-        cause = RootCause(rank, state.get("exception"), state.get("traceback"))
+        cause = RootCause(rank, state.get("exception"), state.get("traceback"), own=not peer)
         return (3 if peer else 0, float(state.get("ended_at") or 0), cause)
     if rank in hung:
         message = hung_message(collective_timeout_s)

@@ -211,11 +211,12 @@ class RunHandle:
         if cause is None:
             return None
         hang = self._hang()
-        if hang is None:
+        if hang is None or cause.own:  # a rank's own exception says it best
             log_path = self._log_path(cause.rank)
-            return cause.record(
+            record = cause.record(
                 str(log_path) if log_path else None, self._tail(log_path, cause.tail_lines)
             )
+            return record if hang is None else {**record, "hang": hang.record()}
         log_path = self._log_path(hang.rank)
         return {
             # no log tail: its last lines are a stack's outermost frames; the text has its top

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.run.failure import PEER_ERRORS
+from workbench.run.failure import DIED_UNREPORTED, PEER_ERRORS
 from workbench.store.flight_file import AFTER, BETWEEN, PHASES
 
 #: The collective entry of a flight record, or of PyTorch's recorder, as compared here.
@@ -190,10 +190,10 @@ def _missing(
         waits.append(f"rank {r} ({_where(e.get('step'), e.get('phase'))}) waited{waited}")
     status = state.get("status")
     doing = {
-        "died": "then its process ended without a word (killed, or it exited)",
+        "died": f"then {DIED_UNREPORTED}",
         "failed": f"then it failed: {state.get('exception')}",
         "completed": "then it finished its training",
-    }.get(status or "", "alive, and still there when the run was given up")
+    }.get(status or "", "alive but hung: still there when the run was given up")
     since = record.get("since")
     long = f" for {at - since:,.1f} s" if at and since and status == "running" else ""
     text = (
