@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.run.failure import DIED_UNREPORTED, PEER_ERRORS
-from workbench.store.flight_file import AFTER, BETWEEN, PHASES
+from workbench.store.flight_file import AFTER, AFTER_BACKWARD, BETWEEN, PHASES
 
 #: The collective entry of a flight record, or of PyTorch's recorder, as compared here.
 Entry = Mapping[str, Any]
@@ -31,6 +31,8 @@ Entry = Mapping[str, Any]
 OTHER_FRAMES_SHOWN = 3
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Python's own modules, of any interpreter: ``.../lib/python3.11/selectors.py``.
+_STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(?:\.\d+)?[/\\]")
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,8 @@ def _where(step: Any, phase: Any) -> str:
         return "before its first step"
     if phase == PHASES[BETWEEN]:
         return f"between steps {step} and {step + 1}"
+    if phase == PHASES[AFTER_BACKWARD]:
+        return f"after the backward of step {step}, before its optimizer step"
     return f"in the {phase or 'unknown phase'} of step {step}"
 
 
@@ -195,7 +199,7 @@ def _missing(
         "completed": "then it finished its training",
     }.get(status or "", "alive but hung: still there when the run was given up")
     since = record.get("since")
-    long = f" for {at - since:,.1f} s" if at and since and status == "running" else ""
+    long = f" (for {at - since:,.1f} s)" if at and since and status == "running" else ""
     text = (
         f"Rank {culprit} did not arrive at collective {first['seq']} of {named} "
         f"({_collective(first)}): {', '.join(waits)} in it. Rank {culprit} was "
@@ -294,7 +298,7 @@ def is_users(path: str) -> bool:
         return False
     if os.path.abspath(path).startswith(_PACKAGE + os.sep):
         return False
-    return not os.path.abspath(path).startswith(os.path.dirname(os.__file__) + os.sep)
+    return _STDLIB.search(path) is None
 
 
 def stack_words(log: str | None) -> str:

@@ -44,7 +44,8 @@ ENTRY_WORDS = 8
 RING = 64
 SIZE = 8 * (HEADER_WORDS + RING * ENTRY_WORDS)
 #: What a rank can be doing, by index; ``between steps``: after a step's optimizer, before the
-#: next step's data (checkpoints, logging, a script's own code).
+#: next step's data (checkpoints, logging, a script's own code); ``after backward``: a
+#: script's code between its backward and its optimizer step (clipping, its own all-reduces).
 PHASES = (
     "starting",
     "data loading",
@@ -54,8 +55,11 @@ PHASES = (
     "between steps",
     "evaluation",
     "after training",
+    "after backward",
 )
-STARTING, DATA, FORWARD, BACKWARD, OPTIMIZER, BETWEEN, EVALUATION, AFTER = range(len(PHASES))
+STARTING, DATA, FORWARD, BACKWARD, OPTIMIZER, BETWEEN, EVALUATION, AFTER, AFTER_BACKWARD = range(
+    len(PHASES)
+)
 #: The collectives a rank's Python code can issue, by index (the recorder's wrappers).
 OPS = (
     "all_reduce",

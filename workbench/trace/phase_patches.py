@@ -42,11 +42,14 @@ def backward(hooks: Any, original: Callable[..., Any]) -> Callable[..., Any]:
             extras.append((len(kinds), BACKWARD_LOSS, root.detach()))
         hooks.backward_depth += 1
         try:
-            return original(tensors, *args, **kwargs)
+            result = original(tensors, *args, **kwargs)
         finally:
             hooks.backward_depth -= 1
             kinds.append(BACKWARD_END)
             times.append(clock())
+        # only once it returned: a backward that failed (DDP's all-reduce timed out) was in it
+        hooks.flight.phase(flight_file.AFTER_BACKWARD)
+        return result
 
     return backward
 

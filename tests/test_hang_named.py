@@ -1,0 +1,162 @@
+"""Planted faults, explained: twelve runs, each with one fault planted on one rank at a known
+step and phase (built-in models and a plain DDP script, 2 and 4 ranks), and two clean runs.
+
+Known answers by construction: the culprit is the rank the fault was planted on, at the
+planted step and phase; a rank stuck before its gradients are all-reduced leaves its peers in
+that step's gradient all-reduce. The sequence numbers are checked against each other: a rank
+stuck in the data loading and one stuck in the forward of the same step leave their peers in
+the same collective; one stuck in the optimizer step leaves them in the next step's, one
+collective later (the mlp's gradients fit one DDP bucket, the script's too, and the script
+also gathers its loss each step: two a step). Runs go in waves on warm pool workers, each
+wave's waits side by side, so the suite waits about one collective timeout a wave.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workbench.config.run_config import RunConfig
+from workbench.run import handle as run_handle
+from workbench.run.hang_words import explain_hang
+from workbench.run.launch import launch
+from workbench.store.files import read_rank_states
+from workbench.store.flight_file import flight_path, read_flight
+
+from .helpers import ROOT, WARM
+
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
+
+TIMEOUT_S = 8  # the collective timeout: a hang is named within it + 30 s
+SCRIPT = str(ROOT / "tests" / "scripts" / "hangs.py")
+B_STEP, S_STEP = 10, 8
+
+#: name -> (world size, planted rank, fault) ; fault: a built-in FaultInjection or script args
+FAULTS: dict[str, tuple[int, int, Any]] = {
+    "b-data-2": (2, 1, {"kind": "hang", "phase": "data"}),
+    "b-forward-4": (4, 2, {"kind": "hang", "phase": "forward"}),
+    "b-optimizer-2": (2, 1, {"kind": "hang", "phase": "optimizer"}),
+    "b-exit-4": (4, 3, {"kind": "exit", "phase": "forward"}),
+    "b-kill-2": (2, 0, {"kind": "kill", "phase": "backward"}),
+    "s-data-2": (2, 1, "data"),
+    "s-forward-4": (4, 2, "forward"),
+    "s-optimizer-2": (2, 0, "optimizer"),
+    "s-lone-2": (2, 1, "lone"),
+    "s-different-4": (4, 3, "different"),
+    "s-exit-2": (2, 1, "exit"),
+    "s-exit-4": (4, 2, "exit"),
+    "clean-b-2": (2, 0, None),
+    "clean-s-2": (2, 0, "none"),
+}
+WAVES = [
+    ["b-data-2", "b-forward-4", "s-lone-2", "clean-b-2"],
+    ["b-optimizer-2", "s-data-2", "s-exit-2", "s-different-4"],
+    ["b-exit-4", "s-forward-4", "b-kill-2"],
+    ["s-optimizer-2", "s-exit-4", "clean-s-2"],
+]
+#: name -> (culprit's phase, kind, op of the collective)
+EXPECTED = {
+    "b-data-2": ("data loading", "missing", "all_reduce"),
+    "b-forward-4": ("forward", "missing", "all_reduce"),
+    "b-optimizer-2": ("optimizer step", "missing", "all_reduce"),
+    "b-exit-4": ("forward", "missing", "all_reduce"),
+    "b-kill-2": ("backward", "missing", "all_reduce"),
+    "s-data-2": ("data loading", "missing", "all_reduce"),
+    "s-forward-4": ("forward", "missing", "all_reduce"),
+    "s-optimizer-2": ("after backward", "missing", "all_gather_into_tensor"),
+    "s-lone-2": ("between steps", "mismatch", "all_reduce"),
+    "s-different-4": ("between steps", "mismatch", "all_reduce"),
+    "s-exit-2": ("after training", "mismatch", "barrier"),
+    "s-exit-4": ("after training", "mismatch", "barrier"),
+}
+
+
+def _config(store: Path, name: str) -> RunConfig:
+    world, rank, fault = FAULTS[name]
+    common = dict(output_dir=str(store), sweep="hangs", run_name=name, world_size=world,
+                  collective_timeout_s=TIMEOUT_S, trace_flush_s=0.2)  # fmt: skip
+    if name.startswith("s-") or name == "clean-s-2":
+        args = ("--fault", fault, "--rank", str(rank), "--step", str(S_STEP), "--steps", "12")
+        return RunConfig(script=SCRIPT, script_args=args, **common)
+    planted = None if fault is None else {"rank": rank, "step": B_STEP, **fault}
+    return RunConfig(model="mlp", per_device_batch_size=16, train_samples=2048, max_steps=14,
+                     eval_samples=64, eval_at_end=False, fault=planted, **common)  # fmt: skip
+
+
+def _outcome(handle: Any) -> dict[str, Any]:
+    try:
+        status = handle.wait(timeout_s=TIMEOUT_S + 90, raise_on_failure=False)
+    except TimeoutError:
+        status = "still running"
+    run = json.loads((handle.path / "run.json").read_text())
+    return {"status": status, "failure": run.get("failure"), "ended": time.monotonic()}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    store = tmp_path_factory.mktemp("hangs")
+    out: dict[str, dict[str, Any]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        # a hung rank never ends on its own: the grace after its peers' failure only delays
+        # the kill, so 2 s of it (not 10) prove the same
+        mp.setattr(run_handle, "FAILURE_GRACE_S", 2.0)
+        for wave in WAVES:
+            launched = {name: (launch(_config(store, name), WARM), time.monotonic())
+                        for name in wave}  # fmt: skip
+            with ThreadPoolExecutor(len(wave)) as pool:
+                handles = [h for h, _ in launched.values()]
+                ends = dict(zip(wave, pool.map(_outcome, handles), strict=True))
+            for name, (handle, at) in launched.items():
+                out[name] = {**ends[name], "handle": handle, "elapsed_s": ends[name]["ended"] - at}
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_culprit_its_collective_step_and_phase_are_named(outcomes: dict, name: str) -> None:
+    got = outcomes[name]
+    world, rank, _ = FAULTS[name]
+    phase, kind, op = EXPECTED[name]
+    assert got["status"] == "failed", (name, got["status"])
+    failure = got["failure"] or {}
+    hang = failure.get("hang")
+    assert hang is not None, (name, failure.get("exception"))
+    step = S_STEP if name.startswith("s-") else B_STEP
+    assert (hang["rank"], hang["step"], hang["phase"]) == (rank, step, phase), (name, hang)
+    assert (hang["kind"], hang["op"]) == (kind, op), (name, hang)
+    assert hang["group"] == list(range(world)) and hang["seq"] > 0, (name, hang)
+    assert failure["rank"] == rank and f"collective {hang['seq']}" in failure["exception"]
+    assert got["elapsed_s"] < TIMEOUT_S + 30, (name, got["elapsed_s"], "from its launch")
+
+
+def test_sequence_numbers_line_up_with_the_step_they_were_issued_in(outcomes: dict) -> None:
+    seq = {name: (outcomes[name]["failure"] or {}).get("hang", {}).get("seq") for name in EXPECTED}
+    # the built-in mlp: one gradient all-reduce a step
+    assert seq["b-data-2"] == seq["b-forward-4"] == seq["b-exit-4"] == seq["b-kill-2"], seq
+    assert seq["b-optimizer-2"] == seq["b-data-2"] + 1, seq
+    # the script: its gradients' all-reduce, then its loss gathered, every step
+    assert seq["s-data-2"] == seq["s-forward-4"], seq
+    assert seq["s-optimizer-2"] == seq["s-data-2"] + 1, "the gather after the step's all-reduce"
+    assert seq["s-lone-2"] == seq["s-different-4"] == seq["s-data-2"] + 1, seq
+    assert seq["s-exit-2"] == seq["s-exit-4"] == seq["s-data-2"] + 2, "the next step's all-reduce"
+
+
+def test_the_stuck_ranks_stack_shows_the_scripts_frame_on_top(outcomes: dict) -> None:
+    text = outcomes["s-data-2"]["failure"]["exception"]
+    stack = text.split("Its stack, most recent call first: ", 1)[1]
+    assert stack.startswith("hangs.py:"), text
+    assert stack.split(" < ")[0].endswith(" in stuck") and " in collate < " in stack, stack
+
+
+def test_clean_runs_name_no_culprit(outcomes: dict) -> None:
+    for name in ("clean-b-2", "clean-s-2"):
+        got = outcomes[name]
+        assert got["status"] == "completed" and got["failure"] is None, (name, got)
+        path = got["handle"].path
+        records = {r: read_flight(flight_path(path / "flight", r)) for r in range(2)}
+        assert all(records.values()), "every rank left its record"
+        assert explain_hang(records, read_rank_states(path), 2) is None, name
