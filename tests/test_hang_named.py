@@ -34,28 +34,33 @@ pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 TIMEOUT_S = 8  # the collective timeout: a hang is named within it + 30 s
 SCRIPT = str(ROOT / "tests" / "scripts" / "hangs.py")
-B_STEP, S_STEP = 10, 8
+LATE = 21  # the step a rank is killed at, after 20 steps of 0.5 s each
+SLOW_STEP_S = 0.5
 
-#: name -> (world size, planted rank, fault) ; fault: a built-in FaultInjection or script args
-FAULTS: dict[str, tuple[int, int, Any]] = {
-    "b-data-2": (2, 1, {"kind": "hang", "phase": "data"}),
-    "b-forward-4": (4, 2, {"kind": "hang", "phase": "forward"}),
-    "b-optimizer-2": (2, 1, {"kind": "hang", "phase": "optimizer"}),
-    "b-exit-4": (4, 3, {"kind": "exit", "phase": "forward"}),
-    "b-kill-2": (2, 0, {"kind": "kill", "phase": "backward"}),
-    "s-data-2": (2, 1, "data"),
-    "s-forward-4": (4, 2, "forward"),
-    "s-optimizer-2": (2, 0, "optimizer"),
-    "s-lone-2": (2, 1, "lone"),
-    "s-different-4": (4, 3, "different"),
-    "s-exit-2": (2, 1, "exit"),
-    "s-exit-4": (4, 2, "exit"),
-    "clean-b-2": (2, 0, None),
-    "clean-s-2": (2, 0, "none"),
+#: name -> (world size, planted rank, step, fault): a built-in run's FaultInjection fields,
+#: or the script's ``--fault``
+FAULTS: dict[str, tuple[int, int, int, Any]] = {
+    "b-data-2": (2, 1, 10, {"kind": "hang", "phase": "data"}),
+    "b-forward-4": (4, 2, 10, {"kind": "hang", "phase": "forward"}),
+    "b-optimizer-2": (2, 1, 10, {"kind": "hang", "phase": "optimizer"}),
+    "b-exit-4": (4, 3, 10, {"kind": "exit", "phase": "forward"}),
+    "b-kill-2": (2, 0, 10, {"kind": "kill", "phase": "backward"}),
+    "b-kill-late-2": (2, 1, LATE, {"kind": "kill", "phase": "start"}),
+    "s-data-2": (2, 1, 8, "data"),
+    "s-forward-4": (4, 2, 8, "forward"),
+    "s-optimizer-2": (2, 0, 8, "optimizer"),
+    "s-lone-2": (2, 1, 8, "lone"),
+    "s-different-4": (4, 3, 8, "different"),
+    "s-exit-2": (2, 1, 8, "exit"),
+    "s-exit-4": (4, 2, 8, "exit"),
+    "s-abort-late-2": (2, 1, LATE, "abort"),
+    "clean-b-2": (2, 0, 0, None),
+    "clean-s-2": (2, 0, 0, "none"),
 }
 WAVES = [
-    ["b-data-2", "b-forward-4", "s-lone-2", "clean-b-2"],
-    ["b-optimizer-2", "s-data-2", "s-exit-2", "s-different-4"],
+    ["b-kill-late-2", "s-abort-late-2", "b-data-2", "clean-b-2"],
+    ["b-forward-4", "s-lone-2", "s-exit-2"],
+    ["b-optimizer-2", "s-data-2", "s-different-4"],
     ["b-exit-4", "s-forward-4", "b-kill-2"],
     ["s-optimizer-2", "s-exit-4", "clean-s-2"],
 ]
@@ -66,6 +71,7 @@ EXPECTED = {
     "b-optimizer-2": ("optimizer step", "missing", "all_reduce"),
     "b-exit-4": ("forward", "missing", "all_reduce"),
     "b-kill-2": ("backward", "missing", "all_reduce"),
+    "b-kill-late-2": ("data loading", "missing", "all_reduce"),
     "s-data-2": ("data loading", "missing", "all_reduce"),
     "s-forward-4": ("forward", "missing", "all_reduce"),
     "s-optimizer-2": ("after backward", "missing", "all_gather_into_tensor"),
@@ -73,19 +79,28 @@ EXPECTED = {
     "s-different-4": ("between steps", "mismatch", "all_reduce"),
     "s-exit-2": ("after training", "mismatch", "barrier"),
     "s-exit-4": ("after training", "mismatch", "barrier"),
+    "s-abort-late-2": ("data loading", "missing", "all_reduce"),
 }
 
 
 def _config(store: Path, name: str) -> RunConfig:
-    world, rank, fault = FAULTS[name]
+    """The run of ``name``: its fault planted; the late ones with steps of 0.5 s and the
+    default trace flush (every second)."""
+    world, rank, step, fault = FAULTS[name]
     common = dict(output_dir=str(store), sweep="hangs", run_name=name, world_size=world,
-                  collective_timeout_s=TIMEOUT_S, trace_flush_s=0.2)  # fmt: skip
+                  collective_timeout_s=TIMEOUT_S)  # fmt: skip
+    late = step == LATE
     if name.startswith("s-") or name == "clean-s-2":
-        args = ("--fault", fault, "--rank", str(rank), "--step", str(S_STEP), "--steps", "12")
-        return RunConfig(script=SCRIPT, script_args=args, **common)
-    planted = None if fault is None else {"rank": rank, "step": B_STEP, **fault}
-    return RunConfig(model="mlp", per_device_batch_size=16, train_samples=2048, max_steps=14,
-                     eval_samples=64, eval_at_end=False, fault=planted, **common)  # fmt: skip
+        args = ["--fault", fault, "--rank", str(rank), "--step", str(step), "--steps", "24"]
+        if late:
+            args += ["--step-sleep-ms", str(SLOW_STEP_S * 1000)]
+        return RunConfig(script=SCRIPT, script_args=tuple(args), **common)
+    planted = None if fault is None else {"rank": rank, "step": step, **fault}
+    sleepy = dict(model="tests.plugins:sleepy_mlp", dataset="tests.plugins:synthetic_like_mlp",
+                  model_options={"sleep_s": SLOW_STEP_S})  # fmt: skip
+    return RunConfig(**(sleepy if late else {"model": "mlp"}), per_device_batch_size=16,
+                     train_samples=2048, max_steps=24, eval_samples=64, eval_at_end=False,
+                     fault=planted, **common)  # fmt: skip
 
 
 def _outcome(handle: Any) -> dict[str, Any]:
@@ -119,13 +134,12 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, An
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_culprit_its_collective_step_and_phase_are_named(outcomes: dict, name: str) -> None:
     got = outcomes[name]
-    world, rank, _ = FAULTS[name]
+    world, rank, step, _ = FAULTS[name]
     phase, kind, op = EXPECTED[name]
     assert got["status"] == "failed", (name, got["status"])
     failure = got["failure"] or {}
     hang = failure.get("hang")
     assert hang is not None, (name, failure.get("exception"))
-    step = S_STEP if name.startswith("s-") else B_STEP
     assert (hang["rank"], hang["step"], hang["phase"]) == (rank, step, phase), (name, hang)
     assert (hang["kind"], hang["op"]) == (kind, op), (name, hang)
     assert hang["group"] == list(range(world)) and hang["seq"] > 0, (name, hang)
@@ -160,3 +174,15 @@ def test_clean_runs_name_no_culprit(outcomes: dict) -> None:
         records = {r: read_flight(flight_path(path / "flight", r)) for r in range(2)}
         assert all(records.values()), "every rank left its record"
         assert explain_hang(records, read_rank_states(path), 2) is None, name
+
+
+def test_a_rank_killed_or_aborted_keeps_its_rows_to_its_last_second(outcomes: dict) -> None:
+    """Killed (SIGKILL, built-in) or aborted (``os.abort()``, a script) at the start of step 21
+    after 20 steps of 0.5 s: the trace flushed every second keeps its rows up to step 18 at
+    least (one second of steps, and the step a flush holds back for its gap)."""
+    for name in ("b-kill-late-2", "s-abort-late-2"):
+        _, rank, step, _ = FAULTS[name]
+        steps = outcomes[name]["handle"].traces()
+        mine = sorted(steps.loc[steps["rank"] == rank, "step"])
+        assert mine and mine == list(range(1, mine[-1] + 1)), (name, mine)
+        assert mine[-1] >= step - 3, (name, "rows up to", mine[-1])

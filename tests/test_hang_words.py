@@ -78,6 +78,29 @@ def test_a_collective_torch_issued_in_cpp_comes_from_its_recorder_where_a_rank_g
     assert "then the rank's process ended without reporting" in hang.text
 
 
+def test_without_torchs_recorder_the_groups_count_names_a_collective_issued_in_cpp() -> None:
+    """The same hang with PyTorch's recorder off: rank 0's dump holds its default group's
+    count (16) when it gave up in its backward, where what torch issues in C++ is DDP's
+    gradient all-reduce; it waited from its backward's start (T0 + 1) to its end (T0 + 3)."""
+    records = {
+        0: _record(10, "backward", [], {"step": 10, "seq": 16}) | {"since": T0 + 1},
+        1: _record(10, "forward", []),
+    }
+    states = _states(r0="failed", r1="died")
+    states[0].update(exception="RuntimeError: Connection closed by peer", ended_at=T0 + 3)
+    hang = explain_hang(records, states, 2)
+    assert hang is not None and (hang.rank, hang.seq, hang.op, hang.nbytes) == (
+        1,
+        16,
+        "all_reduce",
+        0,
+    )
+    assert (
+        "(all_reduce of DDP's gradients, issued in C++): rank 0 (in the backward of step 10) "
+        "waited 2.0 s in it" in hang.text
+    ), hang.text
+
+
 def test_a_rank_failing_on_its_own_is_no_waiter_and_a_clean_record_no_hang() -> None:
     """A rank whose exception is its own was in no collective; ranks whose collectives all
     returned are in none: nothing to explain."""

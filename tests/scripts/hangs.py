@@ -7,7 +7,9 @@ Faults, at step ``--step`` on rank ``--rank``: ``data`` (its batch never comes: 
 never returns, in the collate function), ``forward`` (stuck in the model's forward),
 ``optimizer`` (stuck just before the optimizer step), ``lone`` (it all-reduces a metric its
 peers do not), ``different`` (every rank gathers its loss every step; at this one, this rank
-all-reduces it instead), ``exit`` (it leaves the training: ``sys.exit(0)``), ``none`` (a clean run).
+all-reduces it instead), ``exit`` (it leaves the training: ``sys.exit(0)``), ``abort`` (its process aborts,
+as a C++ library's ``abort()`` does: no Python clean-up), ``none`` (a clean run).
+``--step-sleep-ms`` makes every step that much longer (a sleep in the forward).
 """
 
 import argparse
@@ -41,6 +43,8 @@ STEP = [0]
 def collate(items):
     if planted("data"):
         stuck("data")
+    if planted("abort"):
+        os.abort()
     return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
 
@@ -52,6 +56,7 @@ class Model(nn.Module):
     def forward(self, x):
         if planted("forward"):
             stuck("forward")
+        time.sleep(ARGS.step_sleep_ms / 1000)
         return self.body(x)
 
 
@@ -61,6 +66,7 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--step", type=int, default=8)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--step-sleep-ms", type=float, default=0.0)
     p.parse_args(namespace=ARGS)
     dist.init_process_group("gloo")
     g = torch.Generator().manual_seed(0)

@@ -123,6 +123,15 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     return facts
 
 
+def nccl_recorder(dump_dir: str) -> None:
+    """PyTorch's flight recorder on NCCL: a bounded ring of the last collectives, dumped by
+    NCCL's watchdog on a timeout into ``dump_dir`` (``nccl_trace_rank_<rank>``, which the
+    launcher reads to explain a hang). Set before any process group; gloo ignores it."""
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_"))
+
+
 def init_process_group(
     env: RankEnv, backend: str, device: torch.device, timeout_s: float, dump_dir: str | None = None
 ) -> str:
@@ -131,13 +140,8 @@ def init_process_group(
     ``dump_dir``), so a hang shows the last collective each rank entered."""
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
-        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-        if dump_dir:
-            os.environ.setdefault(
-                "TORCH_FR_DUMP_TEMP_FILE", os.path.join(dump_dir, "nccl_trace_rank_")
-            )
+    if backend == "nccl" and dump_dir:
+        nccl_recorder(dump_dir)
     env.export()
     dist.init_process_group(
         backend=backend,

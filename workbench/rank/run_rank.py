@@ -57,9 +57,8 @@ def run_task(task: Task, env: distributed.RankEnv) -> dict[str, Any]:
     # `kill -USR1 <pid>` (the launcher does it to a hung rank) prints every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     state_path = rank_file(Path(task.run_dir), env.rank)
-    for name, value in flight.TORCH_RECORDER_ENV.items():  # before any process group
-        os.environ.setdefault(name, value)
     recorder = flight.start(flight_path(Path(task.run_dir) / schema.FLIGHT_DIR, env.rank))
+    distributed.nccl_recorder(str(Path(task.run_dir) / schema.LOGS_DIR))  # a script's NCCL too
     base = {
         "rank": env.rank,
         "local_rank": env.local_rank,

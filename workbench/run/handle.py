@@ -35,7 +35,7 @@ from workbench.run.failure import (
 )
 from workbench.run.hang_words import Hang, explain_hang
 from workbench.store.files import read_json, read_rank_states, release_space, update_run
-from workbench.store.flight_file import flight_path, read_flight
+from workbench.store.flight_file import flight_path, read_flight, read_nccl_dump
 from workbench.store.load import load_traces
 from workbench.store.run_status import rank_gone
 
@@ -233,6 +233,11 @@ class RunHandle:
         processes = int(self.config.processes)
         folder = self.path / schema.FLIGHT_DIR
         records = {r: read_flight(flight_path(folder, r)) for r in range(processes)}
+        for r, record in records.items():  # a rank NCCL's watchdog ended wrote its recorder
+            if record is not None and record["dump"] is None:
+                record["dump"] = read_nccl_dump(
+                    self.path / schema.LOGS_DIR / f"nccl_trace_rank_{r}"
+                )
         stacks = {r: self._tail(self._log_path(r), 200) for r in self._hung}
         try:
             return explain_hang(records, self.rank_states(), processes, stacks, time.time())

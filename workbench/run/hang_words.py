@@ -27,6 +27,9 @@ from workbench.store.flight_file import AFTER, AFTER_BACKWARD, BETWEEN, PHASES
 
 #: The collective entry of a flight record, or of PyTorch's recorder, as compared here.
 Entry = Mapping[str, Any]
+#: What torch issues in C++ in each phase (no Python call to record): DDP's gradient buckets
+#: in backward, its buffers' broadcast in forward.
+_IN_CPP = {"backward": ("all_reduce", "DDP's gradients"), "forward": ("broadcast", "DDP's buffers")}
 #: Frames of a stack shown after the user's own.
 OTHER_FRAMES_SHOWN = 3
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -84,13 +87,18 @@ def current_collective(
     if open_:
         return open_[-1]
     dump = record.get("dump") or {}
+    if not _gave_up(state):
+        return None
+    where = {"group": list(world), "step": dump.get("step"), "phase": record["phase"]}
     torch_entries = [e for e in dump.get("torch_recorder") or () if not e.get("p2p")]
-    if not _gave_up(state) or not torch_entries:
-        return None
     last = max((e for e in torch_entries if e["pg"] == "0"), key=lambda e: e["seq"], default=None)
-    if last is None:
-        return None
-    return {**last, "group": list(world), "step": dump.get("step"), "phase": record["phase"]}
+    if last is not None:
+        return {**last, **where}
+    if dump.get("seq"):  # torch issued it in C++: its number is the group's count
+        op, by = _IN_CPP.get(record["phase"], ("a collective", "torch"))
+        return {"seq": dump["seq"], "op": op, "bytes": 0, "by": by,
+                "issued_at": record.get("since"), **where}  # fmt: skip
+    return None
 
 
 def _history(record: Mapping[str, Any] | None, before: int) -> set[tuple[str, int]]:
@@ -169,6 +177,8 @@ def _bytes(n: int) -> str:
 
 
 def _collective(e: Entry) -> str:
+    if e.get("by"):
+        return f"{e['op']} of {e['by']}, issued in C++"
     size = f" of {_bytes(int(e['bytes']))}" if e.get("bytes") else ""
     return f"{e['op']}{size}"
 

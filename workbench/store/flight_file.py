@@ -211,3 +211,45 @@ def read_flight(path: Path) -> dict[str, Any] | None:
         "collectives": entries,
         "dump": dump,
     }
+
+
+#: Bytes of an element of each dtype as PyTorch's recorder names it.
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Byte": 1}
+
+
+def torch_entries(raw: Any) -> list[dict[str, Any]] | None:
+    """PyTorch's flight recorder dump (its JSON, or the pickle NCCL's watchdog writes on a
+    timeout), each entry as ``{seq, op, bytes, pg, issued_at, p2p}``; None where empty."""
+    out = []
+    for e in (raw or {}).get("entries") or ():
+        numel = 0
+        for shape in e.get("input_sizes") or ():
+            n = 1
+            for size in shape:
+                n *= int(size)
+            numel += n
+        dtype = (e.get("input_dtypes") or ["Float"])[0]
+        out.append(
+            {
+                "seq": int(e.get("collective_seq_id") or 0),
+                "op": str(e.get("profiling_name", "?")).split(":")[-1],
+                "bytes": numel * _DTYPE_BYTES.get(str(dtype), 4),
+                "pg": str((e.get("process_group") or ["0"])[0]),
+                "issued_at": (e.get("time_created_ns") or 0) / 1e9,
+                "p2p": bool(e.get("is_p2p")),
+            }
+        )
+    return out or None
+
+
+def read_nccl_dump(path: Path) -> dict[str, Any] | None:
+    """What NCCL's watchdog wrote for a rank on a timeout (``TORCH_FR_DUMP_TEMP_FILE``, a
+    pickle of plain values), as a flight record's ``dump``; None where there is none."""
+    import pickle
+
+    try:
+        raw = pickle.loads(path.read_bytes())
+    except Exception:
+        return None
+    entries = torch_entries(raw)
+    return {"torch_recorder": entries} if entries else None

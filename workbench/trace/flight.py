@@ -1,8 +1,10 @@
 """The flight recorder of a rank: its step and phase, and every collective its Python code
 issues (the script's, FSDP2's, the workbench's own), in a memory-mapped file the launcher reads
 when a rank hangs or dies (:mod:`workbench.store.flight_file`); on a failure the rank adds
-PyTorch's own flight recorder, which sees the collectives torch issues in C++ too (DDP's
-gradient buckets), where this torch has it.
+its default group's sequence number (the count of collectives it issued, torch's own in C++
+among them: DDP's gradient buckets) and PyTorch's own flight recorder where it is on, which
+names those too (on by default in recent torch, gloo included; ``TORCH_FR_BUFFER_SIZE=0``
+turns it off, about 5 us a collective on a 2-core host: benchmarks/flight_recorder.py).
 
 Each collective is recorded with its process group's own sequence number (read before the
 call: the call's is one more), so that the ranks' records line up collective by collective,
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.store.flight_file import OPS, FlightFile, dump_path
+from workbench.store.flight_file import OPS, FlightFile, dump_path, torch_entries
 
 #: Each op's buffer: the index of the positional argument (and its keyword) whose bytes are
 #: the collective's size, as nccl-tests counts it; None: no buffer (a barrier) or objects.
@@ -45,9 +47,6 @@ _BUFFER: dict[str, tuple[int, str] | None] = {
     "send": (0, "tensor"),
     "recv": (0, "tensor"),
 }
-#: PyTorch's recorder on gloo too (torch >= 2.8; NCCL's is on already): its entries name the
-#: collectives torch issues in C++. A bounded ring, a few microseconds a collective.
-TORCH_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 
 
 def _nbytes(value: Any) -> int:
@@ -84,7 +83,8 @@ class FlightRecorder:
             found = self._groups[id(group)] = (pg, self.file.group_index(sorted(ranks)))
         return found
 
-    def _wrap(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapped(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``original`` (``torch.distributed.<name>``) recording each call."""
         op = OPS.index(name)
         buffer = _BUFFER[name]
         at = None if buffer is None else buffer[0]
@@ -123,7 +123,7 @@ class FlightRecorder:
             original = getattr(dist, name, None)
             if original is None or hasattr(original, "_flight"):
                 continue
-            setattr(dist, name, self._wrap(name, original))
+            setattr(dist, name, self.wrapped(name, original))
             self._undo.append(lambda n=name, o=original: setattr(dist, n, o))
         return self
 
@@ -137,6 +137,11 @@ class FlightRecorder:
         entries where it is on (``torch_recorder``). Never raises."""
         try:
             record: dict[str, Any] = {"at": time.time(), "step": self.file.step}
+            try:  # the default group's count: the collective it was in, if torch issued it
+                pg = dist.distributed_c10d._get_default_group()
+                record["seq"] = int(pg._get_sequence_number_for_group())
+            except Exception:
+                pass
             if exc is not None:
                 record["exception"] = "".join(traceback.format_exception_only(exc)).strip()
             record["torch_recorder"] = torch_recorder_entries()
@@ -150,40 +155,17 @@ class FlightRecorder:
 
 
 def torch_recorder_entries() -> list[dict[str, Any]] | None:
-    """PyTorch's flight recorder, each entry as ``{seq, op, bytes, pg, issued_at}``; None
+    """PyTorch's flight recorder (:func:`workbench.store.flight_file.torch_entries`); None
     where it is off or absent."""
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
-
-        raw = json.loads(_dump_fr_trace_json(True, True))
-    except Exception:
-        return None
-    out = []
-    for e in raw.get("entries") or ():
-        sizes = e.get("input_sizes") or []
-        numel = sum(_product(s) for s in sizes)
-        dtype = (e.get("input_dtypes") or ["Float"])[0]
-        out.append(
-            {
-                "seq": int(e.get("collective_seq_id") or 0),
-                "op": str(e.get("profiling_name", "?")).split(":")[-1],
-                "bytes": numel * _DTYPE_BYTES.get(dtype, 4),
-                "pg": (e.get("process_group") or ["0"])[0],
-                "issued_at": (e.get("time_created_ns") or 0) / 1e9,
-                "p2p": bool(e.get("is_p2p")),
-            }
-        )
-    return out or None
-
-
-_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Byte": 1}
-
-
-def _product(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        try:
+            dump = getattr(torch._C._distributed_c10d, name)
+            entries = torch_entries(json.loads(dump(True, True)))
+        except Exception:
+            continue
+        if entries:
+            return entries
+    return None
 
 
 class _NoRecorder:
