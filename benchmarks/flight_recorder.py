@@ -1,9 +1,10 @@
 """What the flight recorder and the trace's flush cost a training step, measured on the path
-itself: a rank's phase marks (as many as a built-in step makes), the recorder's wrapper around a
-collective, measured around a call that does nothing (its group's lookup, its sequence number
-read from the process group, its entry written, its return stamped; a real collective costs
-tens of microseconds more, the same with or without it), and the tracer's flush of one flush interval's rows (a 5 ms step: 200 rows a second)
-divided by its rows.
+itself: a step's phase marks; the recorder's wrapper around a collective, measured around a
+call that does nothing (its group's lookup, its sequence number read from the process group,
+its entry written, its return stamped: a real collective costs tens of microseconds more,
+the same with or without it); the tracer's flush of one flush interval's rows (a 5 ms step:
+200 rows a second) divided by its rows; and PyTorch's own recorder (on by default) against it
+off, per collective, in fresh processes.
 
 Usage: ``python benchmarks/flight_recorder.py [--smoke] [--rounds N] [--out F]``.
 """

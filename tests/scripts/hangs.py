@@ -7,8 +7,8 @@ Faults, at step ``--step`` on rank ``--rank``: ``data`` (its batch never comes: 
 never returns, in the collate function), ``forward`` (stuck in the model's forward),
 ``optimizer`` (stuck just before the optimizer step), ``lone`` (it all-reduces a metric its
 peers do not), ``different`` (every rank gathers its loss every step; at this one, this rank
-all-reduces it instead), ``exit`` (it leaves the training: ``sys.exit(0)``), ``abort`` (its process aborts,
-as a C++ library's ``abort()`` does: no Python clean-up), ``none`` (a clean run).
+all-reduces it instead), ``exit`` (it leaves the training: ``sys.exit(0)``), ``abort`` (its
+process aborts, as a C++ library's ``abort()`` does: no Python clean-up), ``none`` (clean).
 ``--step-sleep-ms`` makes every step that much longer (a sleep in the forward).
 """
 
