@@ -52,6 +52,7 @@ FIGURES = {
     "run_all.py": r"tracer memory \(rss\) growth.*KiB",
     "scaling_fidelity.py": r"workbench/torchrun throughput 1 rank [\d.]+",
     "script_overhead.py": r"end to end [\d.]+",
+    "flight_recorder.py": r"flight recorder and flushing: [\d.]+ us a 5 ms step",
     "script_zoo.py": r"no_dataloader\s+[\d,]+/s\s+[\d.]+ \[IQR",
     "tracer_memory.py": r"rss: growth [+-]?\d+ KiB",
     "tracing_overhead.py": r"tracer host cost per step \(cpu\): [\d.]+ us",

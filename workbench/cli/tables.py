@@ -37,6 +37,7 @@ RUN_HEADERS = {
     "samples_per_s": "samples/s",
     "final_loss": "loss",
     "final_metric": "metric",
+    "failure": "why it failed",
 }
 
 
@@ -105,6 +106,8 @@ def runs_text(runs: pd.DataFrame) -> str:
     """``store.load.load_runs``'s frame for people: the :data:`RUN_HEADERS` columns it has; an
     accuracy as a percentage, the metric's header its name when all runs share one."""
     columns = [c for c in RUN_HEADERS if c in runs.columns]
+    if "failure" in columns and runs["failure"].isna().all():
+        columns.remove("failure")  # no run failed: no column of dashes
     names = runs["final_metric_name"].dropna().unique() if "final_metric_name" in runs else []
     headers = [RUN_HEADERS[c] for c in columns]
     if "final_metric" in columns and len(names) == 1:
@@ -119,7 +122,7 @@ def runs_text(runs: pd.DataFrame) -> str:
             "final_metric": percent if accuracy else number,
         }
         rows.append([cell(run[c], fmts.get(c, number)) for c in columns])
-    text = ("sweep", "run_id", "status", "model", "precision")
+    text = ("sweep", "run_id", "status", "model", "precision", "failure")
     return text_table(headers, rows, left=[i for i, c in enumerate(columns) if c in text])
 
 

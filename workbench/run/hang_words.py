@@ -53,9 +53,20 @@ class Hang:
     kind: str  # "missing" (did not arrive) or "mismatch" (another collective)
     text: str
 
+    @property
+    def summary(self) -> str:
+        """The explanation in a few words, for a table: "rank 1 did not arrive at collective
+        16 (all_reduce): data loading, step 10"."""
+        if self.kind == "mismatch":
+            what = f"issued another collective as {self.seq} ({self.op})"
+        else:
+            what = f"did not arrive at collective {self.seq} ({self.op})"
+        return f"rank {self.rank} {what}: {self.phase}, step {self.step}"
+
     def record(self) -> dict[str, Any]:
         """As run.json keeps it, under the failure's ``hang``."""
         return {
+            "summary": self.summary,
             "rank": self.rank,
             "seq": self.seq,
             "op": self.op,

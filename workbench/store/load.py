@@ -40,6 +40,22 @@ def iter_run_dirs(
     return dirs
 
 
+#: The longest failure a runs table shows (the whole is in run.json and the report).
+FAILURE_CHARS = 90
+
+
+def _failure_words(failure: dict[str, Any] | None) -> str | None:
+    """A failed run's failure in a few words: a hang's summary, else its rank and the first
+    line of its exception, cut to :data:`FAILURE_CHARS`."""
+    if not failure:
+        return None
+    summary = (failure.get("hang") or {}).get("summary")
+    if summary is None:
+        first = str(failure.get("exception") or "").strip().splitlines()[:1]
+        summary = f"rank {failure.get('rank')}: {first[0] if first else 'unknown'}"
+    return summary if len(summary) <= FAILURE_CHARS else summary[: FAILURE_CHARS - 3] + "..."
+
+
 def _flat_run_row(run_path: Path) -> dict[str, Any]:
     run = read_json(run_path / schema.RUN_FILE)
     config = run.get("config") or {}
@@ -53,6 +69,7 @@ def _flat_run_row(run_path: Path) -> dict[str, Any]:
         "ended_at": run.get("ended_at"),
         "device_s": run.get("device_s"),  # devices x the time they were the run's
         "failed_rank": (run.get("failure") or {}).get("rank"),
+        "failure": _failure_words(run.get("failure")),
     }
     for key, value in config.items():
         if key == "fault":

@@ -37,6 +37,7 @@ from workbench.ui.catalogue import (
     figure_context,
     focus_run,
 )
+from workbench.ui.failures_html import failures_html
 from workbench.ui.finding_html import definition_toggle, finding_items
 from workbench.ui.glossary import glossary_html
 from workbench.ui.plots import Figure, split_definition
@@ -303,6 +304,7 @@ def write_report(
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
         finding,
+        failures_html(runs),  # a run that failed says why, before any chart
         *figures[:1],  # the lead chart on the first screen, with the finding
         f'<p class="note">{len(runs)} runs, {traced} with traces{esc(_source(steps))}; '
         f"written {stamp}.</p>",
