@@ -13,6 +13,7 @@ wave's waits side by side, so the suite waits about one collective timeout a wav
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from workbench.cli import main
 from workbench.config.run_config import RunConfig
 from workbench.run import handle as run_handle
 from workbench.run.hang_words import explain_hang
@@ -54,16 +56,19 @@ FAULTS: dict[str, tuple[int, int, int, Any]] = {
     "s-exit-2": (2, 1, 8, "exit"),
     "s-exit-4": (4, 2, 8, "exit"),
     "s-abort-late-2": (2, 1, LATE, "abort"),
-    "clean-b-2": (2, 0, 0, None),
-    "clean-s-2": (2, 0, 0, "none"),
 }
+#: Twenty clean runs, built-in and script, 2 ranks and (one in five) 4: no culprit may be named.
+CLEAN = [f"clean-{'bs'[k % 2]}-{4 if k % 5 == 4 else 2}-{k}" for k in range(20)]
+FAULTS.update({n: (int(n.split("-")[2]), 0, 0, None if "-b-" in n else "none") for n in CLEAN})
 WAVES = [
-    ["b-kill-late-2", "s-abort-late-2", "b-data-2", "clean-b-2"],
+    ["b-kill-late-2", "s-abort-late-2", "b-data-2"],
     ["b-forward-4", "s-lone-2", "s-exit-2"],
     ["b-optimizer-2", "s-data-2", "s-different-4"],
     ["b-exit-4", "s-forward-4", "b-kill-2"],
-    ["s-optimizer-2", "s-exit-4", "clean-s-2"],
+    ["s-optimizer-2", "s-exit-4"],
 ]
+for k, name in enumerate(CLEAN):  # beside the faults: each wave lasts a collective timeout
+    WAVES[k % len(WAVES)].append(name)
 #: name -> (culprit's phase, kind, op of the collective)
 EXPECTED = {
     "b-data-2": ("data loading", "missing", "all_reduce"),
@@ -90,7 +95,7 @@ def _config(store: Path, name: str) -> RunConfig:
     common = dict(output_dir=str(store), sweep="hangs", run_name=name, world_size=world,
                   collective_timeout_s=TIMEOUT_S)  # fmt: skip
     late = step == LATE
-    if name.startswith("s-") or name == "clean-s-2":
+    if name.startswith(("s-", "clean-s-")):
         args = ["--fault", fault, "--rank", str(rank), "--step", str(step), "--steps", "24"]
         if late:
             args += ["--step-sleep-ms", str(SLOW_STEP_S * 1000)]
@@ -167,13 +172,33 @@ def test_the_stuck_ranks_stack_shows_the_scripts_frame_on_top(outcomes: dict) ->
 
 
 def test_clean_runs_name_no_culprit(outcomes: dict) -> None:
-    for name in ("clean-b-2", "clean-s-2"):
+    for name in CLEAN:
         got = outcomes[name]
         assert got["status"] == "completed" and got["failure"] is None, (name, got)
-        path = got["handle"].path
-        records = {r: read_flight(flight_path(path / "flight", r)) for r in range(2)}
-        assert all(records.values()), "every rank left its record"
-        assert explain_hang(records, read_rank_states(path), 2) is None, name
+        path, world = got["handle"].path, FAULTS[name][0]
+        records = {r: read_flight(flight_path(path / "flight", r)) for r in range(world)}
+        assert all(records.values()), (name, "every rank left its record")
+        assert all(rec["phase"] == "after training" for rec in records.values()), name
+        assert explain_hang(records, read_rank_states(path), world) is None, name
+
+
+def test_the_same_words_in_the_error_the_runs_table_and_the_report(
+    outcomes: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = outcomes["s-data-2"]["handle"]
+    failure = outcomes["s-data-2"]["failure"]
+    assert failure["exception"] in str(handle.failure_error())
+    store = str(handle.path.parent.parent)
+    assert main(["ls", "--output-dir", store, "--sweep", "hangs"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if " s-data-2 " in line)
+    assert row.rstrip().endswith(failure["hang"]["summary"]), row
+    assert failure["hang"]["summary"] == (
+        f"rank 1 did not arrive at collective {failure['hang']['seq']} (all_reduce): "
+        "data loading, step 8"
+    )
+    page = tmp_path / "report.html"
+    assert main(["report", "hangs", "--output-dir", store, "-o", str(page), "--no-progress"]) == 0
+    assert html.escape(failure["exception"]) in page.read_text(), "the report says it whole"
 
 
 def test_a_rank_killed_or_aborted_keeps_its_rows_to_its_last_second(outcomes: dict) -> None:
