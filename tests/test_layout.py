@@ -132,8 +132,12 @@ def test_only_rank_distributed_touches_torch_distributed() -> None:
                 users.append(name)
     # The hooks that trace a user's script wrap the script's own init_process_group (its timeout,
     # the barrier that aligns the trace clocks: script_group) and check that it joined: they
-    # touch it too.
-    hooks = {"workbench.trace.torch_hooks", "workbench.trace.script_group"}
+    # touch it too; so does the flight recorder, which wraps the collectives of every rank.
+    hooks = {
+        "workbench.trace.torch_hooks",
+        "workbench.trace.script_group",
+        "workbench.trace.flight",
+    }
     assert set(users) == {"workbench.rank.distributed", *hooks}, users
 
 

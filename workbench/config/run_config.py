@@ -240,10 +240,7 @@ class RunConfig:
         minimum=0,
     )
     trace_flush_s: float = setting(
-        "flush trace rows to disk at least this often (seconds): a rank killed or aborted "
-        "loses at most the steps of its last flush_s",
-        1.0,
-        above=0,
+        "flush trace rows to disk at least this often (seconds)", 1.0, above=0
     )
     trace_sample_ids: bool = setting("also record which dataset indices each rank consumed", False)
     trace_comm: str = setting(

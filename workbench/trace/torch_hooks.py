@@ -86,7 +86,8 @@ _TRACED = "_workbench_traced"
 class ScriptHooks:
     """Hooks on torch that trace a user's script into ``tracer`` (see the module docstring).
     ``install()`` before the script, ``close()`` after it (writes the last step, removes every
-    hook and patch)."""
+    hook and patch). ``backward_depth`` > 0: inside a backward (a reentrant checkpoint's runs
+    one inside another)."""
 
     def __init__(
         self,
@@ -121,10 +122,9 @@ class ScriptHooks:
         self.memory_parts: dict[str, Any] | None = None
         self.script, self.rank, self.world_size = script, rank, world_size
         self.warmup_steps, self.comm_every_steps = warmup_steps, comm_every_steps
-        self.collective_timeout_s = collective_timeout_s
+        self.collective_timeout_s, self.backward_depth = collective_timeout_s, 0
         self.log, self.steps = StepLog(), 0
-        # where the rank is, for the launcher to read if it hangs: the step it is in
-        self.flight, self.flight_step = flight.active(), 0
+        self.flight, self.flight_step = flight.active(), 0  # where it is, read if it hangs
         self.primary: DistributedDataParallel | None = None
         self.sampler: DDPCommSampler | None = None
         self.fsdp: FSDPCommMeter | None = None  # FSDP2's collectives, from a module's first call
@@ -142,7 +142,6 @@ class ScriptHooks:
         self.rendezvous, self.joined_group, self.side_group = rendezvous, False, None
         self.local_rank, self.local_world_size = local_rank, local_world_size
         self.warnings: list[str] = []
-        self.backward_depth = 0  # a backward inside a backward (reentrant checkpointing)
         # When the next memory sample and the next flush are due (the event clock).
         self._memory_due = self._due = -math.inf
         self._flush_due = _clock() + tracer.flush_s
