@@ -302,7 +302,7 @@ def stack_frames(log: str | None) -> list[tuple[str, int, str]]:
         return []
     current = [b for h, b in zip(heads, blocks[1:], strict=True) if h == "Current thread"]
     block = (current or blocks[1:])[-1]
-    frames = []
+    frames: list[tuple[str, int, str]] = []
     for line in block.splitlines():
         m = _FRAME.match(line)
         if m is None:
