@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -166,3 +168,11 @@ def slow_items(
     items do not: the evaluation's planted cost is the model's alone)."""
     train, evaluation = synthetic_like_mlp(train_samples, eval_samples, seed)
     return _SlowItems(train, item_sleep_s), _SlowItems(evaluation, 0.0)
+
+
+def linear_stack(width: int = 64, layers: int = 2) -> nn.Module:
+    """Linear layers without bias from the mlp data's 32 features to its 4 classes, ``layers``
+    of them ``width`` wide before the last: each saves its input for its backward, so a
+    forward's activations are known by hand (``tests/test_activations.py``)."""
+    widths = [32, *([width] * layers), 4]
+    return nn.Sequential(*(nn.Linear(a, b, bias=False) for a, b in pairwise(widths)))

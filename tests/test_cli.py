@@ -224,7 +224,7 @@ def test_on_off_flags_and_the_hidden_fault_flag_reach_the_run(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-3000:]
     config = run_record(tmp_path, "cli-flags", "flags")["config"]
     assert (config["static_graph"], config["eval_at_end"]) == (True, False)
-    assert config["fault"] == fault
+    assert config["fault"] == {**fault, "phase": "start"}, "the fault's phase: its default"
     assert "steps:" not in done.stderr, "--no-progress: no bar"
 
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import importlib
 import queue
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from workbench.errors import PreflightError, RunFailedError
-from workbench.run import handle as run_handle
 from workbench.run.handle import attach
 from workbench.run.launch import launch
 
@@ -40,30 +38,6 @@ def test_rank_killed_with_sigkill(store) -> None:
     assert err.rank == 1 and "ended without reporting" in err.exception
     steps = handle.traces()
     assert sorted(steps[steps["rank"] == 0]["step"]) == list(range(1, 6)), "rank 0's rows survive"
-
-
-@pytest.mark.timing
-def test_hung_rank_is_named_and_the_job_ends_within_the_bound(
-    store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The hung peer never ends on its own: the grace it gets after rank 0's failure only
-    # delays the kill, so 2 s of it (not 10) prove the same.
-    monkeypatch.setattr(run_handle, "FAILURE_GRACE_S", 2.0)
-    handle = launch(
-        base_config(
-            store,
-            world_size=2,
-            run_name="hang",
-            collective_timeout_s=8,
-            fault={"rank": 1, "step": 4, "kind": "hang"},
-        )
-    )
-    start = time.monotonic()
-    err = _fails(handle, timeout_s=120)
-    elapsed = time.monotonic() - start
-    assert err.rank == 1 and "hung" in err.exception
-    assert "in inject_fault" in err.exception, "the hung rank's stack shows where it hangs"
-    assert elapsed < 8 + 60, f"ended {elapsed:.0f} s after launch"
 
 
 def test_non_finite_loss_stops_with_step_and_rank(store) -> None:

@@ -92,11 +92,12 @@ def _config(store: Path, name: str) -> RunConfig:
     """The run of ``name``: its fault planted; the late ones with steps of 0.5 s and the
     default trace flush (every second)."""
     world, rank, step, fault = FAULTS[name]
+    clean = name in CLEAN  # short, and no network benchmark after: the suite's CPU is shared
     common = dict(output_dir=str(store), sweep="hangs", run_name=name, world_size=world,
-                  collective_timeout_s=TIMEOUT_S)  # fmt: skip
-    late = step == LATE
+                  collective_timeout_s=TIMEOUT_S, network_benchmark=not clean)  # fmt: skip
+    late, steps = step == LATE, 8 if clean else 24
     if name.startswith(("s-", "clean-s-")):
-        args = ["--fault", fault, "--rank", str(rank), "--step", str(step), "--steps", "24"]
+        args = ["--fault", fault, "--rank", str(rank), "--step", str(step), "--steps", str(steps)]
         if late:
             args += ["--step-sleep-ms", str(SLOW_STEP_S * 1000)]
         return RunConfig(script=SCRIPT, script_args=tuple(args), **common)
@@ -104,7 +105,7 @@ def _config(store: Path, name: str) -> RunConfig:
     sleepy = dict(model="tests.plugins:sleepy_mlp", dataset="tests.plugins:synthetic_like_mlp",
                   model_options={"sleep_s": SLOW_STEP_S})  # fmt: skip
     return RunConfig(**(sleepy if late else {"model": "mlp"}), per_device_batch_size=16,
-                     train_samples=2048, max_steps=24, eval_samples=64, eval_at_end=False,
+                     train_samples=2048, max_steps=steps, eval_samples=64, eval_at_end=False,
                      fault=planted, **common)  # fmt: skip
 
 

@@ -99,7 +99,8 @@ def _add_strategies(parser: argparse.ArgumentParser) -> None:
         "--device-memory",
         metavar="BYTES",
         help="a device's memory, e.g. 80GB or 141GiB: say which strategy fits at each size "
-        "(parameters, gradients, optimizer state and the working set; activations not counted)",
+        "(parameters, gradients, optimizer state, the working set and the activations saved for "
+        "backward, at each size's micro-batch; where the runs did not count them, without)",
     )
 
 

@@ -168,7 +168,13 @@ def memory_text(parts: Mapping[str, Mapping[str, Any]]) -> str | None:
         if _missing(p.get("total_bytes")):
             continue
         words = [f"{w} {size(p[k])}" for k, w in MEMORY_WORDS.items() if not _missing(p.get(k))]
-        text = f"{size(p['total_bytes'])} ({', '.join(words)})"
+        total, saved = p["total_bytes"], p.get("activation_bytes")
+        if saved is not None and not _missing(p.get("activation_samples")):
+            total += saved
+            words.append(
+                f"activations {size(saved)} at a micro-batch of {p['activation_samples']:,}"
+            )
+        text = f"{size(total)} ({', '.join(words)})"
         if not _missing(p.get("gathered_param_bytes")):
             text += f", parameters gathered {size(p['gathered_param_bytes'])}"
         lines.setdefault(text, []).append(str(rank))

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from workbench.config.run_config import RunConfig
 from workbench.errors import UnusedParametersError
 from workbench.rank import checkpoint, distributed, hook_cost, memory_parts, network
+from workbench.rank.activations import saved_for_backward
 from workbench.rank.data import build_datasets, dropped_per_epoch, fetch_batch
 from workbench.rank.distributed import CommMeter
 from workbench.rank.evaluation import EvalContext, evaluate
@@ -127,6 +128,8 @@ class Trainer:
         self.optimizer = make_optimizer(config, self.ddp.parameters())
         #: This rank's memory in its parts (``memory_parts.count``), from its first step on.
         self.memory: dict[str, Any] | None = None
+        #: What the first step's forward saved for its backward (``activations``), per micro-batch.
+        self.activations: dict[str, int] = {}
         #: Told each phase of a step as it begins (the flight recorder; a planted fault).
         self.phase: Callable[[int], None] = _nothing
         # DDP alone fails on parameters without gradients, and not with static_graph or
@@ -316,8 +319,10 @@ class Trainer:
             sync = self.ddp.no_sync() if no_sync else contextlib.nullcontext()  # type: ignore[operator]
             if self.sharded and accum > 1:  # FSDP's no_sync: reduce on the last micro-step only
                 self.ddp.set_requires_gradient_sync(m == accum - 1)  # type: ignore[operator]
+            counting = self.memory is None and m == 0  # the first step's activations, once
+            saving = saved_for_backward(self.module) if counting else contextlib.nullcontext()
             with sync:
-                with self.autocast():
+                with self.autocast(), saving as saved:
                     loss = step_loss(self.ddp, self.module, inputs, targets)
                     if accum > 1:  # on CUDA every op is a kernel launch: none for the usual case
                         loss = loss / accum
@@ -326,6 +331,11 @@ class Trainer:
                 self.scaler.scale(loss).backward()
                 clock.mark()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            if saved is not None:
+                self.activations = {
+                    "activation_bytes": saved.bytes,
+                    "activation_samples": len(indices),
+                }
         if not self.checked_unused:
             self._check_unused_parameters()
         phase(OPTIMIZER)
@@ -357,7 +367,7 @@ class Trainer:
         """This rank's memory in its parts now (``memory_parts.count``; FSDP's gathered bytes at
         ``fsdp_param_dtype``)."""
         dtype = fsdp_dtypes(self.config)[0] if self.sharded else None
-        return memory_parts.count(self.module, self.optimizer, dtype)
+        return {**memory_parts.count(self.module, self.optimizer, dtype), **self.activations}
 
     def _check_unused_parameters(self) -> None:
         """After the first backward: DDP's own error about unused parameters comes one step

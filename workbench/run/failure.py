@@ -199,8 +199,11 @@ def disk_full_failure(
 ) -> dict[str, Any]:
     """The failure record of a run whose store's disk is full when its end is recorded: the
     full disk first (where, and what is free), then what the root-cause rank's record said (a
-    rank that could not write its record or log ended "without reporting")."""
-    record = dict(failure or {"rank": None, "traceback": None, "log_path": None, "log_tail": None})
+    rank that could not write its record or log ended "without reporting"); no log tail."""
+    record = dict(failure or {"rank": None, "traceback": None, "log_path": None})
+    # what a rank's log kept on a full disk is the writes that failed, torn where the log's last
+    # block ran out: the full disk says it; the log's path stays
+    record["log_tail"] = None
     said = record.get("exception")
     record["exception"] = (
         f"no space left on the disk mounted at {mount} ({free} free of {total}), which holds "

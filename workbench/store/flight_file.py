@@ -106,7 +106,10 @@ class FlightFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         with open(path, "w+b") as f:
-            f.truncate(SIZE)
+            # written, not truncated: the blocks are the file's before it is mapped, so a store
+            # to the mapping never needs a block (on a full disk that would be a SIGBUS)
+            f.write(bytes(SIZE))
+            f.flush()
             self._map = mmap.mmap(f.fileno(), SIZE)
         self._q = memoryview(self._map).cast("q")
         self._d = memoryview(self._map).cast("d")
@@ -133,7 +136,10 @@ class FlightFile:
             return self.groups.index(ranks)
         except ValueError:
             self.groups.append(ranks)
-            groups_path(self.path).write_text(json.dumps(self.groups))
+            try:
+                groups_path(self.path).write_text(json.dumps(self.groups))
+            except OSError:  # a full disk: the entries name their group by index only
+                pass
             return len(self.groups) - 1
 
     def issued(self, seq: int, op: int, nbytes: int, group: int) -> int:

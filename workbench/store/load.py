@@ -97,6 +97,8 @@ MEMORY_PARTS = (
     "optimizer_bytes",
     "total_bytes",
     "gathered_param_bytes",
+    "activation_bytes",  # saved for backward in a micro-batch of activation_samples samples
+    "activation_samples",
 )
 
 

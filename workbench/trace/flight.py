@@ -180,16 +180,22 @@ class _NoRecorder:
     def phase(self, phase: int) -> None:
         pass
 
+    def dump(self, exc: BaseException | None) -> None:
+        pass
+
 
 _active: FlightRecorder | _NoRecorder = _NoRecorder()
 
 
-def start(path: Path) -> FlightRecorder:
-    """This process's recorder, writing ``path``, its collectives wrapped (:func:`active`)."""
+def start(path: Path) -> FlightRecorder | _NoRecorder:
+    """This process's recorder, writing ``path``, its collectives wrapped (:func:`active`);
+    one that records nothing where its file cannot be made (a full disk): the run goes on."""
     global _active
-    recorder = FlightRecorder(path).install()
-    _active = recorder
-    return recorder
+    try:
+        _active = FlightRecorder(path).install()
+    except OSError:
+        _active = _NoRecorder()
+    return _active
 
 
 def stop() -> None:

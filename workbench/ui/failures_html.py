@@ -15,7 +15,9 @@ from workbench.store.files import read_json
 def failures_html(runs: pd.DataFrame) -> str:
     """An HTML section listing the failed runs of ``runs`` (``load_runs``'s frame) with their
     failures; empty where none failed."""
-    failed = runs[runs["status"] == "failed"] if "status" in runs else runs.iloc[:0]
+    if not {"status", "path", "run_id"} <= set(runs.columns):  # a frame not from a store
+        return ""
+    failed = runs[runs["status"] == "failed"]
     items = []
     for _, run in failed.sort_values("run_id").iterrows():
         failure = read_json(Path(run["path"]) / schema.RUN_FILE).get("failure") or {}

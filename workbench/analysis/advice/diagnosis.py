@@ -113,12 +113,22 @@ def inputs_of(
         base=base,
         network=network,
         overlap=overlap,
-        bucket_cap_mb=float(config.get("bucket_cap_mb") or 25.0),
-        per_device_batch_size=int(config.get("per_device_batch_size") or 1),
-        gradient_accumulation_steps=int(config.get("gradient_accumulation_steps") or 1),
+        bucket_cap_mb=_setting(config, "bucket_cap_mb", 25.0),
+        # a script sets its own batch: NaN in its runs' config
+        per_device_batch_size=int(_setting(config, "per_device_batch_size", 1)),
+        gradient_accumulation_steps=int(_setting(config, "gradient_accumulation_steps", 1)),
         hook_time_s=_hook_times(mine) if n > 1 else {},
     )
     return inputs, _sampled_steps(sampled, measured, step_s) if n > 1 else []
+
+
+def _setting(config: Mapping[str, Any], name: str, default: float) -> float:
+    """A config value of the runs, ``default`` where missing, None or NaN."""
+    try:
+        value = float(config[name])
+    except (KeyError, TypeError, ValueError):
+        return default
+    return value if math.isfinite(value) and value else default
 
 
 def _hook_times(runs: pd.DataFrame) -> dict[str, float]:

@@ -324,6 +324,10 @@ def _memory_parts(per_run: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     total = largest("total_bytes")
     if not math.isfinite(total):
         return []
+    saved, batch = largest("activation_bytes"), largest("activation_samples")
+    if math.isfinite(saved) and math.isfinite(batch):  # the forward's, at its micro-batch
+        total += saved
+        parts.append(f"activations {size(saved)} at a micro-batch of {batch:,.0f}")
     gathered = largest("gathered_param_bytes")
     more = f"; parameters gathered: {size(gathered)}" if math.isfinite(gathered) else ""
     return [f"memory per rank at {_ranks(n)}: {size(total)} ({', '.join(parts)}){more}"]

@@ -14,7 +14,8 @@ A strategy's rule, per rank at ``n`` ranks (a parameter of ``dim0`` rows of ``ro
 
 The sharded parts are exact (counted the same way at the run); the working set a step adds
 (FSDP's gathered parameters, DDP's bucket copy of the gradients) is an estimate, said as such;
-activations are in neither. Pure Python; no torch.
+activations are added by the strategies' model (``SourceCurve.activations_at``: the bytes a
+sample saved for backward, measured, times the micro-batch a device runs). Pure Python; no torch.
 """
 
 from __future__ import annotations

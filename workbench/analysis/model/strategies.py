@@ -75,6 +75,8 @@ CONFIG = (
 )
 #: The runs frame's largest rank's counted parts (``memory_<part>_max``).
 MEASURED_MEMORY = "memory_total_bytes_max"
+#: What a rank's forward saved for its backward, and at how many samples (``activations_at``).
+MEASURED_ACTIVATIONS = ("memory_activation_bytes_max", "memory_activation_samples_max")
 
 
 def fsdp_seconds(network: NetworkModel, traffic: Traffic, n: int) -> float:
@@ -130,11 +132,13 @@ def _fsdp_traffic(src: SourceCurve, n: int) -> Traffic | None:
 
 
 def _memory(src: SourceCurve, strategy: str, n: int) -> dict[str, float]:
-    """Rank 0's memory at ``n`` under ``strategy``, with the source's knobs where it ran it."""
+    """Rank 0's memory at ``n`` under ``strategy``, with the source's knobs where it ran it;
+    its activations (not sharded by either strategy) at ``n``'s micro-batch per device, in the
+    total where measured (``activation_bytes``: NaN where the runs did not count them)."""
     if src.layout is None:
-        return {c: np.nan for c in (*MEMORY_COLUMNS, "total_bytes")}
+        return {c: np.nan for c in (*MEMORY_COLUMNS, "total_bytes", "activation_bytes")}
     k = src.knobs if src.strategy == strategy else {}
-    return memory_per_rank(  # type: ignore[return-value]
+    out: dict[str, float] = memory_per_rank(  # type: ignore[assignment]
         src.layout,
         strategy,
         n,
@@ -142,6 +146,11 @@ def _memory(src: SourceCurve, strategy: str, n: int) -> dict[str, float]:
         gather_bytes=k.get("gather_bytes"),
         bucket_view=k.get("bucket_view", False),
     )
+    activations = src.activations_at(n)
+    out["activation_bytes"] = activations
+    if np.isfinite(activations):
+        out["total_bytes"] += activations
+    return out
 
 
 def _ddp_from_fsdp(src: SourceCurve, network: NetworkModel, n: int) -> tuple[float, float]:
@@ -310,7 +319,8 @@ def compare_strategies(
         raise ValueError(f"world sizes must be 1 or more, got {list(world_sizes)}")
     keys = resolve_group_by(runs, group_by)
     per_run = with_links(run_table(runs, steps, group_by=keys))
-    extra = [c for c in (*CONFIG, MEASURED_MEMORY) if c in runs.columns and c not in per_run]
+    wanted = (*CONFIG, MEASURED_MEMORY, *MEASURED_ACTIVATIONS)
+    extra = [c for c in wanted if c in runs.columns and c not in per_run]
     per_run = per_run.merge(runs[["run_id", *extra]].drop_duplicates("run_id"), on="run_id")
     given = None if network is None else network_fit(network, steps, runs)  # type: ignore[arg-type]
     nets = CurveNetworks(given, runs, steps)

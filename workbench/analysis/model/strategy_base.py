@@ -73,6 +73,8 @@ class SourceCurve:
     #: collectives' host work (the copies in and out of their buffers) that every larger
     #: world size does: the compute beyond 1 rank is measured where they ran (NaN: no such run).
     multi_compute_s: float = float("nan")
+    #: Activations saved for backward a sample, bytes (the base's runs; NaN: not counted).
+    activation_per_sample: float = float("nan")
 
     def compute_at(self, n: int) -> float:
         """The FSDP base's compute a step at ``n`` ranks (weak: the same but the optimizer's
@@ -101,6 +103,13 @@ class SourceCurve:
         if self.scaling == "strong":
             return self.samples_per_step
         return self.samples_per_step / self.base_n * n
+
+    def activations_at(self, n: int) -> float:
+        """Bytes of activations a rank saves for its backward at ``n`` ranks: the bytes a
+        sample measured (:mod:`workbench.rank.activations`) times the micro-batch a device
+        runs at ``n`` (a step's samples / n / micro-steps); NaN where not measured."""
+        micro = self.samples_at(n) / n / max(int(self.knobs.get("micro_steps", 1)), 1)
+        return self.activation_per_sample * micro
 
 
 def layout_of(curve: pd.DataFrame, layouts: Mapping[str, Any]) -> Layout | None:
@@ -149,6 +158,11 @@ def source_curve(
         knobs=knobs_of(curve),
     )
     src.optimizer_s = column_median(steps, "optimizer_s", list(repeats["run_id"]))
+    if "memory_activation_bytes_max" in repeats.columns:
+        per_sample = pd.to_numeric(repeats["memory_activation_bytes_max"], errors="coerce") / (
+            pd.to_numeric(repeats["memory_activation_samples_max"], errors="coerce")
+        )
+        src.activation_per_sample = float(per_sample.mean())
     if src.strategy == "fsdp":
         _fsdp_base(src, steps, repeats["run_id"])
     return src

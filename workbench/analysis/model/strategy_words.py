@@ -69,7 +69,8 @@ def finding(
     table: pd.DataFrame, world_sizes: Sequence[int], device_memory_bytes: float | None = None
 ) -> list[str]:
     """One line per curve and world size asked: each strategy's throughput, the faster by how
-    much, what a rank holds (parameters, gradients, optimizer state and the working set), and
+    much, what a rank holds (parameters, gradients, optimizer state, the working set and the
+    activations saved for backward, where measured), and
     which fits ``device_memory_bytes``."""
     rows = preferred(table)
     rows = rows[rows["world_size"].isin([int(n) for n in world_sizes])]
@@ -88,6 +89,11 @@ def finding(
             f"{s.upper()} {size(t)}"
             for s, t in zip(point["strategy"], point["total_bytes"], strict=True)
         )
+        saved = point["activation_bytes"] if "activation_bytes" in point else None
+        if saved is not None and saved.notna().any():
+            held += f" (activations {size(float(saved.max()))} of it)"
+        elif saved is not None:
+            held += " (activations not counted: the runs did not measure them)"
         lines.append(f"{text}; a rank holds {held}{_fits(point, device_memory_bytes)}")
     return lines
 
@@ -133,6 +139,7 @@ STRATEGY_COLUMNS = (
     ("exposed comm", "exposed_comm_s", "seconds"),
     ("params+grads+optimizer", "state_bytes", "size"),
     ("working set", "working_set_bytes", "size"),
+    ("activations", "activation_bytes", "size"),
     ("a rank", "total_bytes", "size"),
 )
 
