@@ -160,7 +160,8 @@ def test_an_fsdp_study_predicts_fsdp_and_ddp_by_hand() -> None:
     words = finding(out, [4], 20_000)
     assert words == [
         "4 ranks: FSDP 14.1/s (13.5/s-14.7/s), DDP 15.9/s (14.7/s-17.1/s) (not resolved: their "
-        "95 % intervals overlap); a rank holds FSDP 13.2 KiB, DDP 33 KiB; within 20 kB "
+        "95 % intervals overlap); a rank holds FSDP 13.2 KiB, DDP 33 KiB (activations not "
+        "counted: the runs did not measure them); within 20 kB "
         "(19.5 KiB): only FSDP fits"
     ], words
 
