@@ -61,7 +61,8 @@ class Hang:
             what = f"issued another collective as {self.seq} ({self.op})"
         else:
             what = f"did not arrive at collective {self.seq} ({self.op})"
-        return f"rank {self.rank} {what}: {self.phase}, step {self.step}"
+        where = f": {self.phase}, step {self.step}" if self.phase and self.step else ""
+        return f"rank {self.rank} {what}{where}"
 
     def record(self) -> dict[str, Any]:
         """As run.json keeps it, under the failure's ``hang``."""
