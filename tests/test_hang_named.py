@@ -1,5 +1,6 @@
 """Planted faults, explained: twelve runs, each with one fault planted on one rank at a known
-step and phase (built-in models and a plain DDP script, 2 and 4 ranks), and two clean runs.
+step and phase (built-in models and a plain DDP script, 2 and 4 ranks), two ranks killed or
+aborted late (their trace rows kept), and twenty clean runs, which must name no culprit.
 
 Known answers by construction: the culprit is the rank the fault was planted on, at the
 planted step and phase; a rank stuck before its gradients are all-reduced leaves its peers in
