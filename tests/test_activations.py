@@ -33,7 +33,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = tmp_path_factory.mktemp("activations")
     common = dict(model="tests.plugins:linear_stack", dataset="tests.plugins:synthetic_like_mlp",
                   model_options={"width": WIDTH, "layers": LAYERS}, train_samples=1024,
-                  eval_samples=64, max_steps=6, output_dir=str(store))  # fmt: skip
+                  eval_samples=64, max_steps=3, output_dir=str(store))  # fmt: skip
     weak = dict(per_device_batch_size=BATCH, sweep="acts", **common)
     configs = [RunConfig(world_size=n, run_name=f"ddp-{n}", **weak) for n in (1, 2)]
     configs.append(RunConfig(world_size=2, strategy="fsdp", run_name="fsdp-2", **weak))

@@ -58,8 +58,8 @@ FAULTS: dict[str, tuple[int, int, int, Any]] = {
     "s-exit-4": (4, 2, 8, "exit"),
     "s-abort-late-2": (2, 1, LATE, "abort"),
 }
-#: Twenty clean runs, built-in and script, 2 ranks and (one in five) 4: no culprit may be named.
-CLEAN = [f"clean-{'bs'[k % 2]}-{4 if k % 5 == 4 else 2}-{k}" for k in range(20)]
+#: Twenty clean runs, built-in and script, 2 ranks and (one in ten) 4: no culprit may be named.
+CLEAN = [f"clean-{'bs'[k % 2]}-{4 if k % 10 == 9 else 2}-{k}" for k in range(20)]
 FAULTS.update({n: (int(n.split("-")[2]), 0, 0, None if "-b-" in n else "none") for n in CLEAN})
 WAVES = [
     ["b-kill-late-2", "s-abort-late-2", "b-data-2"],
