@@ -49,7 +49,7 @@ def test_the_rank_that_did_not_arrive_is_named_with_where_it_was_and_who_waited(
     assert (hang.rank, hang.seq, hang.op, hang.nbytes) == (1, 12, "all_reduce", 1024)
     assert (hang.step, hang.phase, hang.kind) == (5, "data loading", "missing")
     assert hang.text.startswith(
-        "Rank 1 did not arrive at collective 12 of the default group (all_reduce of 1.0 KiB): "
+        "Rank 1 did not arrive at collective 12 of the default group (all_reduce of 1 KiB): "
         "rank 0 (in the backward of step 5) waited 20.0 s, rank 2 (in the backward of step 5) "
         "waited 28.0 s, rank 3 (in the backward of step 5) waited 28.0 s in it. Rank 1 was in "
         "the data loading of step 5 (for 40.0 s), alive but hung"

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.analysis.throughput.fsdp_comm import size
 from workbench.run.failure import DIED_UNREPORTED, PEER_ERRORS
 from workbench.store.flight_file import AFTER, AFTER_BACKWARD, BETWEEN, PHASES
 
@@ -181,18 +182,11 @@ def _where(step: Any, phase: Any) -> str:
     return f"in the {phase or 'unknown phase'} of step {step}"
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
-
-
 def _collective(e: Entry) -> str:
     if e.get("by"):
         return f"{e['op']} of {e['by']}, issued in C++"
-    size = f" of {_bytes(int(e['bytes']))}" if e.get("bytes") else ""
-    return f"{e['op']}{size}"
+    of = f" of {size(int(e['bytes']))}" if e.get("bytes") else ""
+    return f"{e['op']}{of}"
 
 
 def _missing(
